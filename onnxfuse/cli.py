@@ -1,0 +1,252 @@
+"""The ``onnxfuse`` command: parse options, call the library, render, choose the exit code. Nothing else.
+
+Exit codes: 0 success; 1 the optimized model failed verification (or ``--require-verify`` and verification
+was skipped), nothing written; 2 usage error or an input model that cannot be read or is invalid.
+Results go to stdout, diagnostics and progress to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from pathlib import Path
+
+import click
+
+from onnxfuse import __version__
+from onnxfuse import graph as g
+from onnxfuse import pipeline
+from onnxfuse import report as rep
+from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
+from onnxfuse.passes import DEFAULT_PASSES, PASS_NAMES, Reason
+from onnxfuse.providers import DEFAULT_TARGET, TARGETS
+from onnxfuse.shapes import parse_input_shape
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0  success
+  1  the optimized model failed verification (nothing written)
+  2  usage error, or an input model that cannot be read or is invalid"""
+
+
+def _fail_cleanly(fn):
+    """Turn an OnnxFuseError into a one-line ``error: ...`` on stderr and its exit code; bugs keep their
+    traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except OnnxFuseError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper
+
+
+def _shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for text in values:
+        name, dims = parse_input_shape(text)
+        out[name] = dims
+    return out
+
+
+def _options(target, only, skip, input_shape, constant_initializer_inputs) -> pipeline.Options:
+    return pipeline.Options(target=target, only=tuple(only), skip=tuple(skip), input_shapes=_shapes(input_shape),
+                            constant_initializer_inputs=constant_initializer_inputs)
+
+
+def _log(ctx: click.Context, message: str, level: int = 0) -> None:
+    """Diagnostics to stderr: level 0 unless --quiet, level 1 only with --verbose."""
+    verbosity = ctx.find_root().obj.get("verbosity", 0)
+    if verbosity >= level and verbosity >= 0:
+        click.echo(message, err=True)
+
+
+@contextlib.contextmanager
+def _progress(ctx: click.Context, message: str):
+    """A spinner on stderr while ``message`` runs, only when stderr is a terminal and not --quiet."""
+    if sys.stderr.isatty() and ctx.find_root().obj.get("verbosity", 0) >= 0:
+        from rich.console import Console
+
+        with Console(stderr=True).status(message):
+            yield
+    else:
+        yield
+
+
+def pass_options(fn):
+    """Options shared by ``optimize``, ``report`` and ``bench``."""
+    decorators = [
+        click.option("--target", type=click.Choice(list(TARGETS)), default=DEFAULT_TARGET, show_default=True,
+                     help="What the output must run on: cpu+cuda (float32 FusedConv with Relu only), cpu (every "
+                          "activation the CPU kernel has), cuda, or onnx (folds only, no contrib ops)."),
+        click.option("--only", multiple=True, type=click.Choice(PASS_NAMES), metavar="PASS",
+                     help="Run only this pass (repeatable). See `onnxfuse passes`."),
+        click.option("--skip", multiple=True, type=click.Choice(PASS_NAMES), metavar="PASS",
+                     help="Do not run this pass (repeatable)."),
+        click.option("--input-shape", multiple=True, metavar="NAME=DIMS",
+                     help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (repeatable)."),
+        click.option("--constant-initializer-inputs", is_flag=True,
+                     help="Treat initializers that are also graph inputs (IR < 4 style) as constants, so they "
+                          "can be folded. Only if nobody feeds those inputs at run time."),
+    ]
+    for deco in reversed(decorators):
+        fn = deco(fn)
+    return fn
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog=EXIT_CODES_HELP)
+@click.version_option(__version__, "--version", prog_name="onnxfuse")
+@click.option("-v", "--verbose", count=True, help="More diagnostics on stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="No diagnostics on stderr, only errors.")
+@click.pass_context
+def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
+    """Fuse Conv, BatchNormalization, bias/scale and activations in ONNX models, verify the result in
+    onnxruntime, and report the memory traffic saved.
+
+    \b
+    Examples:
+      onnxfuse optimize model.onnx model.fused.onnx
+      onnxfuse optimize det.onnx det.fused.onnx --target cpu --input-shape x=1x3x640x640 --report r.json
+      onnxfuse report model.onnx --format markdown
+      onnxfuse passes
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["verbosity"] = -1 if quiet else verbose
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True, path_type=Path))
+@click.argument("output_path", metavar="OUTPUT", type=click.Path(path_type=Path))
+@pass_options
+@click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison (the report says so).")
+@click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped (strict CI).")
+@click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
+              help="Real inputs for verification: an .npz with one array per graph input name.")
+@click.option("--rtol", type=float, help="Relative tolerance for every output (default per dtype).")
+@click.option("--atol", type=float, help="Absolute tolerance for every output (default per dtype).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the full report here (.json, .md or .txt).")
+@click.option("--report-format", type=click.Choice(["text", "json", "markdown"]),
+              help="Format of --report when its extension does not say.")
+@click.option("--bandwidth", type=float, metavar="GB/S", help="Add an estimated memory time at this bandwidth.")
+@click.option("--overwrite", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
+@click.pass_context
+@_fail_cleanly
+def optimize(ctx, input_path, output_path, target, only, skip, input_shape, constant_initializer_inputs,
+             no_verify, require_verify, input_data, rtol, atol, report_path, report_format, bandwidth, overwrite):
+    """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
+
+    \b
+    Examples:
+      onnxfuse optimize resnet.onnx resnet.fused.onnx
+      onnxfuse optimize det.onnx det.fused.onnx --target cpu --input-shape x=1x3x640x640
+      onnxfuse optimize m.onnx m.fused.onnx --report traffic.json --require-verify
+    """
+    from onnxfuse.verify import VerifyOptions
+
+    if output_path.is_dir():
+        raise InputError(f"{output_path}: OUTPUT is a directory; give a file name")
+    if g.same_file(input_path, output_path) and not overwrite:
+        raise InputError(f"{output_path}: OUTPUT is the same file as INPUT; pass --overwrite to replace it")
+    fmt = None
+    if report_path is not None:
+        fmt = report_format or rep.format_for_path(str(report_path))
+        if fmt is None:
+            raise InputError(f"--report {report_path}: give a .json, .md or .txt name, or --report-format")
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs)
+    verify_options = None if no_verify else VerifyOptions(options.input_shapes, input_data, rtol=rtol, atol=atol)
+    with _progress(ctx, f"optimizing {input_path}"):
+        result = pipeline.optimize(input_path, options, verify_options)
+    report = result.report
+    if bandwidth:
+        report.set_bandwidth(bandwidth)
+    verification = report.verification
+    if report_path is not None:
+        _write_text(report_path, rep.render(report, fmt, show_all=True))
+    if verification.status == "failed":
+        for o in verification.failed_outputs:
+            _log(ctx, f"  output {o.name}: max abs error {o.max_abs_error:.3g}, max rel error "
+                      f"{o.max_rel_error:.3g}, tolerance atol {o.atol:g} rtol {o.rtol:g} "
+                      f"(would pass with --atol {o.needed_atol:.3g})")
+        raise VerificationError(f"{input_path}: the optimized model does not match the original "
+                                f"({verification.reason}); {output_path} was not written")
+    if verification.status == "skipped" and require_verify:
+        raise VerificationError(f"{input_path}: verification was skipped ({verification.reason}) and "
+                                f"--require-verify was given; {output_path} was not written")
+    written = g.save_model(result.model, output_path, external_data=result.loaded.external_data)
+    for line in rep.summary_lines(report):
+        click.echo(line)
+    if not result.changed:
+        click.echo(f"no pattern was fused: {output_path} is the input model with onnxfuse metadata added")
+    click.echo(f"wrote {', '.join(str(p) for p in written)}")
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write a report file atomically (same contract as the model)."""
+    import os
+    import tempfile
+
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        raise InputError(f"{path}: the folder {folder} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
+@pass_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
+              show_default=True, help="Output format.")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report to this file instead of stdout.")
+@click.option("--all", "show_all", is_flag=True, help="Show every row (text and Markdown show the top 20).")
+@click.option("--bandwidth", type=float, metavar="GB/S", help="Add an estimated memory time at this bandwidth.")
+@click.pass_context
+@_fail_cleanly
+def report(ctx, model_path, target, only, skip, input_shape, constant_initializer_inputs, fmt, output, show_all,
+           bandwidth):
+    """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
+
+    \b
+    Examples:
+      onnxfuse report model.onnx
+      onnxfuse report det.onnx --target cpu --input-shape x=1x3x640x640 --format json -o traffic.json
+      onnxfuse report model.onnx --format markdown >> "$GITHUB_STEP_SUMMARY"
+    """
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs)
+    with _progress(ctx, f"analysing {model_path}"):
+        result = pipeline.analyse(model_path, options)
+    if bandwidth:
+        result.report.set_bandwidth(bandwidth)
+    text = rep.render(result.report, fmt, show_all)
+    if output is not None:
+        _write_text(output, text)
+        _log(ctx, f"wrote {output}")
+    else:
+        click.echo(text, nl=False)
+
+
+@main.command()
+def passes():
+    """List the passes in the order they run, and the reasons a pass can decline a pattern."""
+    for p in DEFAULT_PASSES:
+        click.echo(f"{p.name:<16} {p.summary}")
+    click.echo("")
+    click.echo("skip reasons: " + ", ".join(Reason.ALL))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

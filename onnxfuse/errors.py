@@ -1,0 +1,34 @@
+"""Exception types that the CLI maps to documented exit codes.
+
+Exit codes (also in README.md and ``onnxfuse --help``):
+
+* ``0``: success.
+* ``1``: :class:`VerificationError`: the optimized model did not match the original in onnxruntime
+  (or ``--require-verify`` was given and verification was skipped); no output file is written.
+* ``2``: :class:`InputError`: a usage error, or an input model that cannot be read or is invalid.
+
+Anything else is a bug in onnxfuse and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class OnnxFuseError(Exception):
+    """Base class of the errors that onnxfuse reports to the user without a traceback."""
+
+    exit_code = 2
+
+
+class InputError(OnnxFuseError):
+    """An input model or option that onnxfuse cannot use (exit code 2).
+
+    The message is one line that names the file (where there is one) and the cause.
+    """
+
+    exit_code = 2
+
+
+class VerificationError(OnnxFuseError):
+    """The optimized model failed verification against the original (exit code 1)."""
+
+    exit_code = 1

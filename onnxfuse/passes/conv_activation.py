@@ -1,0 +1,75 @@
+"""Fuse a Conv and the activation after it into ``com.microsoft::FusedConv``.
+
+Before => after::
+
+    Conv(X, W[, B]) -> act            =>  FusedConv(X, W[, B], activation=act, activation_params=...)
+    FusedConv(X, W, B, Z) -> act      =>  FusedConv(X, W, B, Z, activation=act, ...)   (Z from conv_residual)
+
+Activations and their ``activation_params`` (onnxruntime ``contrib_ops/cpu/fused_conv.cc``; ONNX defaults
+written explicitly because the kernel has none): Relu, Tanh, Sigmoid, HardSwish: none; LeakyRelu: [alpha]
+(default 0.01); Clip: [min, max] (attributes before opset 11, constant inputs since; a missing bound is float32
+lowest / max); HardSigmoid: [alpha, beta] (defaults 0.2, 0.5). The weights need not be constant.
+
+Skipped when:
+    intermediate-has-other-consumers   the conv output is read by another node too (SiLU's x * Sigmoid(x))
+    intermediate-is-graph-output       the conv output is a graph output
+    target-allows-no-contrib-ops       target onnx
+    dtype-has-no-fusedconv-kernel      the conv is not float32 (no float16/float64 FusedConv kernel)
+    activation-not-supported-by-target e.g. Sigmoid on cpu+cuda or cuda
+    clip-bounds-not-constant           a Clip bound is computed at run time
+    quantized-conv                     the conv is part of a QDQ pattern
+"""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from onnxfuse import graph as g
+from onnxfuse.passes.base import (
+    Context, Fusion, Match, Pass, Reason, Skip, describe, is_op, private_check, qdq_check, replaced, skip,
+)
+from onnxfuse.passes.fusedconv import clip_bounds, fusable_conv, target_check, to_fused_conv
+
+ACTIVATIONS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish")
+
+
+def activation_params(ctx: Context, act: gs.Node) -> list[float] | None:
+    """The FusedConv ``activation_params`` for activation node ``act``; None for a Clip with run-time bounds."""
+    if act.op == "LeakyRelu":
+        return [float(act.attrs.get("alpha", 0.01))]
+    if act.op == "HardSigmoid":
+        return [float(act.attrs.get("alpha", 0.2)), float(act.attrs.get("beta", 0.5))]
+    if act.op == "Clip":
+        bounds = clip_bounds(ctx, act)
+        return None if bounds is None else list(bounds)
+    return []
+
+
+class ConvActivation(Pass):
+    """Conv -> activation => FusedConv(activation)."""
+
+    name = "conv_activation"
+    summary = "fuse Conv + Relu/Tanh/Sigmoid/LeakyRelu/Clip/HardSigmoid/HardSwish into FusedConv"
+
+    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+        if not is_op(node, *ACTIVATIONS):
+            return None
+        conv = g.producer(node.inputs[0])
+        if not fusable_conv(conv):
+            return None
+        nodes, out = [conv, node], node.outputs[0]
+        bad = (private_check([conv.outputs[0]], [node], ctx, nodes, out) or qdq_check(conv, out, nodes)
+               or target_check(ctx, conv, node.op, nodes, out))
+        if bad:
+            return bad
+        params = activation_params(ctx, node)
+        if params is None:
+            return skip(Reason.CLIP_BOUNDS_NOT_CONSTANT, f"Clip {node.name} has a bound computed at run time",
+                        nodes, out)
+        return Match(nodes, {"activation": node.op, "params": params})
+
+    def rewrite(self, match: Match, ctx: Context) -> Fusion:
+        conv, act = match.nodes
+        original = replaced(match.nodes)
+        to_fused_conv(ctx, conv, match.data["activation"], match.data["params"], None, act, [act])
+        return describe(self.name, conv, original, match.data["activation"])

@@ -1,0 +1,110 @@
+"""Fold a per-output-channel constant Add, Sub, Mul or Div into the Conv or ConvTranspose that feeds it.
+
+Before => after (c broadcasts per output channel: shape [1, M, 1, 1], [M, 1, 1], [1], [] and the like)::
+
+    Add(conv, c) or Add(c, conv)   =>  Conv(X, W, B + c)
+    Sub(conv, c)                   =>  Conv(X, W, B - c)
+    Sub(c, conv)                   =>  Conv(X, -W, c - B)
+    Mul(conv, c) or Mul(c, conv)   =>  Conv(X, W * c[m], B * c)
+    Div(conv, c)                   =>  Conv(X, W / c[m], B / c)
+
+conv(X, W) is linear in W and B is added per channel, so these identities are exact in real arithmetic; the
+math runs in float64 and is stored in the weight's dtype. Broadcasting follows ONNX Operators.md, "Broadcasting
+in ONNX" (numpy rules, shapes right-aligned), so a constant shaped [M] lines up with the *last* axis, not the
+channels, and is refused. B = 0 when the conv has none.
+
+Skipped when:
+    intermediate-has-other-consumers   the conv output is read by another node too
+    intermediate-is-graph-output       the conv output is a graph output
+    weights-not-constant               W or B is computed at run time
+    initializer-is-graph-input         W, B or c is an overridable initializer (IR < 4 style)
+    constant-not-per-channel           c varies along another axis, or has more dims than the output
+    conv-output-is-divisor             Div(c, conv): 1/conv is not linear
+    zero-in-divisor                    Div(conv, c) with a zero in c
+    dtype-not-foldable                 W is not float16/float32/float64
+    quantized-conv                     the conv is part of a QDQ pattern
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse import graph as g
+from onnxfuse.passes.base import (
+    CONV_OPS, Context, Fusion, Match, Pass, Reason, Skip, conv_parts, describe, is_op, out_channels,
+    private_check, qdq_check, replaced, scale_output_channels, set_weights, skip,
+)
+
+
+def per_channel(c: np.ndarray, rank: int, m: int) -> np.ndarray | None:
+    """``c`` as a length-``m`` float64 vector if it broadcasts against a rank-``rank`` NCHW-style output with
+    ``m`` channels only along the channel axis (axis 1), else None."""
+    if c.ndim > rank:
+        return None
+    aligned = (1,) * (rank - c.ndim) + tuple(c.shape)
+    for axis, dim in enumerate(aligned):
+        if dim != 1 and not (axis == 1 and dim == m):
+            return None
+    return np.broadcast_to(c.astype(np.float64).reshape(aligned[1]), (m,)).copy()
+
+
+class ConvAffine(Pass):
+    """Conv/ConvTranspose -> Add/Sub/Mul/Div by a per-channel constant => Conv/ConvTranspose."""
+
+    name = "conv_affine"
+    summary = "fold Add/Sub (bias) and Mul/Div (scale) by per-channel constants into the preceding Conv"
+
+    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+        if not is_op(node, "Add", "Sub", "Mul", "Div") or len(node.inputs) != 2:
+            return None
+        for side in (0, 1):
+            conv = g.producer(node.inputs[side])
+            if not is_op(conv, *CONV_OPS):
+                continue
+            c_tensor = node.inputs[1 - side]
+            c, why = ctx.constant(c_tensor)
+            if c is None and why != Reason.INITIALIZER_IS_INPUT:
+                continue  # a run-time operand: a residual Add, not an affine constant
+            nodes, out = [conv, node], node.outputs[0]
+            if c is None:
+                return skip(why, f"{c_tensor.name} is an initializer listed as a graph input (overridable)",
+                            nodes, out)
+            if node.op == "Div" and side == 1:
+                return skip(Reason.CONV_IS_DIVISOR, f"{c_tensor.name} / conv output is not linear", nodes, out)
+            bad = private_check([conv.outputs[0]], [node], ctx, nodes, out) or qdq_check(conv, out, nodes)
+            if bad:
+                return bad
+            w, b, bad = conv_parts(conv, ctx, nodes, out)
+            if bad:
+                return bad
+            m = out_channels(conv, w.shape)
+            vec = per_channel(c, w.ndim, m)
+            if vec is None:
+                return skip(Reason.NOT_PER_CHANNEL,
+                            f"constant of shape {list(c.shape)} does not broadcast per output channel "
+                            f"of a rank-{w.ndim} output with {m} channels", nodes, out)
+            if node.op == "Div" and not np.all(vec):
+                return skip(Reason.ZERO_DIVISOR, f"{c_tensor.name} contains a zero", nodes, out)
+            return Match(nodes, {"w": w, "b": b, "c": vec, "conv_first": side == 0})
+        return None
+
+    def rewrite(self, match: Match, ctx: Context) -> Fusion:
+        conv, op_node = match.nodes
+        original = replaced(match.nodes)
+        w, b, c = match.data["w"], match.data["b"], match.data["c"]
+        b64 = np.zeros_like(c) if b is None else np.broadcast_to(b.astype(np.float64).reshape(-1), c.shape)
+        op, new_w, new_b = op_node.op, None, None
+        if op == "Add":
+            new_b = b64 + c
+        elif op == "Sub" and match.data["conv_first"]:
+            new_b = b64 - c
+        elif op == "Sub":
+            new_w, new_b = -w.astype(np.float64), c - b64
+        elif op == "Mul":
+            new_w, new_b = scale_output_channels(conv, w, c), (None if b is None else b64 * c)
+        else:  # Div(conv, c)
+            new_w, new_b = scale_output_channels(conv, w, 1.0 / c), (None if b is None else b64 / c)
+        set_weights(conv, ctx, new_w, new_b, w.dtype)
+        g.replace_chain(ctx.graph, conv, op_node, [op_node])
+        return describe(self.name, conv, original)

@@ -1,0 +1,84 @@
+"""Fold an inference-mode BatchNormalization into the Conv or ConvTranspose that feeds it.
+
+Before => after::
+
+    Conv(X, W[, B]) -> BatchNormalization(scale, bias, mean, var, epsilon)  =>  Conv(X, W', B')
+
+Math (ONNX Operators.md, BatchNormalization: Y = (X - mean) / sqrt(var + epsilon) * scale + bias)::
+
+    s  = scale / sqrt(var + epsilon)          per output channel m, epsilon default 1e-5
+    W' = W * s[m]                             Conv: axis 0 of W; ConvTranspose: axis 1 within each group
+    B' = (B - mean) * s + bias                B = 0 when the conv has none
+
+Computed in float64 and stored in the conv weight's dtype (BN-15 parameters may be another dtype).
+
+Skipped when:
+    intermediate-has-other-consumers   the conv output is read by another node too
+    intermediate-is-graph-output       the conv output is a graph output
+    weights-not-constant               W or B is computed at run time
+    initializer-is-graph-input         W, B or a BN parameter is an overridable initializer (IR < 4 style)
+    parameters-not-constant            a BN parameter is computed at run time
+    batchnorm-training-mode            training_mode=1, spatial=0, or the running-statistics outputs are used
+    parameter-shape-mismatch           a BN parameter does not have one value per output channel
+    dtype-not-foldable                 W is not float16/float32/float64
+    quantized-conv                     the conv is part of a QDQ pattern
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse import graph as g
+from onnxfuse.passes.base import (
+    CONV_OPS, Context, Fusion, Match, Pass, Reason, Skip, conv_parts, describe, is_op, out_channels,
+    private_check, qdq_check, replaced, scale_output_channels, set_weights, skip,
+)
+
+
+class ConvBatchNorm(Pass):
+    """Conv/ConvTranspose -> BatchNormalization => Conv/ConvTranspose with folded weights."""
+
+    name = "conv_batchnorm"
+    summary = "fold BatchNormalization (inference mode) into the preceding Conv or ConvTranspose"
+
+    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+        if not is_op(node, "BatchNormalization"):
+            return None
+        conv = g.producer(node.inputs[0])
+        if not is_op(conv, *CONV_OPS):
+            return None
+        nodes, out = [conv, node], node.outputs[0]
+        extra = [t for t in node.outputs[1:] if t.name]
+        if int(node.attrs.get("training_mode", 0)) or int(node.attrs.get("spatial", 1)) == 0 or any(
+            t.outputs or g.is_graph_output(t, ctx.graph) for t in extra
+        ):
+            return skip(Reason.TRAINING_MODE, "BatchNormalization is in training mode", nodes, out)
+        bad = private_check([conv.outputs[0]], [node], ctx, nodes, out) or qdq_check(conv, out, nodes)
+        if bad:
+            return bad
+        w, b, bad = conv_parts(conv, ctx, nodes, out)
+        if bad:
+            return bad
+        params = []
+        for t in node.inputs[1:5]:
+            value, why = ctx.constant(t)
+            if value is None:
+                return skip(why, f"BatchNormalization parameter {t.name} is not a constant", nodes, out)
+            params.append(value)
+        m = out_channels(conv, w.shape)
+        if any(p.size != m for p in params):
+            return skip(Reason.PARAM_SHAPE, f"BatchNormalization parameters do not have {m} values", nodes, out)
+        return Match(nodes, {"w": w, "b": b, "params": params,
+                             "epsilon": float(node.attrs.get("epsilon", 1e-5))})
+
+    def rewrite(self, match: Match, ctx: Context) -> Fusion:
+        conv, bn = match.nodes
+        original = replaced(match.nodes)
+        w, b, eps = match.data["w"], match.data["b"], match.data["epsilon"]
+        scale, bias, mean, var = (p.astype(np.float64).reshape(-1) for p in match.data["params"])
+        s = scale / np.sqrt(var + eps)
+        b64 = np.zeros_like(s) if b is None else b.astype(np.float64).reshape(-1)
+        set_weights(conv, ctx, scale_output_channels(conv, w, s), (b64 - mean) * s + bias, w.dtype)
+        g.replace_chain(ctx.graph, conv, bn, [bn])
+        return describe(self.name, conv, original)

@@ -1,0 +1,100 @@
+"""Fuse Conv + residual Add (+ activation) into ``com.microsoft::FusedConv`` with a Z input.
+
+Before => after::
+
+    Conv(X, W[, B]) -> Add(conv, Z) -> act   =>  FusedConv(X, W, B, Z, activation=act)
+    Conv(X, W[, B]) -> Add(conv, Z)          =>  FusedConv(X, W, B, Z)        (targets that allow no activation)
+
+FusedConv adds Z *before* the activation (``Y = act(conv + B + Z)``, onnxruntime contrib_defs.cc), which is
+exactly Add-then-activation; Conv -> Relu -> Add is therefore never matched here. The kernel needs Z to have
+exactly Y's shape (a broadcastable Z loads, then fails at run time), so the other Add input must have the conv
+output's static shape, dim for dim (equal numbers or the same named symbolic dim). When the activation after the
+Add is one the target cannot run, the Add alone is fused where the target allows a FusedConv without activation.
+
+Skipped when:
+    intermediate-has-other-consumers   the conv output is read by another node too
+    intermediate-is-graph-output       the conv output is a graph output
+    residual-shape-mismatch            Z's static shape is unknown or differs from the conv output's
+    target-allows-no-contrib-ops       target onnx
+    dtype-has-no-fusedconv-kernel      the conv is not float32
+    activation-not-supported-by-target the target has no such activation and no FusedConv without one
+    quantized-conv                     the conv is part of a QDQ pattern
+"""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from onnxfuse import graph as g
+from onnxfuse.passes.base import (
+    Context, Fusion, Match, Pass, Reason, Skip, describe, is_op, private_check, qdq_check, replaced, skip,
+)
+from onnxfuse.passes.conv_activation import ACTIVATIONS, activation_params
+from onnxfuse.passes.fusedconv import target_check, to_fused_conv
+
+
+def same_static_shape(a: tuple | None, b: tuple | None) -> bool:
+    """True when both shapes are known and equal dim for dim (ints equal, or the same named symbolic dim)."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all(x is not None and x != "" and x == y for x, y in zip(a, b))
+
+
+class ConvResidual(Pass):
+    """Conv -> Add(run-time tensor) [-> activation] => FusedConv with Z."""
+
+    name = "conv_residual"
+    summary = "fuse Conv + residual Add (+ activation) into FusedConv with the Z input"
+
+    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+        if not is_op(node, "Add") or len(node.inputs) != 2:
+            return None
+        first_skip = None
+        for side in (0, 1):
+            conv, z = g.producer(node.inputs[side]), node.inputs[1 - side]
+            if not is_op(conv, "Conv") or z is conv.outputs[0]:
+                continue
+            if ctx.constant(z)[0] is not None or isinstance(z, gs.Constant):
+                return None  # a constant operand: conv_affine's pattern
+            result = self._match_side(conv, node, z, ctx)
+            if isinstance(result, Match):
+                return result
+            first_skip = first_skip or result
+        return first_skip
+
+    def _match_side(self, conv: gs.Node, add: gs.Node, z: gs.Tensor, ctx: Context) -> Match | Skip:
+        act = self._activation_after(add, ctx)
+        nodes = [conv, add] + ([act] if act is not None else [])
+        out = nodes[-1].outputs[0]
+        bad = private_check([conv.outputs[0]], [add], ctx, nodes, out) or qdq_check(conv, out, nodes)
+        if bad:
+            return bad
+        if not same_static_shape(ctx.shape(conv.outputs[0]), ctx.shape(z)):
+            return skip(Reason.RESIDUAL_SHAPE, f"Z {z.name} shape {ctx.shape(z)} is not exactly the conv output "
+                        f"shape {ctx.shape(conv.outputs[0])}", nodes, out)
+        params = activation_params(ctx, act) if act is not None else []
+        if act is not None and (params is None or target_check(ctx, conv, act.op, nodes, out)):
+            # The activation cannot be fused: fuse Conv + Add alone if the target allows a plain FusedConv.
+            plain = target_check(ctx, conv, None, nodes[:2], add.outputs[0])
+            if plain:
+                return target_check(ctx, conv, act.op, nodes, out) or plain
+            return Match(nodes[:2], {"z": z, "activation": None, "params": []})
+        bad = target_check(ctx, conv, act.op if act is not None else None, nodes, out)
+        if bad:
+            return bad
+        return Match(nodes, {"z": z, "activation": act.op if act is not None else None, "params": params})
+
+    @staticmethod
+    def _activation_after(add: gs.Node, ctx: Context) -> gs.Node | None:
+        readers = g.consumers(add.outputs[0])
+        if len(readers) == 1 and is_op(readers[0], *ACTIVATIONS) and not g.is_graph_output(add.outputs[0],
+                                                                                           ctx.graph):
+            return readers[0]
+        return None
+
+    def rewrite(self, match: Match, ctx: Context) -> Fusion:
+        conv, last = match.nodes[0], match.nodes[-1]
+        original = replaced(match.nodes)
+        to_fused_conv(ctx, conv, match.data["activation"], match.data["params"], match.data["z"], last,
+                      match.nodes[1:])
+        return describe(self.name, conv, original, match.data["activation"])

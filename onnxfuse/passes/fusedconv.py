@@ -1,0 +1,94 @@
+"""What the three FusedConv passes share: the target check and the rewrite into ``com.microsoft::FusedConv``.
+
+FusedConv computes ``Y = activation(conv(X, W) + B + Z)`` (onnxruntime ``core/graph/contrib_ops/contrib_defs.cc``;
+Z is added before the activation). The node keeps every Conv attribute and gains ``activation`` (string) and
+``activation_params`` (floats, exactly as many as the kernel demands: see ``providers.ACTIVATION_PARAM_COUNTS``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse import graph as g
+from onnxfuse.passes.base import Context, Reason, Skip, is_op, skip
+
+#: ``numpy.finfo(float32)`` bounds: what onnxruntime's CPU kernel uses for a missing Clip bound.
+FLOAT32_LOWEST = float(np.finfo(np.float32).min)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def fusable_conv(node: gs.Node | None) -> bool:
+    """True for a 2-input or 3-input default-domain Conv, or a FusedConv that has no activation yet."""
+    if is_op(node, "Conv"):
+        return True
+    return (node is not None and node.op == "FusedConv" and node.domain == g.MS_DOMAIN
+            and "activation" not in node.attrs)
+
+
+def target_check(ctx: Context, conv: gs.Node, activation: str | None, nodes: list[gs.Node],
+                 output: gs.Tensor) -> Skip | None:
+    """Skip when ``ctx.target`` cannot run a FusedConv of ``conv``'s dtype with ``activation`` (None: no
+    activation, only Z)."""
+    target = ctx.target
+    if not target.fused_conv:
+        return skip(Reason.NO_CONTRIB_OPS, f"target {target.name} emits standard ONNX only (no FusedConv)",
+                    nodes, output)
+    dtype = ctx.dtype(conv.outputs[0]) or ctx.dtype(conv.inputs[0])
+    if dtype not in target.dtypes:
+        name = "an unknown dtype" if dtype is None else str(dtype)
+        return skip(Reason.DTYPE_NO_KERNEL, f"{name} FusedConv has no kernel on target {target.name}", nodes,
+                    output)
+    if activation is None and not target.plain_fused_conv:
+        return skip(Reason.ACTIVATION_UNSUPPORTED,
+                    f"FusedConv without an activation is not supported by target {target.name}", nodes, output)
+    if activation is not None and activation not in target.activations:
+        return skip(Reason.ACTIVATION_UNSUPPORTED,
+                    f"activation {activation} is not supported by target {target.name}", nodes, output)
+    return None
+
+
+def to_fused_conv(ctx: Context, conv: gs.Node, activation: str | None, params: list[float],
+                  z: gs.Tensor | None, last: gs.Node, removed: list[gs.Node]) -> None:
+    """Turn ``conv`` into a FusedConv that takes over ``last``'s output, optionally with a Z input, and delete
+    ``removed``."""
+    if conv.op == "Conv":
+        conv.op, conv.domain = "FusedConv", g.MS_DOMAIN
+    if activation is not None:
+        conv.attrs["activation"] = activation
+        if params:
+            conv.attrs["activation_params"] = [float(p) for p in params]
+    if z is not None:
+        while len(conv.inputs) < 3:
+            conv.inputs.append(gs.Variable.empty())
+        conv.inputs.append(z)
+    g.replace_chain(ctx.graph, conv, last, removed)
+
+
+def scalar(ctx: Context, tensor: gs.Tensor) -> float | None:
+    """The value of a constant one-element tensor, else None."""
+    value, _ = ctx.constant(tensor)
+    if value is None or value.size != 1:
+        return None
+    return float(value.reshape(-1)[0])
+
+
+def close(a: float | None, b: float) -> bool:
+    """``a`` equals ``b`` to float32 precision (exporters write 1/6 as 0.16666667)."""
+    return a is not None and abs(a - b) <= 1e-6 * max(1.0, abs(b))
+
+
+def clip_bounds(ctx: Context, clip: gs.Node) -> tuple[float, float] | None:
+    """``(min, max)`` of a Clip node: from attributes before opset 11, from constant inputs since; a missing
+    bound is float32 lowest / max. None when a bound is computed at run time."""
+    lo, hi = clip.attrs.get("min", FLOAT32_LOWEST), clip.attrs.get("max", FLOAT32_MAX)
+    for index in (1, 2):
+        if len(clip.inputs) > index and clip.inputs[index].name:
+            value = scalar(ctx, clip.inputs[index])
+            if value is None:
+                return None
+            if index == 1:
+                lo = value
+            else:
+                hi = value
+    return float(lo), float(hi)

@@ -1,0 +1,204 @@
+"""load -> passes to a fixpoint -> (verify) -> Report. The library entry points; nothing here prints.
+
+:func:`analyse` is what ``onnxfuse report`` runs; :func:`optimize` is what ``onnxfuse optimize`` runs (the CLI
+writes the model it returns).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import onnx
+
+from onnxfuse import __version__
+from onnxfuse import graph as g
+from onnxfuse import passes as passes_mod
+from onnxfuse import report as rep
+from onnxfuse import shapes, traffic
+from onnxfuse.errors import InputError
+from onnxfuse.passes import Context, Fusion, Match, Pass, Skip
+from onnxfuse.providers import DEFAULT_TARGET, TARGETS, get_target
+
+#: Upper bound on rounds of the pass list per graph. Each round that changes nothing ends the loop; a chain
+#: needs one round per fold that has to happen before the next can match (Conv -> Add -> BN -> Relu: 3), so
+#: 10 leaves ample room while guaranteeing termination.
+MAX_ROUNDS = 10
+
+#: ``metadata_props`` keys that onnxfuse writes into the optimized model.
+META_VERSION, META_TARGET, META_PASSES = "onnxfuse.version", "onnxfuse.target", "onnxfuse.passes"
+
+
+@dataclass
+class Options:
+    """What to do to a model.
+
+    Attributes:
+        target: a key of ``providers.TARGETS``.
+        only / skip: pass names to run exclusively / to leave out.
+        input_shapes: graph input name -> concrete dims, used for the traffic report and for verification.
+        constant_initializer_inputs: treat initializers that are also graph inputs as constants (the user
+            promises that nobody feeds them).
+    """
+
+    target: str = DEFAULT_TARGET
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    constant_initializer_inputs: bool = False
+
+
+@dataclass
+class Result:
+    """The outcome of :func:`analyse` / :func:`optimize`.
+
+    Attributes:
+        model: the optimized ModelProto (the input's own proto, with metadata added, when nothing changed).
+        fusions / skips: the raw pass results, in the order they happened.
+        changed: True when at least one pass rewrote the graph.
+        report: everything the report renderers show.
+        loaded: the input as loaded.
+    """
+
+    model: onnx.ModelProto
+    fusions: list[Fusion]
+    skips: list[Skip]
+    changed: bool
+    report: rep.Report
+    loaded: g.LoadedModel
+
+
+def _check_options(options: Options) -> tuple[Pass, ...]:
+    if options.target not in TARGETS:
+        raise InputError(f"--target {options.target!r}: choose one of {', '.join(TARGETS)}")
+    try:
+        return passes_mod.select(tuple(options.only), tuple(options.skip))
+    except KeyError as exc:
+        raise InputError(str(exc.args[0])) from None
+
+
+def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fusion], list[Skip]]:
+    """Run ``selected`` over ``graph`` and every subgraph until nothing changes (at most MAX_ROUNDS rounds each).
+
+    Returns the fusions in the order applied and the skips seen in each graph's last (unchanged) round.
+    """
+    fusions: list[Fusion] = []
+    skips: list[Skip] = []
+    for sub in list(g.all_graphs(graph)):
+        ctx.graph = sub
+        for _ in range(MAX_ROUNDS):
+            changed, round_skips = False, []
+            for p in selected:
+                for node in list(sub.nodes):
+                    if not node.outputs:
+                        continue  # removed by an earlier rewrite of this round
+                    found = p.match(node, ctx)
+                    if isinstance(found, Match):
+                        fusions.append(p.rewrite(found, ctx))
+                        changed = True
+                    elif isinstance(found, Skip):
+                        round_skips.append(_with_pass(found, p.name))
+            if not changed:
+                skips.extend(round_skips)
+                break
+        g.remove_unused_constant_nodes(sub)
+    return fusions, skips
+
+
+def _with_pass(s: Skip, name: str) -> Skip:
+    return Skip(s.reason, s.detail, s.nodes, s.output, name)
+
+
+def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...]) -> None:
+    values = {META_VERSION: __version__, META_TARGET: target, META_PASSES: ",".join(p.name for p in selected)}
+    for prop in model.metadata_props:
+        if prop.key in values:
+            prop.value = values.pop(prop.key)
+    for key, value in values.items():
+        model.metadata_props.add(key=key, value=value)
+
+
+def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | None = None) -> Result:
+    """Load the model at ``path``, run the passes in memory and build the report (no verification, no file).
+
+    Raises:
+        InputError: unreadable or invalid model, unknown target or pass name, bad ``input_shapes``.
+    """
+    selected = _check_options(options)
+    loaded = loaded or g.load_model(path)
+    model = loaded.model
+    info, elem_types = shapes.infer(model)
+    if options.input_shapes:
+        size_info, size_elems = shapes.infer(model, options.input_shapes)
+    else:
+        size_info, size_elems = info, elem_types
+    before_sizes = traffic.Sizes(size_info, size_elems).with_model(model)
+    before_rows = traffic.node_traffic(model, before_sizes)
+    before_ops = _op_counts(model.graph)
+
+    overridable = frozenset() if options.constant_initializer_inputs else loaded.overridable
+    graph = g.to_graph(model)
+    ctx = Context(get_target(options.target), overridable, info, namer=g.Namer(graph))
+    fusions, skips = run_passes(graph, selected, ctx)
+    out = g.to_model(graph, model) if fusions else model
+    _set_metadata(out, options.target, selected)
+
+    after_sizes = before_sizes.with_model(out)
+    after_rows = traffic.node_traffic(out, after_sizes)
+    report = rep.build(
+        loaded=loaded, target=options.target, passes=[p.name for p in selected], input_shapes=options.input_shapes,
+        missing=_missing_shapes(model, options.input_shapes), before_rows=before_rows, after_rows=after_rows,
+        before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
+        after_index=traffic.ModelIndex(out), after_sizes=after_sizes, size_info=size_info,
+        size_elems=size_elems,
+    )
+    return Result(out, fusions, skips, bool(fusions), report, loaded)
+
+
+def optimize(path: str | os.PathLike, options: Options, verify_options=None) -> Result:
+    """:func:`analyse`, then verify the optimized model against the original in onnxruntime unless
+    ``verify_options`` is None; the verification result goes into ``result.report.verification``.
+
+    Raises:
+        InputError: as :func:`analyse`.
+    """
+    from onnxfuse import verify
+
+    result = analyse(path, options)
+    if verify_options is not None:
+        result.report.verification = verify.verify(result.loaded.path, result.model, verify_options)
+    else:
+        result.report.verification = verify.Verification.skipped_by_user()
+    return result
+
+
+def _op_counts(graph: onnx.GraphProto) -> dict[str, int]:
+    counts: Counter = Counter()
+
+    def walk(gr: onnx.GraphProto) -> None:
+        for node in gr.node:
+            counts[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"] += 1
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g)
+                for sub in attr.graphs:
+                    walk(sub)
+
+    walk(graph)
+    return dict(sorted(counts.items()))
+
+
+def _missing_shapes(model: onnx.ModelProto, given: dict[str, tuple[int, ...]]) -> list[dict]:
+    """Graph inputs (not initializers) with a dim that is not a number and that ``given`` does not set."""
+    inits = {t.name for t in model.graph.initializer}
+    missing = []
+    for vi in model.graph.input:
+        if vi.name in inits or vi.name in given or not vi.type.HasField("tensor_type"):
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if not vi.type.tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
+            missing.append({"input": vi.name,
+                            "shape": [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                                      for d in dims]})
+    return missing

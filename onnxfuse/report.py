@@ -1,0 +1,364 @@
+"""The memory-traffic report: data (``Report``) and its renderers (text, JSON, Markdown). Never prints.
+
+The JSON form is documented field by field in ``onnxfuse/report.schema.json`` (``schema_version`` 1); bytes are
+exact integers there, while text and Markdown show KiB/MiB/GiB (powers of 1024).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from onnxfuse import __version__
+from onnxfuse.passes import Fusion, Skip
+from onnxfuse.traffic import ModelIndex, NodeTraffic, Sizes, chain_bytes, fused_estimate, totals
+
+SCHEMA_VERSION = 1
+
+#: Rows shown per table in text and Markdown unless ``show_all`` (largest byte figures first).
+DEFAULT_TOP_ROWS = 20
+
+
+@dataclass
+class Report:
+    """Everything ``onnxfuse report`` and ``optimize --report`` show; ``to_dict()`` is the JSON form."""
+
+    model: dict[str, Any]
+    target: str
+    passes: list[str]
+    input_shapes: dict[str, list[int]]
+    unknown_shapes: list[dict]
+    totals: dict[str, Any]
+    op_counts: dict[str, dict[str, int]]
+    fusions: list[dict]
+    unfused: list[dict]
+    pass_stats: list[dict]
+    unknown_nodes: list[dict]
+    subgraph_nodes: int
+    verification: Any = None
+    bandwidth: dict | None = None
+    onnxfuse_version: str = __version__
+
+    def set_bandwidth(self, gb_per_s: float) -> None:
+        """Add the estimated memory time at ``gb_per_s`` (10^9 bytes per second): bytes / bandwidth."""
+        before = self.totals["before"]["total_bytes"]
+        after = self.totals["after"]["total_bytes"]
+        self.bandwidth = {"gb_per_s": gb_per_s, "before_ms": before / (gb_per_s * 1e9) * 1e3,
+                          "after_ms": after / (gb_per_s * 1e9) * 1e3, "estimate": True}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready dict described by ``report.schema.json``."""
+        verification = self.verification.to_dict() if self.verification is not None else {
+            "status": "skipped", "reason": "not run (onnxfuse report does not verify)"}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "onnxfuse_version": self.onnxfuse_version,
+            "model": self.model,
+            "target": self.target,
+            "passes": self.passes,
+            "input_shapes": self.input_shapes,
+            "unknown_shapes": self.unknown_shapes,
+            "totals": self.totals,
+            "op_counts": self.op_counts,
+            "fusions": self.fusions,
+            "unfused": self.unfused,
+            "pass_stats": self.pass_stats,
+            "unknown_nodes": self.unknown_nodes,
+            "subgraph_nodes": self.subgraph_nodes,
+            "verification": verification,
+            "bandwidth": self.bandwidth,
+        }
+
+
+def _shape_of(info: dict, elems: dict, name: str) -> tuple[list | None, str | None]:
+    shape = info.get(name, (None, None))[0]
+    elem = elems.get(name)
+    dtype = dtype_name(elem) if elem else None
+    return (list(shape) if shape is not None else None), dtype
+
+
+def dtype_name(elem_type: int) -> str:
+    """numpy-style name of an ONNX dtype (``float32``, ``float16``, ``int64``; ``bfloat16`` where numpy has none)."""
+    try:
+        return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
+    except (KeyError, TypeError, ValueError):
+        return onnx.helper.tensor_dtype_to_string(elem_type).replace("TensorProto.", "").lower()
+
+
+def _side(rows: list[NodeTraffic]) -> dict[str, int]:
+    t = totals(rows)
+    return {"read_bytes": t.read_bytes, "written_bytes": t.written_bytes, "total_bytes": t.total_bytes,
+            "nodes": t.nodes, "unknown_nodes": t.unknown_nodes}
+
+
+def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing: list[dict],
+          before_rows: list[NodeTraffic], after_rows: list[NodeTraffic], before_ops: dict, after_ops: dict,
+          fusions: list[Fusion], skips: list[Skip], after_index: ModelIndex, after_sizes: Sizes,
+          size_info: dict, size_elems: dict) -> Report:
+    """Assemble a :class:`Report` from the pipeline's pieces (see ``pipeline.analyse``).
+
+    Fusions that built on each other (a BN fold, then the activation) become one row per final node, listing
+    every original node; its ``saved_bytes`` = traffic of the original nodes - traffic of the final node.
+    An unfused pattern's ``bytes`` = traffic of its nodes - what one fused node would move
+    (``traffic.fused_estimate``). Either is None when a size is unknown.
+    """
+    before = {r.key: r for r in before_rows}
+    after = {r.key: r for r in after_rows}
+    # lineage: current first-output name of a node -> the original nodes it now computes
+    lineage: dict[str, dict] = {}
+    for f in fusions:
+        originals, passes_used, activation = [], [], None
+        for name, op, key in f.replaced:
+            prev = lineage.pop(key, None)
+            if prev:
+                originals.extend(prev["replaced"])
+                passes_used.extend(prev["passes"])
+                activation = prev["activation"] or activation
+            else:
+                originals.append({"name": name, "op": op, "output": key})
+        passes_used.append(f.pass_name)
+        lineage[f.output] = {"replaced": originals, "passes": passes_used, "activation": f.activation or activation,
+                             "node": f.node, "op": f.op}
+    fusion_rows = []
+    for key, entry in lineage.items():
+        before_b = chain_bytes(before, [o["output"] for o in entry["replaced"]])
+        row = after.get(key)
+        after_b = row.total_bytes if row is not None else None
+        shape, dtype = _shape_of(size_info, size_elems, key)
+        fusion_rows.append({
+            "node": entry["node"], "op": entry["op"], "replaced": entry["replaced"],
+            "activation": entry["activation"], "passes": entry["passes"], "output": key, "shape": shape,
+            "dtype": dtype, "bytes_before": before_b, "bytes_after": after_b,
+            "saved_bytes": None if before_b is None or after_b is None else before_b - after_b,
+        })
+    unfused_rows = []
+    for s in skips:
+        keys = [k for _, _, k in s.nodes]
+        chain = chain_bytes(after, keys)
+        fused = fused_estimate(after_index, keys, s.output, after_sizes)
+        unfused_rows.append({
+            "pass": s.pass_name, "nodes": [{"name": n, "op": op, "output": k} for n, op, k in s.nodes],
+            "reason": s.reason, "detail": s.detail, "output": s.output,
+            "bytes": None if chain is None or fused is None else chain - fused,
+        })
+    before_t, after_t = _side(before_rows), _side(after_rows)
+    saved = before_t["total_bytes"] - after_t["total_bytes"]
+    stats = []
+    for name in passes:
+        applied = sum(1 for f in fusions if f.pass_name == name)
+        reasons: dict[str, int] = {}
+        for s in skips:
+            if s.pass_name == name:
+                reasons[s.reason] = reasons.get(s.reason, 0) + 1
+        stats.append({"name": name, "applied": applied, "skipped": dict(sorted(reasons.items()))})
+    return Report(
+        model={"path": str(loaded.path), "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,
+               "external_data": loaded.external_data},
+        target=target, passes=list(passes), input_shapes={k: list(v) for k, v in input_shapes.items()},
+        unknown_shapes=missing,
+        totals={"before": before_t, "after": after_t, "saved_bytes": saved,
+                "saved_percent": round(100.0 * saved / before_t["total_bytes"], 2) if before_t["total_bytes"]
+                else 0.0},
+        op_counts={"before": before_ops, "after": after_ops},
+        fusions=fusion_rows, unfused=unfused_rows, pass_stats=stats,
+        unknown_nodes=[{"node": r.name, "op": r.op, "output": r.key, "tensors": list(r.unknown)}
+                       for r in after_rows if r.total_bytes is None],
+        subgraph_nodes=sum(1 for r in before_rows if r.subgraph),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Renderers
+
+
+def human_bytes(n: int | None) -> str:
+    """``n`` bytes as B/KiB/MiB/GiB (powers of 1024) with one decimal; "?" for None."""
+    if n is None:
+        return "?"
+    sign, v = ("-" if n < 0 else ""), float(abs(n))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if v < 1024 or unit == "GiB":
+            return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{v:.1f} {unit}"
+        v /= 1024
+    return f"{sign}{v:.1f} TiB"  # pragma: no cover
+
+
+def to_json(report: Report) -> str:
+    """The report as JSON (sorted keys, 2-space indent, trailing newline): stable for diffs in CI."""
+    return json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def _top(rows: list[dict], key: str, show_all: bool) -> tuple[list[dict], int]:
+    ordered = sorted(rows, key=lambda r: -(r.get(key) or 0))
+    if show_all or len(ordered) <= DEFAULT_TOP_ROWS:
+        return ordered, 0
+    return ordered[:DEFAULT_TOP_ROWS], len(ordered) - DEFAULT_TOP_ROWS
+
+
+def _chain(nodes: list[dict]) -> str:
+    return " -> ".join(n["op"] for n in nodes)
+
+
+def _verification_line(report: Report) -> str:
+    v = report.to_dict()["verification"]
+    line = f"verification: {v['status']}"
+    if v.get("reason"):
+        line += f" ({v['reason']})"
+    elif v.get("max_abs_error") is not None:
+        line += f" (max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g})"
+    return line
+
+
+def summary_lines(report: Report) -> list[str]:
+    """The short summary ``optimize`` prints: totals, fusion count, unfused count, verification."""
+    t = report.totals
+    lines = [
+        f"traffic: {human_bytes(t['before']['total_bytes'])} -> {human_bytes(t['after']['total_bytes'])} "
+        f"(saved {human_bytes(t['saved_bytes'])}, {t['saved_percent']:.1f}%)",
+        f"fusions: {len(report.fusions)} applied, {len(report.unfused)} patterns left unfused "
+        f"(target {report.target})",
+        _verification_line(report),
+    ]
+    if report.unknown_shapes:
+        lines.append("unknown shapes: give --input-shape for " + ", ".join(
+            f"{u['input']} {u['shape']}" for u in report.unknown_shapes))
+    return lines
+
+
+def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
+    """Terminal tables (rich, no colour codes), the largest rows first."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
+    m = report.model
+    console.print(f"onnxfuse {report.onnxfuse_version} memory-traffic report")
+    console.print(f"model: {m['path']}  sha256 {m['sha256'][:16]}...  {human_bytes(m['file_bytes'])}")
+    shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in report.input_shapes.items()) or "from the model"
+    console.print(f"target: {report.target}   input shapes: {shapes}")
+    for line in summary_lines(report)[2:]:
+        console.print(line)
+    if report.subgraph_nodes:
+        console.print(f"note: {report.subgraph_nodes} nodes inside If/Loop/Scan bodies are counted once each")
+    t = report.totals
+    table = Table(title="Totals (bytes moved to and from device memory)", box=box.SIMPLE, title_justify="left")
+    for col in ("", "read", "written", "total", "nodes", "unknown nodes"):
+        table.add_column(col, justify="right" if col else "left")
+    for side in ("before", "after"):
+        s = t[side]
+        table.add_row(side, human_bytes(s["read_bytes"]), human_bytes(s["written_bytes"]),
+                      human_bytes(s["total_bytes"]), str(s["nodes"]), str(s["unknown_nodes"]))
+    table.add_row("saved", "", "", f"{human_bytes(t['saved_bytes'])} ({t['saved_percent']:.1f}%)", "", "")
+    console.print(table)
+    if report.bandwidth:
+        b = report.bandwidth
+        console.print(f"estimated memory time at {b['gb_per_s']:g} GB/s (an estimate: bytes / bandwidth): "
+                      f"{b['before_ms']:.3f} ms -> {b['after_ms']:.3f} ms")
+    rows, hidden = _top(report.fusions, "saved_bytes", show_all)
+    table = Table(title=f"Fusions applied ({len(report.fusions)})", box=box.SIMPLE, title_justify="left")
+    for col in ("node", "replaced", "activation", "output", "saved"):
+        table.add_column(col, justify="right" if col == "saved" else "left", overflow="fold")
+    for r in rows:
+        table.add_row(r["node"], _chain(r["replaced"]), r["activation"] or "",
+                      f"{'x'.join(map(str, r['shape'] or ['?']))} {r['dtype'] or '?'}", human_bytes(r["saved_bytes"]))
+    console.print(table)
+    if hidden:
+        console.print(f"... {hidden} more fusions (use --all to show every row)")
+    rows, hidden = _top(report.unfused, "bytes", show_all)
+    table = Table(title=f"Left unfused ({len(report.unfused)})", box=box.SIMPLE, title_justify="left")
+    for col in ("nodes", "reason", "detail", "would save"):
+        table.add_column(col, justify="right" if col == "would save" else "left", overflow="fold")
+    for r in rows:
+        table.add_row(f"{r['nodes'][0]['name']}: {_chain(r['nodes'])}", r["reason"], r["detail"],
+                      human_bytes(r["bytes"]))
+    console.print(table)
+    if hidden:
+        console.print(f"... {hidden} more patterns (use --all to show every row)")
+    table = Table(title="Passes", box=box.SIMPLE, title_justify="left")
+    for col in ("pass", "applied", "skipped by reason"):
+        table.add_column(col)
+    for s in report.pass_stats:
+        table.add_row(s["name"], str(s["applied"]),
+                      ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "-")
+    console.print(table)
+    ops = report.op_counts
+    table = Table(title="Nodes by op type", box=box.SIMPLE, title_justify="left")
+    for col in ("op", "before", "after"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for op in sorted(set(ops["before"]) | set(ops["after"])):
+        b, a = ops["before"].get(op, 0), ops["after"].get(op, 0)
+        table.add_row(op, str(b), str(a))
+    console.print(table)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def to_markdown(report: Report, show_all: bool = False) -> str:
+    """GitHub-flavoured Markdown for a pull-request comment or a CI job summary."""
+    t = report.totals
+    m = report.model
+    out = [f"### onnxfuse memory-traffic report: `{m['path']}`", "",
+           f"onnxfuse {report.onnxfuse_version} · target `{report.target}` · sha256 `{m['sha256'][:16]}` · "
+           + _verification_line(report), ""]
+    if report.unknown_shapes:
+        out += ["> Unknown shapes: give `--input-shape` for " + ", ".join(
+            f"`{u['input']}` {u['shape']}" for u in report.unknown_shapes), ""]
+    out += [_md_row(["", "read", "written", "total", "nodes"]), _md_row(["---"] * 5)]
+    for side in ("before", "after"):
+        s = t[side]
+        out.append(_md_row([side, human_bytes(s["read_bytes"]), human_bytes(s["written_bytes"]),
+                            human_bytes(s["total_bytes"]), s["nodes"]]))
+    out += ["", f"**Saved {human_bytes(t['saved_bytes'])} ({t['saved_percent']:.1f}%)** of memory traffic "
+                f"with {len(report.fusions)} fusions; {len(report.unfused)} patterns left unfused.", ""]
+    if report.bandwidth:
+        b = report.bandwidth
+        out += [f"Estimated memory time at {b['gb_per_s']:g} GB/s (estimate): {b['before_ms']:.3f} ms -> "
+                f"{b['after_ms']:.3f} ms", ""]
+    rows, hidden = _top(report.fusions, "saved_bytes", show_all)
+    out += [f"#### Fusions applied ({len(report.fusions)})", "",
+            _md_row(["node", "replaced", "activation", "saved"]), _md_row(["---"] * 4)]
+    out += [_md_row([f"`{r['node']}`", _chain(r["replaced"]), r["activation"] or "", human_bytes(r["saved_bytes"])])
+            for r in rows]
+    if hidden:
+        out.append(f"\n_{hidden} more rows not shown._")
+    rows, hidden = _top(report.unfused, "bytes", show_all)
+    out += ["", f"#### Left unfused ({len(report.unfused)})", "",
+            _md_row(["nodes", "reason", "detail", "would save"]), _md_row(["---"] * 4)]
+    out += [_md_row([f"`{r['nodes'][0]['name']}` {_chain(r['nodes'])}", f"`{r['reason']}`", r["detail"],
+                     human_bytes(r["bytes"])]) for r in rows]
+    if hidden:
+        out.append(f"\n_{hidden} more rows not shown._")
+    return "\n".join(out) + "\n"
+
+
+def render(report: Report, fmt: str, show_all: bool = False) -> str:
+    """Render ``report`` as ``fmt`` (``text``, ``json`` or ``markdown``).
+
+    Raises:
+        ValueError: unknown format.
+    """
+    if fmt == "json":
+        return to_json(report)
+    if fmt == "markdown":
+        return to_markdown(report, show_all)
+    if fmt == "text":
+        return to_text(report, show_all)
+    raise ValueError(f"unknown report format {fmt!r}")
+
+
+def format_for_path(path: str) -> str | None:
+    """Report format implied by a file extension (.json, .md/.markdown, .txt), or None."""
+    lower = path.lower()
+    for ext, fmt in ((".json", "json"), (".md", "markdown"), (".markdown", "markdown"), (".txt", "text")):
+        if lower.endswith(ext):
+            return fmt
+    return None

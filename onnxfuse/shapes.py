@@ -1,0 +1,166 @@
+"""Static tensor shapes and dtypes from ``onnx.shape_inference``, without copying the weights.
+
+Shape inference runs on a *skeleton* of the model: the same nodes and tensor types, with the data of large
+float tensors (initializers and ``Constant`` node values) left out, so that inferring shapes of a model with
+gigabytes of weights costs kilobytes. Small tensors (int64 shapes, axes, scalars) keep their data, so data
+propagation through Reshape/Resize/Slice still works.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from onnxfuse.errors import InputError
+from onnxfuse.graph import copy_model_fields
+
+#: Tensors with more elements than this lose their data in the skeleton (only dims and dtype are kept).
+SKELETON_MAX_ELEMENTS = 1024
+
+TensorInfo = tuple  # (shape: tuple[int | str | None, ...] | None, dtype: numpy.dtype | None)
+
+
+def _strip(t: TensorProto) -> TensorProto:
+    if int(np.prod(t.dims, dtype=np.int64)) <= SKELETON_MAX_ELEMENTS or t.data_location == TensorProto.EXTERNAL:
+        return t
+    slim = TensorProto(name=t.name, data_type=t.data_type, dims=t.dims, doc_string=t.doc_string)
+    return slim
+
+
+def _skeleton_graph(graph: onnx.GraphProto) -> onnx.GraphProto:
+    out = onnx.GraphProto(name=graph.name)
+    out.input.extend(graph.input)
+    out.output.extend(graph.output)
+    out.value_info.extend(graph.value_info)
+    out.initializer.extend(_strip(t) for t in graph.initializer)
+    for node in graph.node:
+        new = out.node.add()
+        new.input.extend(node.input)
+        new.output.extend(node.output)
+        new.op_type, new.domain, new.name = node.op_type, node.domain, node.name
+        for attr in node.attribute:
+            a = new.attribute.add()
+            if attr.type == onnx.AttributeProto.TENSOR:
+                a.name, a.type = attr.name, attr.type
+                a.t.CopyFrom(_strip(attr.t))
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                a.name, a.type = attr.name, attr.type
+                a.g.CopyFrom(_skeleton_graph(attr.g))
+            else:
+                a.CopyFrom(attr)
+    return out
+
+
+def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose large float tensors carry no data (see the module docstring)."""
+    out = onnx.ModelProto()
+    copy_model_fields(model, out)
+    out.graph.CopyFrom(_skeleton_graph(model.graph))
+    return out
+
+
+def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse ``NAME=1x3x640x640`` (``NAME=`` alone for a scalar) into ``(name, dims)``.
+
+    Raises:
+        InputError: malformed text or a dim that is not a positive integer.
+    """
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name:
+        raise InputError(f"--input-shape {text!r}: expected NAME=DIMS, e.g. x=1x3x640x640")
+    try:
+        shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+    except ValueError:
+        raise InputError(f"--input-shape {text!r}: dims must be integers separated by 'x'") from None
+    if any(d <= 0 for d in shape):
+        raise InputError(f"--input-shape {text!r}: dims must be positive")
+    return name, shape
+
+
+def apply_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Set the dims of the named graph inputs of ``model`` (a skeleton) in place.
+
+    Raises:
+        InputError: a name that is not a graph input, or a rank or fixed dim that contradicts the model.
+    """
+    inputs = {i.name: i for i in model.graph.input}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise InputError(f"--input-shape {name}: the model has no graph input named {name!r} "
+                             f"(inputs: {', '.join(i.name for i in model.graph.input)})")
+        tensor_type = inputs[name].type.tensor_type
+        old = tensor_type.shape.dim if tensor_type.HasField("shape") else None
+        if old is not None and len(old) != len(dims):
+            raise InputError(f"--input-shape {name}: rank {len(dims)} given, the model says {len(old)}")
+        for i, d in enumerate(dims):
+            if old is not None and old[i].HasField("dim_value") and old[i].dim_value != d:
+                raise InputError(f"--input-shape {name}: dim {i} is fixed at {old[i].dim_value} in the model, "
+                                 f"{d} given")
+        tensor_type.ClearField("shape")
+        tensor_type.shape.SetInParent()
+        for d in dims:
+            tensor_type.shape.dim.add().dim_value = d
+
+
+def _dtype(elem_type: int) -> np.dtype | None:
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _info(vi: onnx.ValueInfoProto) -> TensorInfo:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        return None, None
+    shape = None
+    if tt.HasField("shape"):
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+    return shape, (_dtype(tt.elem_type) if tt.elem_type else None)
+
+
+def _collect(graph: onnx.GraphProto, out: dict[str, TensorInfo], elem_sizes: dict) -> None:
+    for t in graph.initializer:
+        out[t.name] = (tuple(t.dims), _dtype(t.data_type))
+        elem_sizes[t.name] = t.data_type
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if vi.name not in out or out[vi.name][0] is None:
+            out[vi.name] = _info(vi)
+        if vi.type.HasField("tensor_type"):
+            elem_sizes.setdefault(vi.name, vi.type.tensor_type.elem_type)
+    for node in graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Constant" and attr.name == "value" and node.output:
+                out[node.output[0]] = (tuple(attr.t.dims), _dtype(attr.t.data_type))
+                elem_sizes[node.output[0]] = attr.t.data_type
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _collect(attr.g, out, elem_sizes)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _collect(sub, out, elem_sizes)
+
+
+def infer(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None
+          ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+    """Shapes and dtypes of every tensor onnx can infer, in every graph of ``model``.
+
+    Returns:
+        ``(info, elem_types)``: tensor name -> ``(shape, numpy dtype)`` where a shape is a tuple of ints (known
+        dims), strings (named symbolic dims) and None (unknown dims), or None for unknown rank; and tensor
+        name -> ONNX ``TensorProto.DataType`` (for dtypes numpy lacks, such as bfloat16).
+
+    Raises:
+        InputError: from :func:`apply_input_shapes`.
+    """
+    skel = skeleton(model)
+    if input_shapes:
+        apply_input_shapes(skel, input_shapes)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skel, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - a model onnx cannot infer still gets what its own value_info says
+        inferred = skel
+    info: dict[str, TensorInfo] = {}
+    elem_types: dict[str, int] = {}
+    _collect(inferred.graph, info, elem_types)
+    return info, elem_types

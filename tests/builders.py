@@ -1,0 +1,92 @@
+"""Tiny ONNX graph builder for tests: every model a test needs is a few lines, with deterministic weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
+              np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.int64): TensorProto.INT64,
+              np.dtype(np.bool_): TensorProto.BOOL}
+
+
+class GraphBuilder:
+    """Build a graph node by node.
+
+    ``constants="initializer"`` stores weights as initializers; ``"node"`` as Constant nodes (PaddleOCR style).
+    """
+
+    def __init__(self, seed: int = 0, dtype=np.float32, constants: str = "initializer"):
+        self.rng = np.random.default_rng(seed)
+        self.dtype = np.dtype(dtype)
+        self.constants = constants
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self._n = 0
+
+    def name(self, base: str) -> str:
+        self._n += 1
+        return f"{base}{self._n}"
+
+    def input(self, name: str, shape, dtype=None) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, NP_TO_ONNX[np.dtype(dtype or self.dtype)], shape))
+        return name
+
+    def const(self, array, name: str | None = None, as_node: bool | None = None) -> str:
+        array = np.asarray(array)
+        name = name or self.name("c")
+        if as_node if as_node is not None else self.constants == "node":
+            self.nodes.append(helper.make_node("Constant", [], [name], name=f"{name}_const",
+                                               value=numpy_helper.from_array(array, name)))
+        else:
+            self.inits.append(numpy_helper.from_array(array, name))
+        return name
+
+    def rand(self, *shape, scale: float = 0.3, dtype=None) -> np.ndarray:
+        return (self.rng.standard_normal(shape) * scale).astype(dtype or self.dtype)
+
+    def op(self, op: str, inputs: list[str], outputs: int = 1, domain: str = "", name: str | None = None,
+           **attrs) -> str | list[str]:
+        name = name or self.name(op.lower())
+        outs = [f"{name}_out{i}" if i else f"{name}_out" for i in range(outputs)]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=name, domain=domain or None, **attrs))
+        return outs[0] if outputs == 1 else outs
+
+    def conv(self, x: str, c_in: int, c_out: int, k: int | tuple = 3, bias: bool = True, group: int = 1,
+             rank: int = 2, name: str | None = None, weight: str | None = None, **attrs) -> str:
+        ks = (k,) * rank if isinstance(k, int) else tuple(k)
+        w = weight or self.const(self.rand(c_out, c_in // group, *ks))
+        inputs = [x, w]
+        if bias:
+            inputs.append(self.const(self.rand(c_out, scale=0.1)))
+        attrs.setdefault("pads", [k // 2 if isinstance(k, int) else 0] * (2 * rank))
+        return self.op("Conv", inputs, name=name, group=group, **attrs)
+
+    def conv_transpose(self, x: str, c_in: int, c_out: int, k: int = 2, group: int = 1, bias: bool = True,
+                       rank: int = 2, **attrs) -> str:
+        w = self.const(self.rand(c_in, c_out // group, *((k,) * rank)))
+        inputs = [x, w] + ([self.const(self.rand(c_out, scale=0.1))] if bias else [])
+        return self.op("ConvTranspose", inputs, group=group, strides=[k] * rank, **attrs)
+
+    def bn(self, x: str, c: int, epsilon: float | None = None, param_dtype=None, **attrs) -> str:
+        dt = param_dtype or self.dtype
+        params = [self.rng.uniform(0.5, 1.5, c), self.rng.standard_normal(c) * 0.1,
+                  self.rng.standard_normal(c) * 0.1, self.rng.uniform(0.5, 1.5, c)]
+        names = [self.const(np.asarray(p, dtype=dt)) for p in params]
+        if epsilon is not None:
+            attrs["epsilon"] = epsilon
+        return self.op("BatchNormalization", [x, *names], **attrs)
+
+    def model(self, outputs: list[str] | str, opset: int = 17, ir_version: int = 8,
+              output_dtype=None, extra_opsets: dict | None = None) -> onnx.ModelProto:
+        outputs = [outputs] if isinstance(outputs, str) else outputs
+        elem = NP_TO_ONNX[np.dtype(output_dtype or self.dtype)]
+        graph = helper.make_graph(self.nodes, "test", self.inputs,
+                                  [helper.make_tensor_value_info(o, elem, None) for o in outputs], self.inits)
+        opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in
+                                                     (extra_opsets or {}).items()]
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="onnxfuse-tests")
+        model.ir_version = ir_version
+        return model

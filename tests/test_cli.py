@@ -1,0 +1,237 @@
+"""The CLI contract (issue 2): commands, exit codes, one-line errors, never a traceback for bad input, the input
+never modified, the output written atomically or not at all."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from onnxfuse import __version__
+from onnxfuse import graph as g
+from onnxfuse.cli import main
+from tests.builders import GraphBuilder
+from tests.conftest import REPO
+
+SAMPLE = REPO / "sample_models" / "resnet_block.onnx"
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_version_and_help():
+    result = invoke("--version")
+    assert result.exit_code == 0 and __version__ in result.output
+    for cmd in ([], ["optimize"], ["report"], ["passes"]):
+        result = invoke(*cmd, "--help")
+        assert result.exit_code == 0, cmd
+        if cmd != ["passes"]:
+            assert "Exit codes" in result.output and "Examples" in result.output
+
+
+def test_python_dash_m_runs_the_cli():
+    out = subprocess.run([sys.executable, "-m", "onnxfuse", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and __version__ in out.stdout
+
+
+def test_passes_lists_every_pass_in_order():
+    result = invoke("passes")
+    names = [line.split()[0] for line in result.output.splitlines()[:5]]
+    assert names == ["conv_batchnorm", "conv_affine", "conv_residual", "conv_hardswish", "conv_activation"]
+    assert "intermediate-has-other-consumers" in result.output
+
+
+def test_optimize_sample_writes_verified_model(tmp_path):
+    before = digest(SAMPLE)
+    out = tmp_path / "out.onnx"
+    result = invoke("optimize", SAMPLE, out, "--target", "cpu")
+    assert result.exit_code == 0, result.output
+    assert "verification: passed" in result.output
+    assert digest(SAMPLE) == before
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["onnxfuse.version"] == __version__ and meta["onnxfuse.target"] == "cpu"
+    assert "conv_batchnorm" in meta["onnxfuse.passes"]
+    assert list(tmp_path.iterdir()) == [out]  # no temporary file left behind
+
+
+def test_unchanged_model_is_said_honestly(tmp_path):
+    result = invoke("optimize", REPO / "sample_models" / "refuse_graph_output.onnx", tmp_path / "o.onnx")
+    assert result.exit_code == 0
+    assert "no pattern was fused" in result.output
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, Path]:
+    cases = {"missing": tmp_path / "nope.onnx", "directory": tmp_path / "adir"}
+    cases["directory"].mkdir()
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    cases["empty"] = tmp_path / "empty.onnx"
+    (tmp_path / "text.onnx").write_text("this is not a protobuf model, just text\n")
+    cases["not protobuf"] = tmp_path / "text.onnx"
+    data = SAMPLE.read_bytes()
+    (tmp_path / "trunc.onnx").write_bytes(data[: len(data) // 2])
+    cases["truncated"] = tmp_path / "trunc.onnx"
+    # onnx.checker rejects a node that reads an undefined tensor
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    bad = b.model(b.op("Relu", ["undefined_tensor"]))
+    onnx.save(bad, str(tmp_path / "invalid.onnx"))
+    cases["checker"] = tmp_path / "invalid.onnx"
+    # external data file missing
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    ext = b.model(b.op("Relu", [b.conv(x, 3, 4)]))
+    ext.graph.output[0].type.tensor_type.shape.SetInParent()
+    onnx.save(ext, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.data", size_threshold=0)
+    (tmp_path / "ext.data").unlink()
+    cases["external data missing"] = tmp_path / "ext.onnx"
+    # opset too old
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    old = b.model(b.op("Relu", [x]), opset=6, ir_version=3)
+    onnx.save(old, str(tmp_path / "old.onnx"))
+    cases["opset too old"] = tmp_path / "old.onnx"
+    return cases
+
+
+@pytest.mark.parametrize("command", ["optimize", "report"])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, command):
+    cases = _bad_inputs(tmp_path)
+    for label, path in cases.items():
+        before = sorted(p.name for p in tmp_path.iterdir())
+        digests = {p: digest(p) for p in tmp_path.iterdir() if p.is_file()}
+        args = [command, path] + ([tmp_path / "out.onnx"] if command == "optimize" else [])
+        result = invoke(*args)
+        assert result.exit_code == 2, (label, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (label, result.output)
+        assert str(path) in lines[0], label
+        assert "Traceback" not in result.output
+        assert sorted(p.name for p in tmp_path.iterdir()) == before, label
+        assert {p: digest(p) for p in tmp_path.iterdir() if p.is_file()} == digests, label
+
+
+def test_error_messages_name_the_cause(tmp_path):
+    cases = _bad_inputs(tmp_path)
+    expected = {"missing": "no such file", "directory": "directory", "empty": "empty",
+                "not protobuf": "protobuf", "truncated": "protobuf", "checker": "onnx.checker",
+                "external data missing": "external data", "opset too old": "older than"}
+    for label, path in cases.items():
+        assert expected[label] in invoke("report", path).output, label
+
+
+def test_output_same_as_input_is_refused_without_overwrite(tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(SAMPLE.read_bytes())
+    before = digest(model)
+    result = invoke("optimize", model, model)
+    assert result.exit_code == 2 and "--overwrite" in result.output
+    assert digest(model) == before
+    link = tmp_path / "link.onnx"
+    link.symlink_to(model)
+    assert invoke("optimize", model, link).exit_code == 2
+    result = invoke("optimize", model, model, "--overwrite", "--target", "cpu")
+    assert result.exit_code == 0
+    assert digest(model) != before
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert invoke("optimize", SAMPLE).exit_code == 2
+    assert invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--target", "tpu").exit_code == 2
+    assert invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--only", "nosuchpass").exit_code == 2
+    result = invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--input-shape", "x=1xAx3")
+    assert result.exit_code == 2 and result.output.startswith("error: ")
+    result = invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--input-shape", "nosuch=1x2")
+    assert result.exit_code == 2 and "no graph input" in result.output
+    assert invoke("optimize", SAMPLE, tmp_path / "missing_dir" / "o.onnx").exit_code == 2
+    assert invoke("optimize", SAMPLE, tmp_path).exit_code == 2
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_atomic_write_leaves_nothing_when_the_write_fails(tmp_path, monkeypatch):
+    out = tmp_path / "out.onnx"
+
+    def disk_full(path, data):
+        with open(path, "wb") as fh:
+            fh.write(data[: len(data) // 3])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(g, "_write_bytes", disk_full)
+    with pytest.raises(OSError):
+        CliRunner().invoke(main, ["optimize", str(SAMPLE), str(out)], catch_exceptions=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_write_keeps_the_old_output_when_the_write_fails(tmp_path, monkeypatch):
+    out = tmp_path / "out.onnx"
+    out.write_bytes(b"old model")
+
+    def crash(path, data):
+        with open(path, "wb") as fh:
+            fh.write(data[:10])
+        raise RuntimeError("simulated crash mid-write")
+
+    monkeypatch.setattr(g, "_write_bytes", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        CliRunner().invoke(main, ["optimize", str(SAMPLE), str(out)], catch_exceptions=False)
+    assert out.read_bytes() == b"old model"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
+
+
+def test_output_is_deterministic_and_idempotent(tmp_path):
+    a, b, c = tmp_path / "a.onnx", tmp_path / "b.onnx", tmp_path / "c.onnx"
+    assert invoke("optimize", SAMPLE, a, "--target", "cpu").exit_code == 0
+    assert invoke("optimize", SAMPLE, b, "--target", "cpu").exit_code == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert invoke("optimize", a, c, "--target", "cpu").exit_code == 0
+    assert c.read_bytes() == a.read_bytes()
+
+
+def test_external_data_stays_external(tmp_path):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    model = b.model(b.op("Relu", [b.bn(b.conv(x, 4, 16), 16)]))
+    model.graph.output[0].type.tensor_type.shape.SetInParent()
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save(model, str(src / "m.onnx"), save_as_external_data=True, location="m.weights", size_threshold=0)
+    out = tmp_path / "o.onnx"
+    result = invoke("optimize", src / "m.onnx", out, "--target", "cpu")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "o.onnx.data").exists()
+    loaded = onnx.load(str(out), load_external_data=False)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in loaded.graph.initializer)
+    onnx.checker.check_model(str(out))
+
+
+def test_model_fields_preserved(tmp_path):
+    model = onnx.load(str(SAMPLE))
+    model.doc_string = "my doc"
+    model.producer_name, model.producer_version = "exporter", "9.9"
+    model.graph.doc_string = "graph doc"
+    onnx.helper.set_model_props(model, {"author": "me"})
+    src = tmp_path / "src.onnx"
+    onnx.save(model, str(src))
+    out = tmp_path / "out.onnx"
+    assert invoke("optimize", src, out, "--target", "cpu").exit_code == 0
+    got = onnx.load(str(out))
+    assert (got.ir_version, got.doc_string, got.producer_name, got.producer_version) == (
+        model.ir_version, "my doc", "exporter", "9.9")
+    assert got.graph.doc_string == "graph doc"
+    assert {p.key: p.value for p in got.metadata_props}["author"] == "me"
+    assert [i.name for i in got.graph.input] == [i.name for i in model.graph.input]
+    assert [o.name for o in got.graph.output] == [o.name for o in model.graph.output]
+    assert {(o.domain, o.version) for o in got.opset_import} == {("", 17), ("com.microsoft", 1)}
