@@ -135,6 +135,19 @@ def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | N
         size_info, size_elems = info, elem_types
     before_sizes = traffic.Sizes(size_info, size_elems).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
+    missing = _missing_shapes(model, options.input_shapes)
+    measured = False
+    if not missing and any(r.total_bytes is None for r in before_rows):
+        # Static inference left sizes unknown although every input shape is known: measure them in onnxruntime.
+        got_info, got_elems = shapes.measure(str(loaded.path), model, options.input_shapes)
+        unknown = {t for r in before_rows for t in r.unknown}
+        found = {k: v for k, v in got_info.items() if k in unknown}
+        if found:
+            measured = True
+            size_info = {**size_info, **found}
+            size_elems = {**size_elems, **{k: got_elems[k] for k in found}}
+            before_sizes = traffic.Sizes(size_info, size_elems).with_model(model)
+            before_rows = traffic.node_traffic(model, before_sizes)
     before_ops = _op_counts(model.graph)
 
     overridable = frozenset() if options.constant_initializer_inputs else loaded.overridable
@@ -148,7 +161,7 @@ def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | N
     after_rows = traffic.node_traffic(out, after_sizes)
     report = rep.build(
         loaded=loaded, target=options.target, passes=[p.name for p in selected], input_shapes=options.input_shapes,
-        missing=_missing_shapes(model, options.input_shapes), before_rows=before_rows, after_rows=after_rows,
+        missing=missing, measured=measured, before_rows=before_rows, after_rows=after_rows,
         before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
         after_index=traffic.ModelIndex(out), after_sizes=after_sizes, size_info=size_info,
         size_elems=size_elems,

@@ -43,6 +43,8 @@ class Report:
     pass_stats: list[dict]
     unknown_nodes: list[dict]
     subgraph_nodes: int
+    nodes: dict[str, list[dict]]
+    shapes_measured: bool = False
     verification: Any = None
     bandwidth: dict | None = None
     onnxfuse_version: str = __version__
@@ -72,7 +74,9 @@ class Report:
             "unfused": self.unfused,
             "pass_stats": self.pass_stats,
             "unknown_nodes": self.unknown_nodes,
+            "nodes": self.nodes,
             "subgraph_nodes": self.subgraph_nodes,
+            "shapes_measured": self.shapes_measured,
             "verification": verification,
             "bandwidth": self.bandwidth,
         }
@@ -99,7 +103,12 @@ def _side(rows: list[NodeTraffic]) -> dict[str, int]:
             "nodes": t.nodes, "unknown_nodes": t.unknown_nodes}
 
 
-def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing: list[dict],
+def _node_row(r: NodeTraffic) -> dict:
+    return {"name": r.name, "op": r.op, "output": r.key, "read_bytes": r.read_bytes,
+            "written_bytes": r.written_bytes, "subgraph": r.subgraph}
+
+
+def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing: list[dict], measured: bool,
           before_rows: list[NodeTraffic], after_rows: list[NodeTraffic], before_ops: dict, after_ops: dict,
           fusions: list[Fusion], skips: list[Skip], after_index: ModelIndex, after_sizes: Sizes,
           size_info: dict, size_elems: dict) -> Report:
@@ -172,6 +181,8 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         unknown_nodes=[{"node": r.name, "op": r.op, "output": r.key, "tensors": list(r.unknown)}
                        for r in after_rows if r.total_bytes is None],
         subgraph_nodes=sum(1 for r in before_rows if r.subgraph),
+        nodes={"before": [_node_row(r) for r in before_rows], "after": [_node_row(r) for r in after_rows]},
+        shapes_measured=measured,
     )
 
 
@@ -244,6 +255,9 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
     console.print(f"target: {report.target}   input shapes: {shapes}")
     for line in summary_lines(report)[2:]:
         console.print(line)
+    if report.shapes_measured:
+        console.print("note: some tensor sizes were measured in one onnxruntime run on random inputs "
+                      "(onnx shape inference could not resolve them)")
     if report.subgraph_nodes:
         console.print(f"note: {report.subgraph_nodes} nodes inside If/Loop/Scan bodies are counted once each")
     t = report.totals

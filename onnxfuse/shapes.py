@@ -8,6 +8,8 @@ propagation through Reshape/Resize/Slice still works.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto
@@ -163,4 +165,71 @@ def infer(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | Non
     info: dict[str, TensorInfo] = {}
     elem_types: dict[str, int] = {}
     _collect(inferred.graph, info, elem_types)
+    return info, elem_types
+
+
+#: onnxruntime profiler dtype names -> ONNX TensorProto.DataType.
+_PROFILE_DTYPES = {
+    "float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "double": TensorProto.DOUBLE,
+    "bfloat16": TensorProto.BFLOAT16, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
+    "int16": TensorProto.INT16, "int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "uint16": TensorProto.UINT16,
+    "uint32": TensorProto.UINT32, "uint64": TensorProto.UINT64, "bool": TensorProto.BOOL,
+}
+
+
+def measure(path: str, model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]
+            ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+    """Shapes of the tensors that onnxruntime actually produced in one run of the model file ``path``.
+
+    For what static shape inference cannot resolve (shapes computed through Transpose/Reshape of data, If/Loop
+    bodies): the model runs once on the CPU provider with ``ORT_DISABLE_ALL`` and profiling on, on seeded random
+    inputs of ``input_shapes``, and each executed node's output shapes are read from the profile
+    (``output_type_shape``). Nodes that did not run (the other If branch) or have no name stay unknown.
+
+    Returns ``(info, elem_types)`` as :func:`infer` does; both empty when onnxruntime cannot run the model.
+    """
+    import json
+    import tempfile
+
+    import onnxruntime as ort
+
+    from onnxfuse.verify import make_inputs
+
+    by_name: dict[str, list[str]] = {}
+    stack = [model.graph]
+    while stack:
+        graph = stack.pop()
+        for node in graph.node:
+            if node.name:
+                by_name.setdefault(node.name, list(node.output))
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+    info: dict[str, TensorInfo] = {}
+    elem_types: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-measure-") as tmp:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(tmp) / "profile")
+        opts.log_severity_level = 3
+        try:
+            sess = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+            sess.run(None, make_inputs(sess, input_shapes, seed=0))
+            events = json.loads(Path(sess.end_profiling()).read_text())
+        except Exception:  # noqa: BLE001 - a model onnxruntime cannot run simply stays with static shapes
+            return {}, {}
+    for event in events:
+        if event.get("cat") != "Node" or not event.get("name", "").endswith("_kernel_time"):
+            continue
+        outputs = by_name.get(event["name"][: -len("_kernel_time")])
+        shapes = event.get("args", {}).get("output_type_shape", [])
+        if not outputs or len(shapes) > len(outputs):
+            continue
+        for name, typed in zip(outputs, shapes):
+            for dtype, dims in typed.items():
+                if name and name not in info and dtype in _PROFILE_DTYPES:
+                    info[name] = (tuple(int(d) for d in dims), _dtype(_PROFILE_DTYPES[dtype]))
+                    elem_types[name] = _PROFILE_DTYPES[dtype]
     return info, elem_types

@@ -112,10 +112,16 @@ class Verification:
         """JSON form (see report.schema.json, ``verification``)."""
         return {
             "status": self.status, "reason": self.reason, "seeds": self.seeds, "input_shapes": self.input_shapes,
-            "max_abs_error": max((o.max_abs_error for o in self.outputs), default=None),
-            "max_rel_error": max((o.max_rel_error for o in self.outputs), default=None),
-            "outputs": [o.__dict__.copy() for o in self.outputs],
+            "max_abs_error": _finite(max((o.max_abs_error for o in self.outputs), default=None)),
+            "max_rel_error": _finite(max((o.max_rel_error for o in self.outputs), default=None)),
+            "outputs": [{k: _finite(v) if isinstance(v, float) else v for k, v in o.__dict__.items()}
+                        for o in self.outputs],
         }
+
+
+def _finite(x: float | None) -> float | None:
+    """``x`` unless it is inf or NaN (JSON has neither), else None."""
+    return x if x is None or np.isfinite(x) else None
 
 
 def session(model: str | bytes, level: str = "disable") -> Any:

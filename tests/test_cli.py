@@ -87,13 +87,13 @@ def _bad_inputs(tmp_path: Path) -> dict[str, Path]:
     # onnx.checker rejects a node that reads an undefined tensor
     b = GraphBuilder()
     x = b.input("x", [1, 3, 8, 8])
-    bad = b.model(b.op("Relu", ["undefined_tensor"]))
+    bad = b.build(b.op("Relu", ["undefined_tensor"]))
     onnx.save(bad, str(tmp_path / "invalid.onnx"))
     cases["checker"] = tmp_path / "invalid.onnx"
     # external data file missing
     b = GraphBuilder()
     x = b.input("x", [1, 3, 8, 8])
-    ext = b.model(b.op("Relu", [b.conv(x, 3, 4)]))
+    ext = b.build(b.op("Relu", [b.conv(x, 3, 4)]))
     ext.graph.output[0].type.tensor_type.shape.SetInParent()
     onnx.save(ext, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.data", size_threshold=0)
     (tmp_path / "ext.data").unlink()
@@ -101,7 +101,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, Path]:
     # opset too old
     b = GraphBuilder()
     x = b.input("x", [1, 3, 8, 8])
-    old = b.model(b.op("Relu", [x]), opset=6, ir_version=3)
+    old = b.build(b.op("Relu", [x]), opset=6, ir_version=3)
     onnx.save(old, str(tmp_path / "old.onnx"))
     cases["opset too old"] = tmp_path / "old.onnx"
     return cases
@@ -203,7 +203,7 @@ def test_output_is_deterministic_and_idempotent(tmp_path):
 def test_external_data_stays_external(tmp_path):
     b = GraphBuilder()
     x = b.input("x", [1, 4, 8, 8])
-    model = b.model(b.op("Relu", [b.bn(b.conv(x, 4, 16), 16)]))
+    model = b.build(b.op("Relu", [b.bn(b.conv(x, 4, 16), 16)]))
     model.graph.output[0].type.tensor_type.shape.SetInParent()
     src = tmp_path / "src"
     src.mkdir()
