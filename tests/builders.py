@@ -90,3 +90,34 @@ class GraphBuilder:
         model = helper.make_model(graph, opset_imports=opsets, producer_name="onnxfuse-tests")
         model.ir_version = ir_version
         return model
+
+    def build(self, outputs: list[str] | str, initializers_as_inputs: bool = False, **model_args) -> onnx.ModelProto:
+        """:meth:`model` whose graph outputs carry the type and shape onnx shape inference gives them (recent
+        onnx.checker rejects an output without a shape). ``initializers_as_inputs`` also lists every initializer
+        as a graph input, as IR 3 models must (ONNX IR.md, "Graphs")."""
+        model = self.model(outputs, **model_args)
+        if initializers_as_inputs:
+            model.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                                     for t in model.graph.initializer)
+        return with_output_shapes(model)
+
+
+def with_output_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each graph output's type replaced by the one onnx shape inference gives it (when it gives
+    one with a shape)."""
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    known = {vi.name: vi.type for vi in list(inferred.value_info) + list(inferred.output)
+             if vi.type.tensor_type.HasField("shape")}
+    for out in model.graph.output:
+        if not out.type.tensor_type.HasField("shape") and out.name in known:
+            out.type.CopyFrom(known[out.name])
+    return model
+
+
+def subgraph(builder: GraphBuilder, outputs: list[str] | str, name: str = "body") -> onnx.GraphProto:
+    """The nodes and initializers of ``builder`` as a subgraph (an If branch) with no inputs of its own, its
+    outputs typed by shape inference (outer-scope tensors must be graph inputs of ``builder``)."""
+    outputs = [outputs] if isinstance(outputs, str) else outputs
+    model = builder.build(outputs)
+    graph = helper.make_graph(builder.nodes, name, [], list(model.graph.output), builder.inits)
+    return graph
