@@ -239,6 +239,62 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
         click.echo(text, nl=False)
 
 
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("original", type=click.Path(path_type=Path))
+@click.argument("optimized", required=False, type=click.Path(path_type=Path))
+@pass_options
+@click.option("--runs", type=click.IntRange(1), default=20, show_default=True, help="Timed runs per model and level.")
+@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first.")
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="onnxruntime intra-op threads.")
+@click.option("--level", "levels", multiple=True, type=click.Choice(["disable", "basic", "extended", "all"]),
+              help="Graph optimization level to time (repeatable; default all four).")
+@click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
+              help="Real inputs: an .npz with one array per graph input name.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.pass_context
+@_fail_cleanly
+def bench(ctx, original, optimized, target, only, skip, input_shape, constant_initializer_inputs, runs, warmup,
+          threads, levels, input_data, fmt):
+    """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
+    options as `optimize` when not given) at each graph optimization level, alternating the two run by run.
+
+    \b
+    Examples:
+      onnxfuse bench model.onnx
+      onnxfuse bench det.onnx det.fused.onnx --input-shape x=1x3x640x640 --runs 50 --format json
+    """
+    import tempfile
+
+    from onnxfuse import bench as bench_mod
+
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs)
+    bench_options = bench_mod.BenchOptions(runs=runs, warmup=warmup, threads=threads,
+                                           levels=tuple(levels) or bench_mod.LEVELS,
+                                           input_shapes=options.input_shapes, input_data=input_data)
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
+        g.load_model(original)  # a bad ORIGINAL is an input error (exit 2), not an onnxruntime failure
+        if optimized is None:
+            with _progress(ctx, f"optimizing {original} in memory"):
+                result = pipeline.analyse(original, options)
+            optimized_path = Path(tmp) / "optimized.onnx"
+            g.save_model(result.model, optimized_path, external_data=result.loaded.external_data)
+        else:
+            g.load_model(optimized)
+            optimized_path = optimized
+        with _progress(ctx, "timing onnxruntime sessions"):
+            try:
+                data = bench_mod.bench(str(original), str(optimized_path), bench_options)
+            except RuntimeError as exc:
+                raise InputError(str(exc)) from None
+    data["optimized"] = str(optimized) if optimized is not None else "(optimized in memory)"
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        click.echo(bench_mod.to_text(data), nl=False)
+
+
 @main.command()
 def passes():
     """List the passes in the order they run, and the reasons a pass can decline a pattern."""
