@@ -1,7 +1,8 @@
 """The ``onnxfuse`` command: parse options, call the library, render, choose the exit code. Nothing else.
 
 Exit codes: 0 success; 1 the optimized model failed verification (or ``--require-verify`` and verification
-was skipped), nothing written; 2 usage error or an input model that cannot be read or is invalid.
+was skipped), nothing written; 2 usage error, an input model that cannot be read or is invalid, or an output
+that cannot be written.
 Results go to stdout, diagnostics and progress to stderr.
 """
 
@@ -27,7 +28,8 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0  success
   1  the optimized model failed verification (nothing written)
-  2  usage error, or an input model that cannot be read or is invalid"""
+  2  usage error, an input model that cannot be read or is invalid,
+     or an OUTPUT that cannot be written"""
 
 
 def _fail_cleanly(fn):

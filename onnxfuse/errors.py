@@ -5,7 +5,8 @@ Exit codes (also in README.md and ``onnxfuse --help``):
 * ``0``: success.
 * ``1``: :class:`VerificationError`: the optimized model did not match the original in onnxruntime
   (or ``--require-verify`` was given and verification was skipped); no output file is written.
-* ``2``: :class:`InputError`: a usage error, or an input model that cannot be read or is invalid.
+* ``2``: :class:`InputError`: a usage error, an input model that cannot be read or is invalid, or an output
+  that cannot be written (missing or read-only folder, disk full).
 
 Anything else is a bug in onnxfuse and keeps its traceback.
 """

@@ -156,8 +156,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
     file or no file, never part of one, and removes the temporary folder.
 
     Raises:
-        InputError: the target folder does not exist or is not writable.
-        OSError: the disk filled up or another I/O failure (after cleaning up).
+        InputError: the target folder does not exist or is not writable, or writing failed (disk full, I/O
+            error); the temporary folder is removed first.
     """
     target = Path(path)
     folder = target.resolve().parent
@@ -189,6 +189,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
         _fsync(tmp_model)
         os.replace(tmp_model, folder / target.name)
         written.insert(0, target)
+    except OSError as exc:
+        raise InputError(f"{target}: cannot write the output ({exc.strerror or exc}); nothing was written") from None
     finally:
         for leftover in tmpdir.iterdir():
             leftover.unlink()

@@ -170,8 +170,10 @@ def test_atomic_write_leaves_nothing_when_the_write_fails(tmp_path, monkeypatch)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(g, "_write_bytes", disk_full)
-    with pytest.raises(OSError):
-        CliRunner().invoke(main, ["optimize", str(SAMPLE), str(out)], catch_exceptions=False)
+    result = invoke("optimize", SAMPLE, out)
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"error: {out}: cannot write the output (No space left on device); nothing was written"]
     assert list(tmp_path.iterdir()) == []
 
 

@@ -50,6 +50,13 @@ def test_models_folder_is_present():
     assert {p.stem for p in MODELS_DIR.glob("*.onnx")} >= set(INPUT_SHAPES)
 
 
+def signature(model: onnx.ModelProto) -> tuple[list, list]:
+    def sig(values):
+        return [(v.name, v.type.tensor_type.elem_type) for v in values]
+
+    return sig(model.graph.input), sig(model.graph.output)
+
+
 def count_fused(model: onnx.ModelProto) -> dict[str | None, int]:
     counts: dict[str | None, int] = {}
 
@@ -115,6 +122,9 @@ def test_real_model(name, target, tmp_path, ort_dir):
     assert v.status == "passed", v.reason
     assert result.report.unknown_shapes == []
     assert result.report.totals["after"]["total_bytes"] <= result.report.totals["before"]["total_bytes"]
+
+    original = onnx.load(str(src), load_external_data=False)
+    assert signature(result.model) == signature(original)  # graph input/output names, order and dtypes
 
     out = tmp_path / "out.onnx"
     g.save_model(result.model, out)
