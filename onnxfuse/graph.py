@@ -259,19 +259,39 @@ def copy_model_fields(src: onnx.ModelProto, dst: onnx.ModelProto) -> None:
             setattr(dst, desc.name, value)
 
 
+def _used_names(graph: onnx.GraphProto) -> set[str]:
+    used = set()
+    for node in graph.node:
+        used.update(node.input)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                used |= _used_names(attr.g)
+            for sub in attr.graphs:
+                used |= _used_names(sub)
+    return used
+
+
 def _restore_initializer_inputs(out: onnx.GraphProto, orig: onnx.GraphProto, ir_version: int) -> None:
-    present = {i.name for i in out.input}
-    inits = {t.name for t in out.initializer}
-    orig_inputs = list(orig.input)
-    if present == {i.name for i in orig_inputs}:
-        return
-    rebuilt = []
+    """Give ``out`` the graph inputs of ``orig`` in their order. Initializer inputs that no node of ``orig``
+    used come back with their initializer (graphsurgeon drops unused ones); those a fold consumed (only with
+    ``--constant-initializer-inputs``) stay gone. IR < 4 needs every initializer listed as an input."""
     by_name = {i.name: i for i in out.input}
-    for vi in orig_inputs:
+    inits = {t.name for t in out.initializer}
+    if [i.name for i in out.input] == [i.name for i in orig.input] and ir_version >= 4:
+        return
+    orig_inits = {t.name: t for t in orig.initializer}
+    used_before = None
+    rebuilt = []
+    for vi in orig.input:
         if vi.name in by_name:
             rebuilt.append(by_name.pop(vi.name))
         elif vi.name in inits:
             rebuilt.append(vi)
+        elif vi.name in orig_inits:
+            used_before = used_before if used_before is not None else _used_names(orig)
+            if vi.name not in used_before:  # unused in the input model: keep it and its initializer
+                rebuilt.append(vi)
+                out.initializer.append(orig_inits[vi.name])
     rebuilt.extend(by_name.values())
     if ir_version < 4:  # IR < 4: every initializer must also be a graph input (ONNX IR.md)
         listed = {v.name for v in rebuilt}

@@ -86,7 +86,7 @@ def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fu
     fusions: list[Fusion] = []
     skips: list[Skip] = []
     for sub in list(g.all_graphs(graph)):
-        ctx.graph = sub
+        ctx.graph, ctx.members = sub, {id(n) for n in sub.nodes}
         for _ in range(MAX_ROUNDS):
             changed, round_skips = False, []
             for p in selected:

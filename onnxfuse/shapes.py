@@ -38,10 +38,16 @@ def _skeleton_graph(graph: onnx.GraphProto) -> onnx.GraphProto:
     out.initializer.extend(_strip(t) for t in graph.initializer)
     for node in graph.node:
         new = out.node.add()
-        new.input.extend(node.input)
         new.output.extend(node.output)
         new.op_type, new.domain, new.name = node.op_type, node.domain, node.name
+        fused = node.op_type == "FusedConv" and node.domain == "com.microsoft"
+        if fused:
+            # onnx cannot infer through FusedConv; its output has the shape of the plain Conv (Z has it too).
+            new.op_type, new.domain = "Conv", ""
+        new.input.extend(node.input[:3] if fused else node.input)
         for attr in node.attribute:
+            if fused and attr.name in ("activation", "activation_params"):
+                continue
             a = new.attribute.add()
             if attr.type == onnx.AttributeProto.TENSOR:
                 a.name, a.type = attr.name, attr.type

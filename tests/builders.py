@@ -8,19 +8,21 @@ from onnx import TensorProto, helper, numpy_helper
 
 NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
               np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.int64): TensorProto.INT64,
-              np.dtype(np.bool_): TensorProto.BOOL}
+              np.dtype(np.bool_): TensorProto.BOOL, np.dtype(np.uint8): TensorProto.UINT8}
 
 
 class GraphBuilder:
     """Build a graph node by node.
 
     ``constants="initializer"`` stores weights as initializers; ``"node"`` as Constant nodes (PaddleOCR style).
+    ``prefix`` starts every generated name (builders of subgraphs need names of their own).
     """
 
-    def __init__(self, seed: int = 0, dtype=np.float32, constants: str = "initializer"):
+    def __init__(self, seed: int = 0, dtype=np.float32, constants: str = "initializer", prefix: str = ""):
         self.rng = np.random.default_rng(seed)
         self.dtype = np.dtype(dtype)
         self.constants = constants
+        self.prefix = prefix
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
@@ -28,7 +30,7 @@ class GraphBuilder:
 
     def name(self, base: str) -> str:
         self._n += 1
-        return f"{base}{self._n}"
+        return f"{self.prefix}{base}{self._n}"
 
     def input(self, name: str, shape, dtype=None) -> str:
         self.inputs.append(helper.make_tensor_value_info(name, NP_TO_ONNX[np.dtype(dtype or self.dtype)], shape))
@@ -121,3 +123,21 @@ def subgraph(builder: GraphBuilder, outputs: list[str] | str, name: str = "body"
     model = builder.build(outputs)
     graph = helper.make_graph(builder.nodes, name, [], list(model.graph.output), builder.inits)
     return graph
+
+
+def tensor(model: onnx.ModelProto, name: str) -> np.ndarray:
+    """The value of initializer or ``Constant`` node output ``name`` in the main graph of ``model``."""
+    for t in model.graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and list(node.output) == [name]:
+            return numpy_helper.to_array(node.attribute[0].t)
+    raise KeyError(name)
+
+
+def skip_of(result, pass_name: str):
+    """The one Skip that pass ``pass_name`` reported in ``result`` (a pipeline.Result); fails unless exactly one."""
+    found = [s for s in result.skips if s.pass_name == pass_name]
+    assert len(found) == 1, [(s.pass_name, s.reason, s.detail) for s in result.skips]
+    return found[0]

@@ -109,6 +109,7 @@ class Context:
             on the unfused model with its own (possibly symbolic) input shapes.
         graph: the (sub)graph being optimized.
         namer: fresh names for new initializers.
+        members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
     """
 
     target: Target
@@ -116,6 +117,7 @@ class Context:
     shapes: dict[str, tuple[tuple | None, np.dtype | None]]
     graph: gs.Graph | None = None
     namer: g.Namer | None = None
+    members: set[int] = field(default_factory=set)
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, str | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.
@@ -186,7 +188,14 @@ def skip(reason: str, detail: str, nodes: list[gs.Node], output: gs.Tensor) -> S
 
 def private_check(intermediates: list[gs.Tensor], inside: list[gs.Node], ctx: Context, nodes: list[gs.Node],
                   output: gs.Tensor) -> Skip | None:
-    """Skip unless every tensor in ``intermediates`` is read only by nodes in ``inside`` and is no graph output."""
+    """Skip unless every tensor in ``intermediates`` is read only by nodes in ``inside`` and is no graph output,
+    and every one of ``nodes`` belongs to ``ctx.graph`` (a producer found through an outer-scope tensor lives in an
+    enclosing graph, and its output is read by the If/Loop/Scan node that holds this subgraph)."""
+    if ctx.members:
+        for n in nodes:
+            if id(n) not in ctx.members:
+                return skip(Reason.NOT_PRIVATE, f"{n.outputs[0].name} comes from an enclosing graph "
+                            "(read inside a subgraph)", nodes, output)
     ids = {id(n) for n in inside}
     for t in intermediates:
         if g.is_graph_output(t, ctx.graph):

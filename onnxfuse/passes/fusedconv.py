@@ -34,7 +34,9 @@ def target_check(ctx: Context, conv: gs.Node, activation: str | None, nodes: lis
     if not target.fused_conv:
         return skip(Reason.NO_CONTRIB_OPS, f"target {target.name} emits standard ONNX only (no FusedConv)",
                     nodes, output)
-    dtype = ctx.dtype(conv.outputs[0]) or ctx.dtype(conv.inputs[0])
+    # X, W and Y share one type T (ONNX Conv); W's is known even when shape inference stopped upstream (a
+    # com.microsoft op in the input model, which onnx cannot infer through).
+    dtype = ctx.dtype(conv.outputs[0]) or ctx.dtype(conv.inputs[0]) or ctx.dtype(conv.inputs[1])
     if dtype not in target.dtypes:
         name = "an unknown dtype" if dtype is None else str(dtype)
         return skip(Reason.DTYPE_NO_KERNEL, f"{name} FusedConv has no kernel on target {target.name}", nodes,

@@ -1,0 +1,234 @@
+"""conv_affine: Conv/ConvTranspose -> Add/Sub/Mul/Div by a per-output-channel constant => Conv with folded W, B.
+
+Numerics: original and optimized run in onnxruntime at ORT_DISABLE_ALL (conftest.assert_same_outputs) with
+rtol=1e-4, atol=1e-5 (conftest.RTOL/ATOL) for float32; rtol=atol=1e-2 for float16 (W' rounded to float16).
+The conv output is [1, M=4, 6, 4]: its last axis has M elements too, so an [M] constant broadcasts (along W).
+"""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnxfuse.passes import Reason
+from tests.builders import GraphBuilder, skip_of, tensor, with_output_shapes
+from tests.conftest import ATOL, RTOL, assert_same_outputs, op_counts
+
+PASS = "conv_affine"
+M = 4
+FP16_TOL = 1e-2
+
+
+def conv_op(op, c_shape=(1, M, 1, 1), conv_first=True, bias=True, value=None, constants="initializer",
+            dtype=np.float32, **build_args):
+    """x -> Conv(3 -> M) -> op(conv, c) (or op(c, conv)); c is ``value`` or random in [0.5, 1.5)."""
+    b = GraphBuilder(constants=constants, dtype=dtype)
+    x = b.input("x", [1, 3, 6, 4])
+    conv = b.conv(x, 3, M, bias=bias)
+    c = b.const(np.asarray(value if value is not None else b.rng.uniform(0.5, 1.5, c_shape), dtype=dtype))
+    y = b.op(op, [conv, c] if conv_first else [c, conv])
+    return b.build(y, **build_args), b
+
+
+def the_conv(model):
+    (conv,) = [n for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose")]
+    return conv
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Positives
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_folds_conv_first(fuse, op, bias):
+    model, _ = conv_op(op, bias=bias)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}
+    assert [f.pass_name for f in result.fusions] == [PASS]
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_folds_constant_first(fuse, op, bias):
+    model, _ = conv_op(op, conv_first=False, bias=bias)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_sub_constant_minus_conv_negates_weight(fuse):
+    model, _ = conv_op("Sub", conv_first=False)
+    result = fuse(model)
+    old_w = tensor(model, model.graph.node[0].input[1])
+    np.testing.assert_array_equal(tensor(result.model, the_conv(result.model).input[1]), -old_w)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("c_shape", [(1, M, 1, 1), (M, 1, 1), (1,), (), (1, 1, 1, 1)],
+                         ids=["1M11", "M11", "1", "scalar", "1111"])
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+def test_per_channel_shapes_fold(fuse, c_shape, op):
+    model, _ = conv_op(op, c_shape=c_shape)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_weights_in_constant_nodes(fuse):
+    model, _ = conv_op("Mul", constants="node")
+    assert op_counts(model) == {"Constant": 3, "Conv": 1, "Mul": 1}
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}  # W and B replaced, their Constant nodes dropped
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_add_keeps_weight_constant_node(fuse):
+    model, _ = conv_op("Add", constants="node")
+    result = fuse(model)
+    assert op_counts(result.model) == {"Constant": 1, "Conv": 1}  # Add changes only B; W stays where it was
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_float16_folds_and_stays_float16(fuse):
+    model, _ = conv_op("Mul", dtype=np.float16)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}
+    conv = the_conv(result.model)
+    assert {tensor(result.model, name).dtype for name in conv.input[1:]} == {np.dtype(np.float16)}
+    assert_same_outputs(model, result.model, rtol=FP16_TOL, atol=FP16_TOL)
+
+
+def test_1d_conv_with_m1_constant(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 7])
+    model = b.build(b.op("Mul", [b.conv(x, 3, M, rank=1), b.const(b.rand(M, 1))]))
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("op", ["Mul", "Sub"])
+def test_grouped_conv_transpose(fuse, op):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 5, 5])
+    model = b.build(b.op(op, [b.const(b.rng.uniform(0.5, 1.5, (1, 6, 1, 1)).astype(np.float32)),
+                              b.conv_transpose(x, 4, 6, group=2)]))
+    result = fuse(model)
+    assert op_counts(result.model) == {"ConvTranspose": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_chain_mul_add_relu_becomes_one_fused_conv(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    y = b.op("Add", [b.const(b.rand(1, M, 1, 1)), b.op("Mul", [b.conv(x, 3, M), b.const(b.rand(M, 1, 1))])])
+    model = b.build(b.op("Relu", [y]))
+    result = fuse(model)
+    assert op_counts(result.model) == {"FusedConv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_onnx_target_folds(fuse):
+    model, _ = conv_op("Div")
+    result = fuse(model, target="onnx")
+    assert op_counts(result.model) == {"Conv": 1}
+    assert {imp.domain for imp in result.model.opset_import} == {""}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_ir3_initializer_inputs_fold_when_declared_constant(fuse):
+    model, _ = conv_op("Mul", initializers_as_inputs=True, ir_version=3, opset=8)
+    result = fuse(model, constant_initializer_inputs=True)
+    assert op_counts(result.model) == {"Conv": 1}
+    onnx.checker.check_model(result.model)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Skips: one per reason the pass gives
+
+
+def assert_skipped(result, model, reason):
+    s = skip_of(result, PASS)
+    assert s.reason == reason
+    assert op_counts(result.model) == op_counts(model)
+    assert not result.fusions
+    return s
+
+
+@pytest.mark.parametrize("c_shape", [(M,), (1, M, 6, 4), (1, 1, M, 1, 1), (1, 1, 1, 1, 1), (1, 1, 1, 4)],
+                         ids=["M", "1MHW", "rank5-channel", "rank5-ones", "111W"])
+def test_skip_constant_not_per_channel(fuse, c_shape):
+    model, _ = conv_op("Mul", c_shape=c_shape)
+    s = assert_skipped(fuse(model), model, Reason.NOT_PER_CHANNEL)
+    assert str(list(c_shape)) in s.detail
+
+
+def test_skip_conv_output_is_divisor(fuse):
+    model, _ = conv_op("Div", conv_first=False)
+    assert_skipped(fuse(model), model, Reason.CONV_IS_DIVISOR)
+
+
+def test_skip_zero_in_divisor(fuse):
+    model, _ = conv_op("Div", value=np.array([1.0, 0.0, 2.0, 3.0]).reshape(1, M, 1, 1))
+    s = assert_skipped(fuse(model), model, Reason.ZERO_DIVISOR)
+    assert "zero" in s.detail
+
+
+def test_skip_intermediate_has_other_consumers(fuse):
+    model, b = conv_op("Mul")
+    conv_out = model.graph.node[0].output[0]
+    model = b.build([model.graph.output[0].name, b.op("Neg", [conv_out])])
+    s = assert_skipped(fuse(model), model, Reason.NOT_PRIVATE)
+    assert conv_out in s.detail
+
+
+def test_skip_intermediate_is_graph_output(fuse):
+    model, b = conv_op("Mul")
+    model = b.build([model.graph.output[0].name, model.graph.node[0].output[0]])
+    assert_skipped(fuse(model), model, Reason.GRAPH_OUTPUT)
+
+
+def test_skip_weights_not_constant(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 4])
+    w = b.input("w", [M, 3, 3, 3])
+    model = b.build(b.op("Mul", [b.conv(x, 3, M, weight=w), b.const(b.rand(M, 1, 1))]))
+    s = assert_skipped(fuse(model), model, Reason.WEIGHTS_NOT_CONSTANT)
+    assert "weight w is not a constant" in s.detail
+
+
+def test_skip_initializer_is_graph_input(fuse):
+    model, _ = conv_op("Mul", initializers_as_inputs=True, ir_version=3, opset=8)
+    assert_skipped(fuse(model), model, Reason.INITIALIZER_IS_INPUT)
+
+
+def test_skip_initializer_is_graph_input_for_the_constant_only(fuse):
+    model, _ = conv_op("Add")
+    c = model.graph.node[-1].input[1]
+    model.graph.input.append(helper.make_tensor_value_info(c, TensorProto.FLOAT, [1, M, 1, 1]))
+    s = assert_skipped(fuse(model), model, Reason.INITIALIZER_IS_INPUT)
+    assert c in s.detail
+
+
+def test_skip_dtype_not_foldable(fuse):
+    b = GraphBuilder()
+    b.inputs.append(helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [1, 3, 6, 6]))
+    b.inits.append(helper.make_tensor("w", TensorProto.BFLOAT16, [M, 3, 3, 3], np.ones(M * 27).tolist()))
+    b.inits.append(helper.make_tensor("k", TensorProto.BFLOAT16, [1, M, 1, 1], [1.0, 2.0, 3.0, 4.0]))
+    model = b.model(b.op("Mul", [b.op("Conv", ["x", "w"], pads=[1, 1, 1, 1]), "k"]), opset=22)
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.BFLOAT16
+    model = with_output_shapes(model)
+    s = assert_skipped(fuse(model), model, Reason.DTYPE_NOT_FOLDABLE)
+    assert "bfloat16" in s.detail
+
+
+def test_skip_quantized_conv(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    scale, zero = b.const(np.float32(0.05)), b.const(np.uint8(128))
+    dq = b.op("DequantizeLinear", [b.op("QuantizeLinear", [x, scale, zero]), scale, zero])
+    model = b.build(b.op("Mul", [b.conv(dq, 3, M), b.const(b.rand(1, M, 1, 1))]))
+    assert_skipped(fuse(model), model, Reason.QDQ)

@@ -1,0 +1,344 @@
+"""conv_batchnorm: Conv/ConvTranspose -> BatchNormalization (inference) => Conv/ConvTranspose with folded W', B'.
+
+Numerics: original and optimized run in onnxruntime at ORT_DISABLE_ALL (conftest.assert_same_outputs); float32
+tolerance rtol=1e-4, atol=1e-5 (conftest.RTOL/ATOL: the fold reorders float arithmetic); float16 models
+rtol=atol=1e-2 (W' is rounded to float16, about 5e-4 relative per weight, and the output sums 27 products).
+"""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnxfuse.passes import Reason
+from tests.builders import GraphBuilder, skip_of, subgraph, tensor, with_output_shapes
+from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, op_counts, run
+
+PASS = "conv_batchnorm"
+FP16_TOL = 1e-2
+
+
+def conv_bn(rank=2, **conv_args):
+    b = GraphBuilder()
+    x = b.input("x", [2, 3] + [6] * rank)
+    return b, b.bn(b.conv(x, 3, 4, rank=rank, **conv_args), 4)
+
+
+def node_of(model, op):
+    (node,) = [n for n in model.graph.node if n.op_type == op]
+    return node
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Positives
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_folds_into_conv(fuse, bias):
+    b, y = conv_bn(bias=bias)
+    model = b.build(y)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}
+    conv = node_of(result.model, "Conv")
+    assert len(conv.input) == 3  # a bias appears when the conv had none
+    assert conv.input[1] != model.graph.node[0].input[1]  # fresh name, not the original weight's
+    assert [f.pass_name for f in result.fusions] == [PASS]
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_epsilon_1e3_is_used(fuse):
+    # Regression: a fold that assumed the default epsilon 1e-5 is visibly wrong when var is near 0.
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    params = [b.const(np.array(v, np.float32)) for v in
+              ([1.0, 0.5, 2.0, 1.0], [0.0, 0.1, 0.0, -0.1], [0.0, 0.0, 0.2, 0.0], [1e-3, 2e-3, 1e-4, 0.0])]
+    model = b.build(b.op("BatchNormalization", [b.conv(x, 3, 4), *params], epsilon=1e-3))
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_bn15_float32_params_with_float16_conv(fuse):
+    # BN-15: X is T (float16 here), scale/B are T1 and mean/var T2 (float32 here); the fold is stored as float16.
+    b = GraphBuilder(dtype=np.float16)
+    x = b.input("x", [1, 3, 6, 6])
+    model = b.build(b.bn(b.conv(x, 3, 4), 4, param_dtype=np.float32), opset=15)
+    onnx.checker.check_model(model, full_check=True)  # the mixed dtypes are valid ONNX
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}
+    conv = node_of(result.model, "Conv")
+    assert tensor(result.model, conv.input[1]).dtype == np.float16
+    assert tensor(result.model, conv.input[2]).dtype == np.float16
+    assert_same_outputs(model, result.model, rtol=FP16_TOL, atol=FP16_TOL)
+
+
+def test_float16_model_folds_and_stays_float16(fuse):
+    b = GraphBuilder(dtype=np.float16)
+    x = b.input("x", [1, 3, 6, 6])
+    model = b.build(b.op("Relu", [b.bn(b.conv(x, 3, 4), 4)]))
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1, "Relu": 1}  # folded; no float16 FusedConv kernel for Relu
+    conv = node_of(result.model, "Conv")
+    assert {tensor(result.model, name).dtype for name in conv.input[1:]} == {np.dtype(np.float16)}
+    assert skip_of(result, "conv_activation").reason == Reason.DTYPE_NO_KERNEL
+    assert_same_outputs(model, result.model, rtol=FP16_TOL, atol=FP16_TOL)
+
+
+def test_depthwise_conv_with_bias(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 6, 6])
+    model = b.build(b.bn(b.conv(x, 4, 4, group=4, bias=True), 4))
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}
+    assert attr(node_of(result.model, "Conv"), "group") == 4
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_transpose_grouped(fuse, group):
+    # ConvTranspose weights are [C_in, M/group, k...]: output channel m is column m % (M/group) of group m // (M/group).
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 5, 5])
+    model = b.build(b.bn(b.conv_transpose(x, 4, 6, group=group), 6))
+    result = fuse(model)
+    assert op_counts(result.model) == {"ConvTranspose": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("rank", [1, 3])
+def test_1d_and_3d_convs(fuse, rank):
+    b, y = conv_bn(rank=rank)
+    model = b.build(y)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("constants", ["initializer", "node"])
+def test_shared_weight_gets_fresh_initializer_and_is_not_edited(fuse, constants):
+    b = GraphBuilder(constants=constants)
+    x = b.input("x", [1, 3, 6, 6])
+    w_value = b.rand(4, 3, 3, 3)
+    w = b.const(w_value, name="W")
+    folded = b.bn(b.conv(x, 3, 4, weight=w), 4)
+    plain = b.conv(x, 3, 4, weight=w)
+    model = b.build([folded, plain])
+    result = fuse(model)
+    # Constant nodes left: W and the plain conv's bias, both still read by the plain conv
+    assert op_counts(result.model) == ({"Conv": 2} if constants == "initializer" else {"Conv": 2, "Constant": 2})
+    conv_folded, conv_plain = [n for n in result.model.graph.node if n.op_type == "Conv"]
+    assert conv_folded.input[1] != "W" and conv_plain.input[1] == "W"
+    np.testing.assert_array_equal(tensor(result.model, "W"), w_value)  # the shared original is untouched
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)  # both outputs, the plain conv's too
+
+
+def test_two_folds_of_one_shared_weight_get_distinct_initializers(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    w = b.const(b.rand(4, 3, 3, 3), name="W")
+    model = b.build([b.bn(b.conv(x, 3, 4, weight=w), 4), b.bn(b.conv(x, 3, 4, weight=w), 4)])
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 2}
+    weights = [n.input[1] for n in result.model.graph.node]
+    assert len(set(weights)) == 2 and "W" not in weights
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_weights_in_constant_nodes(fuse):
+    b = GraphBuilder(constants="node")
+    x = b.input("x", [1, 3, 6, 6])
+    model = b.build(b.bn(b.conv(x, 3, 4), 4))
+    assert op_counts(model) == {"Constant": 6, "Conv": 1, "BatchNormalization": 1}
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1}  # the unused Constant nodes are dropped
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_ir3_initializer_inputs_fold_when_declared_constant(fuse):
+    b, y = conv_bn()
+    model = b.build(y, initializers_as_inputs=True, ir_version=3, opset=8)
+    result = fuse(model, constant_initializer_inputs=True)
+    assert op_counts(result.model) == {"Conv": 1}
+    onnx.checker.check_model(result.model)  # IR 3: the new initializers are graph inputs too
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_bn_then_relu_becomes_one_fused_conv(fuse):
+    b, y = conv_bn()
+    model = b.build(b.op("Relu", [y]))
+    result = fuse(model, target="cpu+cuda")
+    assert op_counts(result.model) == {"FusedConv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_onnx_target_still_folds(fuse):
+    b, y = conv_bn()
+    model = b.build(b.op("Relu", [y]))
+    result = fuse(model, target="onnx")
+    assert op_counts(result.model) == {"Conv": 1, "Relu": 1}
+    assert {imp.domain for imp in result.model.opset_import} == {""}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_conv_inside_if_branch(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    cond = b.input("cond", [], dtype=np.bool_)
+    branches = []
+    for prefix in ("then_", "else_"):
+        sb = GraphBuilder(seed=len(prefix), prefix=prefix)
+        sb.input("x", [1, 3, 6, 6])
+        branches.append(subgraph(sb, sb.bn(sb.conv(x, 3, 4), 4)))
+    model = b.build(b.op("If", [cond], then_branch=branches[0], else_branch=branches[1]))
+    result = fuse(model)
+    assert op_counts(result.model) == {"If": 1, "Conv": 2}
+    for branch in result.model.graph.node[0].attribute:
+        assert [n.op_type for n in branch.g.node] == ["Conv"]
+    for flag in (True, False):
+        feeds = {"x": np.random.default_rng(0).standard_normal((1, 3, 6, 6)).astype(np.float32),
+                 "cond": np.array(flag)}
+        np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Skips: one per reason the pass gives
+
+
+def assert_skipped(result, model, reason):
+    s = skip_of(result, PASS)
+    assert s.reason == reason
+    assert op_counts(result.model) == op_counts(model)
+    assert not result.fusions
+    return s
+
+
+def test_skip_intermediate_has_other_consumers(fuse):
+    b, y = conv_bn()
+    conv_out = b.nodes[-1].input[0]
+    model = b.build([y, b.op("Sigmoid", [conv_out])])
+    s = assert_skipped(fuse(model), model, Reason.NOT_PRIVATE)
+    assert conv_out in s.detail
+
+
+def test_skip_intermediate_has_other_consumers_when_bn_is_in_a_subgraph(fuse):
+    # Regression: a Conv in the main graph whose output only an If branch's BN reads was folded across the
+    # boundary: the rewritten Conv ended up in both graphs (onnx.checker: "not in SSA form").
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    cond = b.input("cond", [], dtype=np.bool_)
+    conv = b.conv(x, 3, 4)
+    then_b = GraphBuilder(seed=1, prefix="then_")
+    then_b.input(conv, [1, 4, 6, 6])
+    else_b = GraphBuilder(seed=2, prefix="else_")  # does not read the conv output
+    model = b.build(b.op("If", [cond], then_branch=subgraph(then_b, then_b.bn(conv, 4)),
+                         else_branch=subgraph(else_b, else_b.op("Identity", [else_b.const(else_b.rand(1, 4, 6, 6))]))))
+    result = fuse(model)
+    s = skip_of(result, PASS)
+    assert s.reason == Reason.NOT_PRIVATE
+    assert op_counts(result.model) == op_counts(model)
+    onnx.checker.check_model(result.model)
+
+
+def test_skip_intermediate_is_graph_output(fuse):
+    b, y = conv_bn()
+    model = b.build([y, b.nodes[-1].input[0]])
+    s = assert_skipped(fuse(model), model, Reason.GRAPH_OUTPUT)
+    assert "graph output" in s.detail
+
+
+def test_skip_weights_not_constant(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    w = b.input("w", [4, 3, 3, 3])
+    model = b.build(b.bn(b.conv(x, 3, 4, weight=w), 4))
+    s = assert_skipped(fuse(model), model, Reason.WEIGHTS_NOT_CONSTANT)
+    assert "weight w is not a constant" in s.detail
+
+
+def test_skip_parameters_not_constant(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    scale = b.input("scale", [4])
+    bn_inputs = [b.conv(x, 3, 4), scale] + [b.const(np.full(4, v, np.float32)) for v in (0.0, 0.0, 1.0)]
+    model = b.build(b.op("BatchNormalization", bn_inputs))
+    s = assert_skipped(fuse(model), model, Reason.PARAMS_NOT_CONSTANT)
+    assert "parameter scale is not a constant" in s.detail
+
+
+def test_skip_initializer_is_graph_input(fuse):
+    # IR 3: every initializer is also a graph input, which onnxruntime lets a caller override.
+    b, y = conv_bn()
+    model = b.build(y, initializers_as_inputs=True, ir_version=3, opset=8)
+    s = assert_skipped(fuse(model), model, Reason.INITIALIZER_IS_INPUT)
+    assert "--constant-initializer-inputs" in s.detail
+
+
+def test_skip_initializer_is_graph_input_for_a_bn_parameter(fuse):
+    b, y = conv_bn()
+    model = b.build(y)
+    mean = b.nodes[-1].input[3]
+    model.graph.input.append(helper.make_tensor_value_info(mean, TensorProto.FLOAT, [4]))
+    s = assert_skipped(fuse(model), model, Reason.INITIALIZER_IS_INPUT)
+    assert mean in s.detail
+
+
+def training_mode_bn():
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    params = [b.const(np.full(4, v, np.float32)) for v in (1.0, 0.0, 0.0, 1.0)]
+    y, _, _ = b.op("BatchNormalization", [b.conv(x, 3, 4), *params], outputs=3, training_mode=1)
+    return b.build(y, opset=15)
+
+
+def spatial_0_bn():
+    b, y = conv_bn()
+    b.nodes[-1].attribute.append(helper.make_attribute("spatial", 0))
+    return b.build(y, opset=7)
+
+
+def running_mean_used_bn():
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    params = [b.const(np.full(4, v, np.float32)) for v in (1.0, 0.0, 0.0, 1.0)]
+    y, running_mean, _, _, _ = b.op("BatchNormalization", [b.conv(x, 3, 4), *params], outputs=5)
+    model = b.model([y, running_mean], opset=9)
+    for out, dims in zip(model.graph.output, ([1, 4, 6, 6], [4])):
+        out.type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, dims))
+    return model
+
+
+@pytest.mark.parametrize("make", [training_mode_bn, spatial_0_bn, running_mean_used_bn])
+def test_skip_batchnorm_training_mode(fuse, make):
+    model = make()
+    assert_skipped(fuse(model), model, Reason.TRAINING_MODE)
+
+
+def test_skip_parameter_shape_mismatch(fuse):
+    # 5 BN values for a 4-channel conv: onnx.checker accepts it (shape inference would not; it is not run).
+    b = GraphBuilder()
+    model = b.model(b.bn(b.conv(b.input("x", [2, 3, 6, 6]), 3, 4), 5))
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 4, 6, 6]))
+    s = assert_skipped(fuse(model), model, Reason.PARAM_SHAPE)
+    assert "4 values" in s.detail
+
+
+def test_skip_dtype_not_foldable(fuse):
+    # Conv-22 accepts bfloat16; numpy has no bfloat16, so the pass does not fold it.
+    b = GraphBuilder()
+    b.inputs.append(helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [1, 3, 6, 6]))
+    b.inits.append(helper.make_tensor("w", TensorProto.BFLOAT16, [4, 3, 3, 3], np.ones(108).tolist()))
+    y = b.bn(b.op("Conv", ["x", "w"], pads=[1, 1, 1, 1]), 4, param_dtype=np.float32)
+    model = b.model(y, opset=22)
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.BFLOAT16
+    model = with_output_shapes(model)
+    s = assert_skipped(fuse(model), model, Reason.DTYPE_NOT_FOLDABLE)
+    assert "bfloat16" in s.detail
+
+
+def test_skip_quantized_conv(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    scale, zero = b.const(np.float32(0.05)), b.const(np.uint8(128))
+    dq = b.op("DequantizeLinear", [b.op("QuantizeLinear", [x, scale, zero]), scale, zero])
+    model = b.build(b.bn(b.conv(dq, 3, 4), 4))
+    assert_skipped(fuse(model), model, Reason.QDQ)

@@ -1,0 +1,210 @@
+"""conv_residual: Conv -> Add(conv, Z) [-> activation] => com.microsoft::FusedConv(X, W, B, Z, activation).
+
+FusedConv adds Z before the activation and needs Z of exactly the conv output's shape. Numerics: original and
+optimized run in onnxruntime at ORT_DISABLE_ALL (conftest.assert_same_outputs) with rtol=1e-4, atol=1e-5
+(conftest.RTOL/ATOL).
+"""
+
+import numpy as np
+import pytest
+
+from onnxfuse.passes import Reason
+from tests.builders import GraphBuilder, skip_of
+from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, fused_nodes, op_counts, run
+
+PASS = "conv_residual"
+SHAPE = [1, 4, 6, 6]  # the conv output
+
+
+def residual(activation=None, bias=True, z_shape=SHAPE, z_first=False, dtype=np.float32, x_shape=(1, 3, 6, 6),
+             **act_attrs):
+    """x -> Conv(3 -> 4) -> Add(conv, z) [-> activation]; returns (model, builder)."""
+    b = GraphBuilder(dtype=dtype)
+    x = b.input("x", list(x_shape))
+    z = b.input("z", list(z_shape))
+    conv = b.conv(x, 3, 4, bias=bias)
+    y = b.op("Add", [z, conv] if z_first else [conv, z])
+    if activation:
+        y = b.op(activation, [y], **act_attrs)
+    return b.build(y), b
+
+
+def the_fused(model):
+    (node,) = fused_nodes(model)
+    return node
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Positives
+
+
+@pytest.mark.parametrize("z_first", [False, True])
+def test_add_relu_becomes_one_fused_conv_with_z(fuse, z_first):
+    model, _ = residual("Relu", z_first=z_first)
+    result = fuse(model, target="cpu+cuda")
+    assert op_counts(result.model) == {"FusedConv": 1}
+    node = the_fused(result.model)
+    assert list(node.input) == ["x", "c1", "c2", "z"]  # Z last
+    assert node.domain == "com.microsoft"
+    assert attr(node, "activation") == b"Relu"
+    assert attr(node, "activation_params") is None
+    assert [f.pass_name for f in result.fusions] == [PASS]
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_conv_without_bias_gets_empty_b(fuse):
+    model, _ = residual("Relu", bias=False)
+    result = fuse(model)
+    assert op_counts(result.model) == {"FusedConv": 1}
+    assert list(the_fused(result.model).input) == ["x", "c1", "", "z"]
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_add_alone_becomes_plain_fused_conv_on_cpu(fuse):
+    model, _ = residual()
+    result = fuse(model, target="cpu")
+    assert op_counts(result.model) == {"FusedConv": 1}
+    node = the_fused(result.model)
+    assert len(node.input) == 4 and attr(node, "activation") is None
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_add_leaky_relu_default_alpha(fuse):
+    model, _ = residual("LeakyRelu")
+    result = fuse(model, target="cpu")
+    node = the_fused(result.model)
+    assert attr(node, "activation") == b"LeakyRelu"
+    assert attr(node, "activation_params") == pytest.approx([0.01])
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_relu_then_add_is_not_fused_with_z(fuse):
+    # Conv -> Relu -> Add computes relu(conv) + z, FusedConv with Z computes relu(conv + z): only the Relu fuses.
+    b = GraphBuilder()
+    x, z = b.input("x", [1, 3, 6, 6]), b.input("z", SHAPE)
+    model = b.build(b.op("Add", [b.op("Relu", [b.conv(x, 3, 4)]), z]))
+    result = fuse(model)
+    assert op_counts(result.model) == {"FusedConv": 1, "Add": 1}
+    assert len(the_fused(result.model).input) == 3
+    assert not [f for f in result.fusions if f.pass_name == PASS]
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_z_from_another_conv(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    model = b.build(b.op("Relu", [b.op("Add", [b.conv(x, 3, 4), b.conv(x, 3, 4)])]))
+    result = fuse(model)
+    assert op_counts(result.model) == {"Conv": 1, "FusedConv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_same_symbolic_dims_match(fuse):
+    model, _ = residual("Relu", x_shape=("N", 3, 6, 6), z_shape=("N", 4, 6, 6))
+    result = fuse(model)
+    assert op_counts(result.model) == {"FusedConv": 1}
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 3, 6, 6)).astype(np.float32),
+             "z": rng.standard_normal((2, 4, 6, 6)).astype(np.float32)}
+    np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_clip_with_run_time_bound_leaves_clip_after_plain_fused_conv(fuse):
+    b = GraphBuilder()
+    x, z, hi = b.input("x", [1, 3, 6, 6]), b.input("z", SHAPE), b.input("hi", [])
+    model = b.build(b.op("Clip", [b.op("Add", [b.conv(x, 3, 4), z]), "", hi]))
+    result = fuse(model, target="cpu")
+    assert op_counts(result.model) == {"FusedConv": 1, "Clip": 1}
+    assert attr(the_fused(result.model), "activation") is None
+    assert skip_of(result, "conv_activation").reason == Reason.CLIP_BOUNDS_NOT_CONSTANT
+    feeds = {"x": np.ones((1, 3, 6, 6), np.float32), "z": np.linspace(-2, 2, 144, dtype=np.float32).reshape(SHAPE),
+             "hi": np.array(0.5, np.float32)}
+    np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_com_microsoft_opset_1_imported(fuse):
+    model, _ = residual("Relu")
+    assert "com.microsoft" not in {imp.domain for imp in model.opset_import}
+    result = fuse(model)
+    assert [(imp.domain, imp.version) for imp in result.model.opset_import] == [("", 17), ("com.microsoft", 1)]
+
+
+def test_fuses_after_a_fused_conv_already_in_the_model(fuse):
+    b = GraphBuilder()
+    x, z = b.input("x", [1, 3, 6, 6]), b.input("z", SHAPE)
+    y = b.op("Relu", [b.conv(x, 3, 4)])
+    model = b.build(b.op("Relu", [b.op("Add", [b.conv(y, 4, 4), z])]))
+    first = fuse(model, only=("conv_activation",)).model  # a model that already holds a FusedConv
+    assert op_counts(first) == {"FusedConv": 1, "Conv": 1, "Add": 1, "Relu": 1}
+    result = fuse(first)
+    assert op_counts(result.model) == {"FusedConv": 2}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Skips: one per reason the pass gives
+
+
+def assert_skipped(result, model, reason):
+    s = skip_of(result, PASS)
+    assert s.reason == reason
+    assert op_counts(result.model) == op_counts(model)
+    assert not result.fusions
+    return s
+
+
+@pytest.mark.parametrize("z_shape", [[1, 4, 1, 1], [4, 6, 6], [1, 1, 6, 6]])
+def test_skip_residual_shape_mismatch(fuse, z_shape):
+    # Broadcastable, so the Add is valid ONNX, but FusedConv fails at run time unless Z has Y's exact shape.
+    model, _ = residual("Relu", z_shape=z_shape)
+    s = assert_skipped(fuse(model), model, Reason.RESIDUAL_SHAPE)
+    assert str(tuple(z_shape)) in s.detail
+
+
+def test_skip_intermediate_has_other_consumers(fuse):
+    model, b = residual("Relu")
+    conv_out = model.graph.node[0].output[0]
+    model = b.build([model.graph.output[0].name, b.op("Neg", [conv_out])])
+    s = assert_skipped(fuse(model), model, Reason.NOT_PRIVATE)
+    assert conv_out in s.detail
+
+
+def test_skip_intermediate_is_graph_output(fuse):
+    model, b = residual("Relu")
+    model = b.build([model.graph.output[0].name, model.graph.node[0].output[0]])
+    assert_skipped(fuse(model), model, Reason.GRAPH_OUTPUT)
+
+
+def test_skip_target_allows_no_contrib_ops(fuse):
+    model, _ = residual("Relu")
+    s = assert_skipped(fuse(model, target="onnx"), model, Reason.NO_CONTRIB_OPS)
+    assert "onnx" in s.detail
+
+
+def test_skip_dtype_has_no_fusedconv_kernel(fuse):
+    model, _ = residual("Relu", dtype=np.float16)
+    s = assert_skipped(fuse(model), model, Reason.DTYPE_NO_KERNEL)
+    assert "float16" in s.detail
+
+
+@pytest.mark.parametrize("target", ["cpu+cuda", "cuda"])
+def test_skip_activation_not_supported_by_target(fuse, target):
+    model, _ = residual("Sigmoid")
+    s = assert_skipped(fuse(model, target=target), model, Reason.ACTIVATION_UNSUPPORTED)
+    assert "Sigmoid" in s.detail and f"target {target}" in s.detail
+
+
+def test_skip_activation_not_supported_by_target_without_activation(fuse):
+    # CUDA's FusedConv requires an activation, so a bare Conv + Add cannot be fused for cpu+cuda.
+    model, _ = residual()
+    s = assert_skipped(fuse(model, target="cpu+cuda"), model, Reason.ACTIVATION_UNSUPPORTED)
+    assert "without an activation" in s.detail and "cpu+cuda" in s.detail
+
+
+def test_skip_quantized_conv(fuse):
+    b = GraphBuilder()
+    x, z = b.input("x", [1, 3, 6, 6]), b.input("z", SHAPE)
+    scale, zero = b.const(np.float32(0.05)), b.const(np.uint8(128))
+    dq = b.op("DequantizeLinear", [b.op("QuantizeLinear", [x, scale, zero]), scale, zero])
+    model = b.build(b.op("Relu", [b.op("Add", [b.conv(dq, 3, 4), z])]))
+    assert_skipped(fuse(model), model, Reason.QDQ)
