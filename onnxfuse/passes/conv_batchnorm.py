@@ -50,7 +50,10 @@ class ConvBatchNorm(Pass):
             return None
         nodes, out = [conv, node], node.outputs[0]
         extra = [t for t in node.outputs[1:] if t.name]
-        if int(node.attrs.get("training_mode", 0)) or int(node.attrs.get("spatial", 1)) == 0 or any(
+        if int(node.attrs.get("spatial", 1)) == 0:
+            return skip(Reason.TRAINING_MODE, "BatchNormalization has spatial=0 (per-element statistics)",
+                        nodes, out)
+        if int(node.attrs.get("training_mode", 0)) or any(
             t.outputs or g.is_graph_output(t, ctx.graph) for t in extra
         ):
             return skip(Reason.TRAINING_MODE, "BatchNormalization is in training mode", nodes, out)

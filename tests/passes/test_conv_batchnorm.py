@@ -310,7 +310,9 @@ def running_mean_used_bn():
 @pytest.mark.parametrize("make", [training_mode_bn, spatial_0_bn, running_mean_used_bn])
 def test_skip_batchnorm_training_mode(fuse, make):
     model = make()
-    assert_skipped(fuse(model), model, Reason.TRAINING_MODE)
+    s = assert_skipped(fuse(model), model, Reason.TRAINING_MODE)
+    expected = "spatial=0" if make is spatial_0_bn else "training mode"
+    assert expected in s.detail
 
 
 def test_skip_parameter_shape_mismatch(fuse):
