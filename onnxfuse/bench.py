@@ -42,24 +42,6 @@ class BenchOptions:
     input_data: str | None = None
 
 
-def _session(model: str, level: str, threads: int, save_to: str | None = None):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[level]
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    if save_to:
-        opts.optimized_model_filepath = save_to
-    return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
-
-
 def _stats(times_s: list[float]) -> dict[str, float]:
     ms = np.asarray(times_s) * 1e3
     p25, med, p75 = np.percentile(ms, [25, 50, 75])
@@ -84,7 +66,7 @@ def bench(original: str, optimized: str, opts: BenchOptions) -> dict[str, Any]:
     Raises:
         RuntimeError: onnxruntime cannot load or run one of the models (the message says which).
     """
-    from onnxfuse.verify import _load_npz, make_inputs
+    from onnxfuse.verify import _load_npz, _shape_hint, _short, make_inputs, session
 
     given = _load_npz(opts.input_data) if opts.input_data else None
     models = {"original": original, "optimized": optimized}
@@ -97,15 +79,22 @@ def bench(original: str, optimized: str, opts: BenchOptions) -> dict[str, Any]:
                 saved = str(Path(tmp) / f"{key}.{level}.onnx")
                 start = time.perf_counter()
                 try:
-                    sessions[key] = _session(path, level, opts.threads, saved)
+                    sessions[key] = session(path, level, opts.threads, saved)
                 except Exception as exc:  # noqa: BLE001 - onnxruntime raises several unrelated types
-                    raise RuntimeError(f"onnxruntime cannot load the {key} model at level {level}: {exc}") from None
+                    raise RuntimeError(f"onnxruntime cannot load the {key} model at level {level}: "
+                                       f"{_short(exc)}") from None
                 sides[key] = {"session_ms": (time.perf_counter() - start) * 1e3,
                               "nodes_after_ort": _node_count(saved) if Path(saved).exists() else None}
             if feeds is None:
                 feeds = make_inputs(sessions["original"], opts.input_shapes, seed=0, given=given)
             times: dict[str, list[float]] = {"original": [], "optimized": []}
             for key, sess in sessions.items():
+                try:
+                    sess.run(None, feeds)  # a first run that fails says why, before any timing
+                except Exception as exc:  # noqa: BLE001
+                    shapes = {k: list(v.shape) for k, v in feeds.items()}
+                    raise RuntimeError(f"onnxruntime cannot run the {key} model on inputs {shapes}: "
+                                       f"{_short(exc)}{_shape_hint(sess, opts.input_shapes)}") from None
                 for _ in range(opts.warmup):
                     sess.run(None, feeds)
             for i in range(opts.runs):

@@ -27,9 +27,15 @@ from onnxfuse.shapes import parse_input_shape
 EXIT_CODES_HELP = """\b
 Exit codes:
   0  success
-  1  the optimized model failed verification (nothing written)
+  1  the optimized model failed verification, or --require-verify and
+     verification was skipped (nothing written)
   2  usage error, an input model that cannot be read or is invalid,
      or an OUTPUT that cannot be written"""
+
+READ_ONLY_EXIT_CODES_HELP = """\b
+Exit codes:
+  0  success
+  2  usage error, or a model that cannot be read or is invalid"""
 
 
 def _fail_cleanly(fn):
@@ -56,21 +62,44 @@ def _shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 
 
 def _options(target, only, skip, input_shape, constant_initializer_inputs) -> pipeline.Options:
+    if only and set(only) <= set(skip):
+        raise InputError("--only and --skip leave no pass to run")
     return pipeline.Options(target=target, only=tuple(only), skip=tuple(skip), input_shapes=_shapes(input_shape),
                             constant_initializer_inputs=constant_initializer_inputs)
 
 
+def _verbosity(ctx: click.Context) -> int:
+    return ctx.find_root().obj.get("verbosity", 0)
+
+
 def _log(ctx: click.Context, message: str, level: int = 0) -> None:
     """Diagnostics to stderr: level 0 unless --quiet, level 1 only with --verbose."""
-    verbosity = ctx.find_root().obj.get("verbosity", 0)
+    verbosity = _verbosity(ctx)
     if verbosity >= level and verbosity >= 0:
         click.echo(message, err=True)
+
+
+def _set_verbosity(ctx: click.Context, param: click.Parameter, value) -> None:
+    root = ctx.find_root()
+    root.ensure_object(dict)
+    if param.name == "quiet" and value:
+        root.obj["verbosity"] = -1
+    elif param.name == "verbose" and value and root.obj.get("verbosity", 0) >= 0:
+        root.obj["verbosity"] = root.obj.get("verbosity", 0) + value
+
+
+def verbosity_options(fn):
+    """-v/--verbose and -q/--quiet, accepted before or after the command name."""
+    fn = click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=_set_verbosity,
+                      help="No diagnostics on stderr, only errors.")(fn)
+    return click.option("-v", "--verbose", count=True, expose_value=False, callback=_set_verbosity,
+                        help="More diagnostics on stderr (pass statistics, every pattern left unfused).")(fn)
 
 
 @contextlib.contextmanager
 def _progress(ctx: click.Context, message: str):
     """A spinner on stderr while ``message`` runs, only when stderr is a terminal and not --quiet."""
-    if sys.stderr.isatty() and ctx.find_root().obj.get("verbosity", 0) >= 0:
+    if sys.stderr.isatty() and _verbosity(ctx) >= 0:
         from rich.console import Console
 
         with Console(stderr=True).status(message):
@@ -86,7 +115,7 @@ def pass_options(fn):
                      help="What the output must run on: cpu+cuda (float32 FusedConv with Relu only), cpu (every "
                           "activation the CPU kernel has), cuda, or onnx (folds only, no contrib ops)."),
         click.option("--only", multiple=True, type=click.Choice(PASS_NAMES), metavar="PASS",
-                     help="Run only this pass (repeatable). See `onnxfuse passes`."),
+                     help="Run only this pass (repeatable). See: onnxfuse passes."),
         click.option("--skip", multiple=True, type=click.Choice(PASS_NAMES), metavar="PASS",
                      help="Do not run this pass (repeatable)."),
         click.option("--input-shape", multiple=True, metavar="NAME=DIMS",
@@ -103,22 +132,21 @@ def pass_options(fn):
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
              epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, "--version", prog_name="onnxfuse")
-@click.option("-v", "--verbose", count=True, help="More diagnostics on stderr.")
-@click.option("-q", "--quiet", is_flag=True, help="No diagnostics on stderr, only errors.")
+@verbosity_options
 @click.pass_context
-def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
+def main(ctx: click.Context) -> None:
     """Fuse Conv, BatchNormalization, bias/scale and activations in ONNX models, verify the result in
     onnxruntime, and report the memory traffic saved.
 
     \b
     Examples:
       onnxfuse optimize model.onnx model.fused.onnx
-      onnxfuse optimize det.onnx det.fused.onnx --target cpu --input-shape x=1x3x640x640 --report r.json
+      onnxfuse optimize det.onnx det.fused.onnx --target cpu \\
+          --input-shape x=1x3x640x640 --report r.json
       onnxfuse report model.onnx --format markdown
       onnxfuse passes
     """
     ctx.ensure_object(dict)
-    ctx.obj["verbosity"] = -1 if quiet else verbose
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -134,9 +162,11 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the full report here (.json, .md or .txt).")
 @click.option("--report-format", type=click.Choice(["text", "json", "markdown"]),
-              help="Format of --report when its extension does not say.")
-@click.option("--bandwidth", type=float, metavar="GB/S", help="Add an estimated memory time at this bandwidth.")
+              help="Format of --report (default: from its extension).")
+@click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="GB/S",
+              help="Add an estimated memory time at this bandwidth (10^9 bytes/s).")
 @click.option("--overwrite", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
+@verbosity_options
 @click.pass_context
 @_fail_cleanly
 def optimize(ctx, input_path, output_path, target, only, skip, input_shape, constant_initializer_inputs,
@@ -146,8 +176,10 @@ def optimize(ctx, input_path, output_path, target, only, skip, input_shape, cons
     \b
     Examples:
       onnxfuse optimize resnet.onnx resnet.fused.onnx
-      onnxfuse optimize det.onnx det.fused.onnx --target cpu --input-shape x=1x3x640x640
-      onnxfuse optimize m.onnx m.fused.onnx --report traffic.json --require-verify
+      onnxfuse optimize det.onnx det.fused.onnx --target cpu \\
+          --input-shape x=1x3x640x640
+      onnxfuse optimize m.onnx m.fused.onnx --report traffic.json \\
+          --require-verify
     """
     from onnxfuse.verify import VerifyOptions
 
@@ -155,11 +187,13 @@ def optimize(ctx, input_path, output_path, target, only, skip, input_shape, cons
         raise InputError(f"{output_path}: OUTPUT is a directory; give a file name")
     if g.same_file(input_path, output_path) and not overwrite:
         raise InputError(f"{output_path}: OUTPUT is the same file as INPUT; pass --overwrite to replace it")
+    _check_folder(output_path, "OUTPUT")
     fmt = None
     if report_path is not None:
         fmt = report_format or rep.format_for_path(str(report_path))
         if fmt is None:
             raise InputError(f"--report {report_path}: give a .json, .md or .txt name, or --report-format")
+        _check_folder(report_path, "--report")
     options = _options(target, only, skip, input_shape, constant_initializer_inputs)
     verify_options = None if no_verify else VerifyOptions(options.input_shapes, input_data, rtol=rtol, atol=atol)
     with _progress(ctx, f"optimizing {input_path}"):
@@ -167,6 +201,7 @@ def optimize(ctx, input_path, output_path, target, only, skip, input_shape, cons
     report = result.report
     if bandwidth:
         report.set_bandwidth(bandwidth)
+    _diagnostics(ctx, report)
     verification = report.verification
     if report_path is not None:
         _write_text(report_path, rep.render(report, fmt, show_all=True))
@@ -185,29 +220,55 @@ def optimize(ctx, input_path, output_path, target, only, skip, input_shape, cons
         click.echo(line)
     if not result.changed:
         click.echo(f"no pattern was fused: {output_path} is the input model with onnxfuse metadata added")
-    click.echo(f"wrote {', '.join(str(p) for p in written)}")
+    click.echo(f"wrote {', '.join(str(output_path.parent / p.name) for p in written)}")
 
 
-def _write_text(path: Path, text: str) -> None:
-    """Write a report file atomically (same contract as the model)."""
+def _check_folder(path: Path, what: str) -> None:
+    """Fail before the expensive work when ``path`` cannot be written."""
     import os
-    import tempfile
 
     folder = path.resolve().parent
     if not folder.is_dir():
-        raise InputError(f"{path}: the folder {folder} does not exist")
+        raise InputError(f"{what} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"{what} {path}: the folder {folder} is not writable")
+
+
+def _diagnostics(ctx: click.Context, report: rep.Report) -> None:
+    """Warnings on stderr; with -v also the pass statistics and every pattern left unfused."""
+    for warning in report.warnings or []:
+        _log(ctx, f"warning: {warning}")
+    for s in report.pass_stats:
+        skipped = ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "none skipped"
+        _log(ctx, f"pass {s['name']}: {s['applied']} rewrites; {skipped}", level=1)
+    for u in report.unfused:
+        chain = " -> ".join(n["op"] for n in u["nodes"])
+        _log(ctx, f"unfused {u['nodes'][0]['name'] or u['nodes'][0]['output']} ({chain}): {u['reason']}: "
+                  f"{u['detail']}", level=1)
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write a report file atomically (same contract as the model), with the usual umask permissions."""
+    import os
+    import tempfile
+
+    _check_folder(path, "report")
+    folder = path.resolve().parent
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    except OSError as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        raise
+        raise InputError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+@main.command(epilog=READ_ONLY_EXIT_CODES_HELP)
 @click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
 @pass_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
@@ -215,7 +276,9 @@ def _write_text(path: Path, text: str) -> None:
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report to this file instead of stdout.")
 @click.option("--all", "show_all", is_flag=True, help="Show every row (text and Markdown show the top 20).")
-@click.option("--bandwidth", type=float, metavar="GB/S", help="Add an estimated memory time at this bandwidth.")
+@click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="GB/S",
+              help="Add an estimated memory time at this bandwidth (10^9 bytes/s).")
+@verbosity_options
 @click.pass_context
 @_fail_cleanly
 def report(ctx, model_path, target, only, skip, input_shape, constant_initializer_inputs, fmt, output, show_all,
@@ -225,15 +288,19 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
     \b
     Examples:
       onnxfuse report model.onnx
-      onnxfuse report det.onnx --target cpu --input-shape x=1x3x640x640 --format json -o traffic.json
+      onnxfuse report det.onnx --target cpu --input-shape x=1x3x640x640 \\
+          --format json -o traffic.json
       onnxfuse report model.onnx --format markdown >> "$GITHUB_STEP_SUMMARY"
     """
+    if output is not None:
+        _check_folder(output, "--output")
     options = _options(target, only, skip, input_shape, constant_initializer_inputs)
     with _progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)
     if bandwidth:
         result.report.set_bandwidth(bandwidth)
-    text = rep.render(result.report, fmt, show_all)
+    _diagnostics(ctx, result.report)
+    text = rep.render(result.report, fmt, show_all, width=_text_width(output))
     if output is not None:
         _write_text(output, text)
         _log(ctx, f"wrote {output}")
@@ -241,7 +308,7 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
         click.echo(text, nl=False)
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+@main.command(epilog=READ_ONLY_EXIT_CODES_HELP)
 @click.argument("original", type=click.Path(path_type=Path))
 @click.argument("optimized", required=False, type=click.Path(path_type=Path))
 @pass_options
@@ -253,6 +320,7 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
 @click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
               help="Real inputs: an .npz with one array per graph input name.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@verbosity_options
 @click.pass_context
 @_fail_cleanly
 def bench(ctx, original, optimized, target, only, skip, input_shape, constant_initializer_inputs, runs, warmup,
@@ -263,7 +331,8 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, constant_in
     \b
     Examples:
       onnxfuse bench model.onnx
-      onnxfuse bench det.onnx det.fused.onnx --input-shape x=1x3x640x640 --runs 50 --format json
+      onnxfuse bench det.onnx det.fused.onnx --input-shape x=1x3x640x640 \\
+          --runs 50 --format json
     """
     import tempfile
 
@@ -303,7 +372,18 @@ def passes():
     for p in DEFAULT_PASSES:
         click.echo(f"{p.name:<16} {p.summary}")
     click.echo("")
-    click.echo("skip reasons: " + ", ".join(Reason.ALL))
+    click.echo("Reasons a pass declines a pattern (each pass module's docstring says which it uses):")
+    for reason in Reason.ALL:
+        click.echo(f"  {reason}")
+
+
+def _text_width(output: Path | None) -> int:
+    """Columns for text reports: the terminal's when stdout is one, else 120."""
+    import shutil
+
+    if output is None and sys.stdout.isatty():
+        return max(80, shutil.get_terminal_size((120, 24)).columns)
+    return 120
 
 
 if __name__ == "__main__":  # pragma: no cover

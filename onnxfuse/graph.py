@@ -236,6 +236,7 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     (graphsurgeon drops them on import); ``com.microsoft`` version 1 is imported exactly when a FusedConv exists.
     """
     model = gs.export_onnx(graph, do_type_check=False)
+    _hoist_outer_initializers(model.graph, {t.name for t in original.graph.initializer})
     _restore_initializer_inputs(model.graph, original.graph, original.ir_version)
     # Replace every model-level field with the original's; the exported graph stays (no copy of the weights).
     for desc, _ in model.ListFields():
@@ -257,6 +258,34 @@ def copy_model_fields(src: onnx.ModelProto, dst: onnx.ModelProto) -> None:
             getattr(dst, desc.name).extend(value)
         else:
             setattr(dst, desc.name, value)
+
+
+def _subgraphs(graph: onnx.GraphProto):
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield attr.g
+                yield from _subgraphs(attr.g)
+            for sub in attr.graphs:
+                yield sub
+                yield from _subgraphs(sub)
+
+
+def _hoist_outer_initializers(main: onnx.GraphProto, outer_names: set[str]) -> None:
+    """Move initializers that the input model kept in the main graph back there: graphsurgeon exports a weight
+    read only inside If branches into *each* branch (silero's LSTM weights doubled the file)."""
+    present = {t.name for t in main.initializer}
+    for sub in _subgraphs(main):
+        keep = []
+        for t in sub.initializer:
+            if t.name not in outer_names:
+                keep.append(t)
+            elif t.name not in present:
+                main.initializer.append(t)
+                present.add(t.name)
+        if len(keep) != len(sub.initializer):
+            del sub.initializer[:]
+            sub.initializer.extend(keep)
 
 
 def _used_names(graph: onnx.GraphProto) -> set[str]:

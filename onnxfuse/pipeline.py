@@ -128,6 +128,9 @@ def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | N
     selected = _check_options(options)
     loaded = loaded or g.load_model(path)
     model = loaded.model
+    if options.input_shapes:
+        shapes.apply_input_shapes(shapes.skeleton(model), options.input_shapes)  # reject bad names and ranks now
+        options.input_shapes = shapes.complete_input_shapes(model, options.input_shapes)
     info, elem_types = shapes.infer(model)
     if options.input_shapes:
         size_info, size_elems = shapes.infer(model, options.input_shapes)
@@ -166,6 +169,7 @@ def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | N
         after_index=traffic.ModelIndex(out), after_sizes=after_sizes, size_info=size_info,
         size_elems=size_elems,
     )
+    report.warnings = _target_warnings(out, options.target)
     return Result(out, fusions, skips, bool(fusions), report, loaded)
 
 
@@ -180,10 +184,33 @@ def optimize(path: str | os.PathLike, options: Options, verify_options=None) -> 
 
     result = analyse(path, options)
     if verify_options is not None:
+        verify_options.input_shapes = options.input_shapes  # as completed by analyse()
         result.report.verification = verify.verify(result.loaded.path, result.model, verify_options)
     else:
         result.report.verification = verify.Verification.skipped_by_user()
     return result
+
+
+def _target_warnings(model: onnx.ModelProto, target_name: str) -> list[str]:
+    """FusedConv nodes in ``model`` (already in the input, or made for another target) that ``target_name``
+    cannot run."""
+    target = get_target(target_name)
+    bad: Counter = Counter()
+    stack = [model.graph]
+    while stack:
+        graph = stack.pop()
+        for node in graph.node:
+            if node.op_type == "FusedConv" and node.domain == g.MS_DOMAIN:
+                act = next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
+                if not target.fused_conv or (act is None and not target.plain_fused_conv) or (
+                        act is not None and act not in target.activations):
+                    bad[act or "no activation"] += 1
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+    return [f"the model holds {n} FusedConv node(s) with {act} that target {target_name} cannot run "
+            "(they were in the input; onnxfuse does not unfuse)" for act, n in sorted(bad.items())]
 
 
 def _op_counts(graph: onnx.GraphProto) -> dict[str, int]:

@@ -45,6 +45,7 @@ class Report:
     subgraph_nodes: int
     nodes: dict[str, list[dict]]
     shapes_measured: bool = False
+    warnings: list[str] | None = None
     verification: Any = None
     bandwidth: dict | None = None
     onnxfuse_version: str = __version__
@@ -59,7 +60,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready dict described by ``report.schema.json``."""
         verification = self.verification.to_dict() if self.verification is not None else {
-            "status": "skipped", "reason": "not run (onnxfuse report does not verify)"}
+            "status": "skipped", "reason": "onnxfuse report does not verify"}
         return {
             "schema_version": SCHEMA_VERSION,
             "onnxfuse_version": self.onnxfuse_version,
@@ -77,6 +78,7 @@ class Report:
             "nodes": self.nodes,
             "subgraph_nodes": self.subgraph_nodes,
             "shapes_measured": self.shapes_measured,
+            "warnings": list(self.warnings or []),
             "verification": verification,
             "bandwidth": self.bandwidth,
         }
@@ -143,7 +145,7 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         after_b = row.total_bytes if row is not None else None
         shape, dtype = _shape_of(size_info, size_elems, key)
         fusion_rows.append({
-            "node": entry["node"], "op": entry["op"], "replaced": entry["replaced"],
+            "node": entry["node"] or key, "op": entry["op"], "replaced": entry["replaced"],
             "activation": entry["activation"], "passes": entry["passes"], "output": key, "shape": shape,
             "dtype": dtype, "bytes_before": before_b, "bytes_after": after_b,
             "saved_bytes": None if before_b is None or after_b is None else before_b - after_b,
@@ -219,7 +221,8 @@ def _chain(nodes: list[dict]) -> str:
 
 
 def _verification_line(report: Report) -> str:
-    v = report.to_dict()["verification"]
+    v = report.verification.to_dict() if report.verification is not None else {
+        "status": "skipped", "reason": "onnxfuse report does not verify"}
     line = f"verification: {v['status']}"
     if v.get("reason"):
         line += f" ({v['reason']})"
@@ -228,24 +231,43 @@ def _verification_line(report: Report) -> str:
     return line
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def summary_lines(report: Report) -> list[str]:
-    """The short summary ``optimize`` prints: totals, fusion count, unfused count, verification."""
+    """The short summary ``optimize`` prints: totals, fusion count, unfused count, verification, warnings."""
     t = report.totals
+    before, after = t["before"], t["after"]
+    scope = ""
+    if before["unknown_nodes"] or after["unknown_nodes"]:
+        scope = (f" (only the {before['nodes'] - before['unknown_nodes']} of {before['nodes']} nodes whose "
+                 "sizes are known)")
+    rewrites = sum(s["applied"] for s in report.pass_stats)
     lines = [
-        f"traffic: {human_bytes(t['before']['total_bytes'])} -> {human_bytes(t['after']['total_bytes'])} "
+        f"traffic{scope}: {human_bytes(before['total_bytes'])} -> {human_bytes(after['total_bytes'])} "
         f"(saved {human_bytes(t['saved_bytes'])}, {t['saved_percent']:.1f}%)",
-        f"fusions: {len(report.fusions)} applied, {len(report.unfused)} patterns left unfused "
-        f"(target {report.target})",
+        f"fusions: {_plural(len(report.fusions), 'fused node')} from {_plural(rewrites, 'rewrite')}, "
+        f"{_plural(len(report.unfused), 'pattern')} left unfused (target {report.target})",
         _verification_line(report),
     ]
+    if report.bandwidth:
+        b = report.bandwidth
+        lines.append(f"estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate): "
+                     f"{b['before_ms']:.3f} ms -> {b['after_ms']:.3f} ms")
     if report.unknown_shapes:
         lines.append("unknown shapes: give --input-shape for " + ", ".join(
             f"{u['input']} {u['shape']}" for u in report.unknown_shapes))
     return lines
 
 
+def _label(node: dict) -> str:
+    """A node's name, or its output tensor's name when the model left the node unnamed."""
+    return node["name"] or node["output"]
+
+
 def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
-    """Terminal tables (rich, no colour codes), the largest rows first."""
+    """Terminal tables (rich, no colour codes), ``width`` columns wide, the largest rows first."""
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
     m = report.model
@@ -253,62 +275,63 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
     console.print(f"model: {m['path']}  sha256 {m['sha256'][:16]}...  {human_bytes(m['file_bytes'])}")
     shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in report.input_shapes.items()) or "from the model"
     console.print(f"target: {report.target}   input shapes: {shapes}")
-    for line in summary_lines(report)[2:]:
+    for line in summary_lines(report) + [f"warning: {w}" for w in report.warnings or []]:
         console.print(line)
     if report.shapes_measured:
         console.print("note: some tensor sizes were measured in one onnxruntime run on random inputs "
                       "(onnx shape inference could not resolve them)")
     if report.subgraph_nodes:
         console.print(f"note: {report.subgraph_nodes} nodes inside If/Loop/Scan bodies are counted once each")
+
+    def table(title: str, columns: list[tuple[str, dict]]) -> Table:
+        t = Table(title=title, box=box.SIMPLE, title_justify="left", pad_edge=False)
+        for name, opts in columns:
+            t.add_column(name, **opts)
+        return t
+
+    right, fold = {"justify": "right", "no_wrap": True}, {"overflow": "fold"}
     t = report.totals
-    table = Table(title="Totals (bytes moved to and from device memory)", box=box.SIMPLE, title_justify="left")
-    for col in ("", "read", "written", "total", "nodes", "unknown nodes"):
-        table.add_column(col, justify="right" if col else "left")
+    tab = table("Totals (bytes moved to and from device memory)",
+                [("", {}), ("read", right), ("written", right), ("total", right), ("nodes", right),
+                 ("unknown nodes", right)])
     for side in ("before", "after"):
         s = t[side]
-        table.add_row(side, human_bytes(s["read_bytes"]), human_bytes(s["written_bytes"]),
-                      human_bytes(s["total_bytes"]), str(s["nodes"]), str(s["unknown_nodes"]))
-    table.add_row("saved", "", "", f"{human_bytes(t['saved_bytes'])} ({t['saved_percent']:.1f}%)", "", "")
-    console.print(table)
-    if report.bandwidth:
-        b = report.bandwidth
-        console.print(f"estimated memory time at {b['gb_per_s']:g} GB/s (an estimate: bytes / bandwidth): "
-                      f"{b['before_ms']:.3f} ms -> {b['after_ms']:.3f} ms")
+        tab.add_row(side, human_bytes(s["read_bytes"]), human_bytes(s["written_bytes"]),
+                    human_bytes(s["total_bytes"]), str(s["nodes"]), str(s["unknown_nodes"]))
+    tab.add_row("saved", "", "", f"{human_bytes(t['saved_bytes'])} ({t['saved_percent']:.1f}%)", "", "")
+    console.print()
+    console.print(tab)
     rows, hidden = _top(report.fusions, "saved_bytes", show_all)
-    table = Table(title=f"Fusions applied ({len(report.fusions)})", box=box.SIMPLE, title_justify="left")
-    for col in ("node", "replaced", "activation", "output", "saved"):
-        table.add_column(col, justify="right" if col == "saved" else "left", overflow="fold")
+    tab = table(f"Fusions applied ({len(report.fusions)})",
+                [("node", fold), ("replaced", fold), ("activation", {"no_wrap": True}), ("output", fold),
+                 ("saved", right)])
     for r in rows:
-        table.add_row(r["node"], _chain(r["replaced"]), r["activation"] or "",
-                      f"{'x'.join(map(str, r['shape'] or ['?']))} {r['dtype'] or '?'}", human_bytes(r["saved_bytes"]))
-    console.print(table)
+        tab.add_row(r["node"], _chain(r["replaced"]), r["activation"] or "",
+                    f"{'x'.join(map(str, r['shape'] or ['?']))} {r['dtype'] or '?'}", human_bytes(r["saved_bytes"]))
+    console.print(tab)
     if hidden:
         console.print(f"... {hidden} more fusions (use --all to show every row)")
     rows, hidden = _top(report.unfused, "bytes", show_all)
-    table = Table(title=f"Left unfused ({len(report.unfused)})", box=box.SIMPLE, title_justify="left")
-    for col in ("nodes", "reason", "detail", "would save"):
-        table.add_column(col, justify="right" if col == "would save" else "left", overflow="fold")
+    tab = table(f"Left unfused ({len(report.unfused)})",
+                [("nodes", fold), ("reason", {"no_wrap": True}), ("detail", fold), ("would save", right)])
     for r in rows:
-        table.add_row(f"{r['nodes'][0]['name']}: {_chain(r['nodes'])}", r["reason"], r["detail"],
-                      human_bytes(r["bytes"]))
-    console.print(table)
+        tab.add_row(f"{_label(r['nodes'][0])}: {_chain(r['nodes'])}", r["reason"], r["detail"],
+                    human_bytes(r["bytes"]))
+    console.print()
+    console.print(tab)
     if hidden:
         console.print(f"... {hidden} more patterns (use --all to show every row)")
-    table = Table(title="Passes", box=box.SIMPLE, title_justify="left")
-    for col in ("pass", "applied", "skipped by reason"):
-        table.add_column(col)
+    tab = table("Passes", [("pass", {}), ("rewrites", right), ("skipped by reason", fold)])
     for s in report.pass_stats:
-        table.add_row(s["name"], str(s["applied"]),
-                      ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "-")
-    console.print(table)
+        tab.add_row(s["name"], str(s["applied"]), ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "-")
+    console.print()
+    console.print(tab)
     ops = report.op_counts
-    table = Table(title="Nodes by op type", box=box.SIMPLE, title_justify="left")
-    for col in ("op", "before", "after"):
-        table.add_column(col, justify="left" if col == "op" else "right")
+    tab = table("Nodes by op type", [("op", {}), ("before", right), ("after", right)])
     for op in sorted(set(ops["before"]) | set(ops["after"])):
-        b, a = ops["before"].get(op, 0), ops["after"].get(op, 0)
-        table.add_row(op, str(b), str(a))
-    console.print(table)
+        tab.add_row(op, str(ops["before"].get(op, 0)), str(ops["after"].get(op, 0)))
+    console.print()
+    console.print(tab)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
@@ -323,6 +346,7 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
     out = [f"### onnxfuse memory-traffic report: `{m['path']}`", "",
            f"onnxfuse {report.onnxfuse_version} · target `{report.target}` · sha256 `{m['sha256'][:16]}` · "
            + _verification_line(report), ""]
+    out += [f"> **Warning:** {w}" for w in report.warnings or []] + ([""] if report.warnings else [])
     if report.unknown_shapes:
         out += ["> Unknown shapes: give `--input-shape` for " + ", ".join(
             f"`{u['input']}` {u['shape']}" for u in report.unknown_shapes), ""]
@@ -347,14 +371,14 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
     rows, hidden = _top(report.unfused, "bytes", show_all)
     out += ["", f"#### Left unfused ({len(report.unfused)})", "",
             _md_row(["nodes", "reason", "detail", "would save"]), _md_row(["---"] * 4)]
-    out += [_md_row([f"`{r['nodes'][0]['name']}` {_chain(r['nodes'])}", f"`{r['reason']}`", r["detail"],
+    out += [_md_row([f"`{_label(r['nodes'][0])}` {_chain(r['nodes'])}", f"`{r['reason']}`", r["detail"],
                      human_bytes(r["bytes"])]) for r in rows]
     if hidden:
         out.append(f"\n_{hidden} more rows not shown._")
     return "\n".join(out) + "\n"
 
 
-def render(report: Report, fmt: str, show_all: bool = False) -> str:
+def render(report: Report, fmt: str, show_all: bool = False, width: int = 120) -> str:
     """Render ``report`` as ``fmt`` (``text``, ``json`` or ``markdown``).
 
     Raises:
@@ -365,7 +389,7 @@ def render(report: Report, fmt: str, show_all: bool = False) -> str:
     if fmt == "markdown":
         return to_markdown(report, show_all)
     if fmt == "text":
-        return to_text(report, show_all)
+        return to_text(report, show_all, width)
     raise ValueError(f"unknown report format {fmt!r}")
 
 

@@ -111,6 +111,32 @@ def apply_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]
             tensor_type.shape.dim.add().dim_value = d
 
 
+def complete_input_shapes(model: onnx.ModelProto, given: dict[str, tuple[int, ...]]
+                          ) -> dict[str, tuple[int, ...]]:
+    """``given`` plus every other graph input whose dims are all numbers or named dims that ``given`` binds
+    (``--input-shape input=1x512`` fixes silero's ``state [2, batch, 128]`` to 2x1x128)."""
+    inits = {t.name for t in model.graph.initializer}
+    bound: dict[str, int] = {}
+    inputs = {vi.name: vi for vi in model.graph.input if vi.name not in inits}
+    for name, dims in given.items():
+        vi = inputs.get(name)
+        if vi is None or not vi.type.tensor_type.HasField("shape"):
+            continue
+        for d, v in zip(vi.type.tensor_type.shape.dim, dims):
+            if d.dim_param:
+                bound.setdefault(d.dim_param, v)
+    out = dict(given)
+    for name, vi in inputs.items():
+        tt = vi.type.tensor_type
+        if name in out or not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else bound.get(d.dim_param) for d in tt.shape.dim]
+        if dims and all(isinstance(d, int) and d > 0 for d in dims) and any(not d.HasField("dim_value")
+                                                                             for d in tt.shape.dim):
+            out[name] = tuple(dims)
+    return out
+
+
 def _dtype(elem_type: int) -> np.dtype | None:
     try:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
@@ -197,9 +223,7 @@ def measure(path: str, model: onnx.ModelProto, input_shapes: dict[str, tuple[int
     import json
     import tempfile
 
-    import onnxruntime as ort
-
-    from onnxfuse.verify import make_inputs
+    from onnxfuse.verify import make_inputs, session
 
     by_name: dict[str, list[str]] = {}
     stack = [model.graph]
@@ -215,13 +239,8 @@ def measure(path: str, model: onnx.ModelProto, input_shapes: dict[str, tuple[int
     info: dict[str, TensorInfo] = {}
     elem_types: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="onnxfuse-measure-") as tmp:
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        opts.enable_profiling = True
-        opts.profile_file_prefix = str(Path(tmp) / "profile")
-        opts.log_severity_level = 3
         try:
-            sess = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+            sess = session(path, profile_prefix=str(Path(tmp) / "profile"))
             sess.run(None, make_inputs(sess, input_shapes, seed=0))
             events = json.loads(Path(sess.end_profiling()).read_text())
         except Exception:  # noqa: BLE001 - a model onnxruntime cannot run simply stays with static shapes

@@ -38,6 +38,10 @@ DEFAULT_OTHER_DIM = 32
 
 DEFAULT_SEEDS = (0, 1, 2)
 
+#: onnxruntime log severity for onnxfuse's sessions: fatal only. Its own log lines (coloured, multi-line) would
+#: break the one-line-error and no-colour promises; failures still arrive as exceptions that onnxfuse reports.
+ORT_LOG_FATAL = 4
+
 _ORT_TYPES = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
     "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
@@ -71,7 +75,7 @@ class OutputDiff:
     Attributes:
         name / dtype / shape: the output (shape of the last input set).
         max_abs_error: max |optimized - original|.
-        max_rel_error: max |optimized - original| / |original| over elements where original != 0.
+        max_rel_error: max |optimized - original| / |original| over elements where |original| > atol.
         rtol / atol: the tolerance applied.
         needed_atol: the smallest atol that would have passed with this rtol.
         passed: every element within tolerance.
@@ -124,9 +128,16 @@ def _finite(x: float | None) -> float | None:
     return x if x is None or np.isfinite(x) else None
 
 
-def session(model: str | bytes, level: str = "disable") -> Any:
-    """An onnxruntime CPU ``InferenceSession`` for a model path or serialized bytes at optimization ``level``
-    (``disable``, ``basic``, ``extended`` or ``all``)."""
+def session(model: str | bytes, level: str = "disable", threads: int | None = None, save_to: str | None = None,
+            profile_prefix: str | None = None) -> Any:
+    """An onnxruntime CPU ``InferenceSession`` for a model path or serialized bytes.
+
+    Args:
+        level: graph optimization level: ``disable``, ``basic``, ``extended`` or ``all``.
+        threads: intra-op threads (inter-op is then 1); None keeps onnxruntime's default.
+        save_to: write the graph onnxruntime optimized to this path (``optimized_model_filepath``).
+        profile_prefix: turn profiling on, writing the profile under this prefix.
+    """
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -136,29 +147,55 @@ def session(model: str | bytes, level: str = "disable") -> Any:
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
-    opts.log_severity_level = 3
+    opts.log_severity_level = ORT_LOG_FATAL
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    if save_to:
+        opts.optimized_model_filepath = save_to
+    if profile_prefix:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
     return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 def make_inputs(sess, input_shapes: dict[str, tuple[int, ...]], seed: int,
                 given: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Seeded random inputs for every input of ``sess``: floats ~ N(0, 1), integers in [0, 4), random bools.
+    """Seeded random inputs for every input of ``sess``: floats ~ N(0, 1), integers in [0, 4), random bools;
+    arrays in ``given`` are used as they are. A named symbolic dim gets one value across all inputs: the one an
+    ``input_shapes`` entry or a given array fixes, else DEFAULT_BATCH_DIM (first dim) or DEFAULT_OTHER_DIM.
 
     Raises:
-        ValueError: an input whose symbolic dims cannot be resolved is never raised for; defaults apply
-            (DEFAULT_BATCH_DIM, DEFAULT_OTHER_DIM). Unsupported input dtypes raise ValueError.
+        ValueError: an input dtype onnxfuse cannot generate.
+        InputError: a given array whose dtype is not the input's.
     """
     rng = np.random.default_rng(seed)
+    inputs = sess.get_inputs()
+    # One value per named symbolic dim: what --input-shape or --input-data gave for it, else the default.
+    bound: dict[str, int] = {}
+    for inp in inputs:
+        dims = input_shapes.get(inp.name) or (given[inp.name].shape if given and inp.name in given else None)
+        if dims is not None and len(dims) == len(inp.shape):
+            for d, v in zip(inp.shape, dims):
+                if isinstance(d, str) and d:
+                    bound.setdefault(d, int(v))
+    for inp in inputs:  # a name that is some input's first dim is a batch dim everywhere
+        if inp.shape and isinstance(inp.shape[0], str) and inp.shape[0]:
+            bound.setdefault(inp.shape[0], DEFAULT_BATCH_DIM)
     feeds = {}
-    for inp in sess.get_inputs():
+    for inp in inputs:
+        dtype = _ORT_TYPES.get(inp.type)
         if given and inp.name in given:
+            if dtype is not None and given[inp.name].dtype != dtype:
+                raise InputError(f"input data {inp.name}: dtype {given[inp.name].dtype}, the model wants "
+                                 f"{np.dtype(dtype)}")
             feeds[inp.name] = given[inp.name]
             continue
-        dtype = _ORT_TYPES.get(inp.type)
         if dtype is None:
             raise ValueError(f"input {inp.name} has type {inp.type}, which onnxfuse cannot generate")
         shape = input_shapes.get(inp.name) or tuple(
-            d if isinstance(d, int) and d > 0 else (DEFAULT_BATCH_DIM if i == 0 else DEFAULT_OTHER_DIM)
+            d if isinstance(d, int) and d > 0
+            else bound.get(d, DEFAULT_BATCH_DIM if i == 0 else DEFAULT_OTHER_DIM)
             for i, d in enumerate(inp.shape))
         if np.issubdtype(dtype, np.floating):
             feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
@@ -183,7 +220,7 @@ def _compare(name: str, ref: np.ndarray, got: np.ndarray, opts: VerifyOptions) -
     both_nan = np.isnan(r) & np.isnan(g)
     diff = np.where(both_nan, 0.0, np.abs(r - g))
     diff = np.where(np.isnan(diff), np.inf, diff)
-    nz = np.abs(r) > 0
+    nz = np.abs(r) > max(atol, np.finfo(np.float32).tiny)  # relative error is meaningless near zero
     rel = float(np.max(diff[nz] / np.abs(r[nz]))) if nz.any() else 0.0
     needed = float(np.max(np.maximum(diff - rtol * np.abs(np.nan_to_num(r)), 0.0)))
     passed = bool(np.all(np.isclose(g, r, rtol=rtol, atol=atol, equal_nan=True)))
@@ -246,6 +283,9 @@ def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: Verify
             try:
                 ref = ref_sess.run(None, feeds)
             except Exception as exc:  # noqa: BLE001
+                if given:
+                    raise InputError(f"--input-data {opts.input_data}: onnxruntime cannot run the original on "
+                                     f"it: {_short(exc)}") from None
                 hint = _shape_hint(ref_sess, opts.input_shapes)
                 return Verification("skipped", f"onnxruntime cannot run the original on inputs {used_shapes}: "
                                                f"{_short(exc)}{hint}", seeds=seeds, input_shapes=used_shapes)

@@ -34,3 +34,21 @@ def test_bench_text_and_given_optimized(tmp_path):
     assert "ratio" in result.output and "disable" in result.output and "extended" not in result.output
     bad = CliRunner().invoke(main, ["bench", str(tmp_path / "missing.onnx")])
     assert bad.exit_code == 2
+
+
+def test_bench_that_cannot_run_is_a_one_line_error(tmp_path):
+    import numpy as np
+    import onnx
+
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", ["N", 4, 8, 8])
+    shape = b.const(np.array([7, -1], dtype=np.int64))
+    path = tmp_path / "m.onnx"
+    onnx.save(b.build(b.op("Reshape", [b.op("Relu", [b.conv(x, 4, 4)]), shape])), str(path))
+    result = CliRunner().invoke(main, ["bench", str(path), "--runs", "1", "--level", "disable"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: onnxruntime cannot run the original model")
+    assert "give --input-shape for x" in lines[0]

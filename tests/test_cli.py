@@ -237,3 +237,76 @@ def test_model_fields_preserved(tmp_path):
     assert [i.name for i in got.graph.input] == [i.name for i in model.graph.input]
     assert [o.name for o in got.graph.output] == [o.name for o in model.graph.output]
     assert {(o.domain, o.version) for o in got.opset_import} == {("", 17), ("com.microsoft", 1)}
+
+
+def test_quiet_and_verbose_work_after_the_command(tmp_path):
+    result = invoke("optimize", SAMPLE, tmp_path / "o.onnx", "-q")
+    assert result.exit_code == 0
+    result = invoke("report", REPO / "sample_models" / "refuse_two_consumers.onnx", "-v")
+    assert result.exit_code == 0
+    assert "unfused conv (Conv -> Relu): intermediate-has-other-consumers" in result.output
+    assert "pass conv_activation: 0 rewrites" in result.output
+
+
+def test_only_and_skip_leaving_nothing_is_a_usage_error(tmp_path):
+    result = invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--only", "conv_affine", "--skip", "conv_affine")
+    assert result.exit_code == 2 and "no pass" in result.output
+
+
+def test_bandwidth_must_be_positive_and_is_shown(tmp_path):
+    assert invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--bandwidth", "-5").exit_code == 2
+    assert invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--bandwidth", "0").exit_code == 2
+    result = invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--bandwidth", "100")
+    assert result.exit_code == 0 and "estimated memory time at 100 GB/s" in result.output
+
+
+def test_missing_report_folder_fails_before_any_work(tmp_path, monkeypatch):
+    from onnxfuse import pipeline
+
+    monkeypatch.setattr(pipeline, "optimize", lambda *a, **k: pytest.fail("should not run"))
+    result = invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--report", tmp_path / "nope" / "r.json")
+    assert result.exit_code == 2 and "does not exist" in result.output
+    result = invoke("optimize", SAMPLE, tmp_path / "nope" / "o.onnx")
+    assert result.exit_code == 2
+
+
+def test_report_file_gets_normal_permissions(tmp_path):
+    out = tmp_path / "r.json"
+    assert invoke("report", SAMPLE, "--format", "json", "-o", out).exit_code == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_reoptimizing_for_another_target_warns_about_existing_fused_convs(tmp_path):
+    cpu = tmp_path / "cpu.onnx"
+    assert invoke("optimize", REPO / "sample_models" / "conv_sigmoid.onnx", cpu, "--target", "cpu").exit_code == 0
+    result = invoke("optimize", cpu, tmp_path / "again.onnx", "--target", "cpu+cuda")
+    assert result.exit_code == 0
+    assert "warning: the model holds 1 FusedConv node(s) with Sigmoid that target cpu+cuda cannot run" \
+        in result.output
+
+
+def test_unnamed_nodes_are_labelled_by_their_output(tmp_path):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    y = b.conv(x, 4, 4)
+    model = b.build([b.op("Relu", [y]), b.op("Sigmoid", [y])])
+    for node in model.graph.node:
+        node.name = ""
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    result = invoke("report", path)
+    assert result.exit_code == 0
+    assert f"{y}: Conv -> Relu" in result.output
+
+
+def test_unknown_sizes_are_not_shown_as_zero(tmp_path):
+    b = GraphBuilder()
+    x = b.input("x", ["N", 4, 8, 8])
+    model = b.build(b.op("Relu", [b.conv(x, 4, 4)]))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    result = invoke("optimize", path, tmp_path / "o.onnx")
+    assert "traffic (only the 0 of 2 nodes whose sizes are known)" in result.output
+    assert "unknown shapes: give --input-shape for x ['N', 4, 8, 8]" in result.output

@@ -147,3 +147,23 @@ def test_tolerance_override_and_needed_atol():
     assert verify._compare("y", ref, got, verify.VerifyOptions(rtol=0.0, atol=0.02)).passed
     nan = np.array([np.nan, 1.0], np.float32)
     assert verify._compare("y", nan, nan.copy(), verify.VerifyOptions()).passed
+
+
+def test_input_data_of_the_wrong_dtype_is_a_usage_error(tmp_path):
+    npz = tmp_path / "in.npz"
+    np.savez(npz, x=np.ones((1, 8, 16, 16), np.float64))
+    result = invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--input-data", npz)
+    assert result.exit_code == 2 and "dtype float64" in result.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_one_value_per_symbolic_dim_name():
+    b = GraphBuilder()
+    x = b.input("x", ["batch", 4])
+    s = b.input("s", [2, "batch", 3])
+    model = b.build([b.op("Relu", [x]), b.op("Relu", [s])])
+    sess = verify.session(model.SerializeToString())
+    feeds = verify.make_inputs(sess, {}, seed=0)
+    assert feeds["x"].shape == (1, 4) and feeds["s"].shape == (2, 1, 3)
+    feeds = verify.make_inputs(sess, {"x": (5, 4)}, seed=0)
+    assert feeds["s"].shape == (2, 5, 3)

@@ -40,6 +40,10 @@ def same_static_shape(a: tuple | None, b: tuple | None) -> bool:
     return all(x is not None and x != "" and x == y for x, y in zip(a, b))
 
 
+def _dims(shape: tuple | None) -> str:
+    return "unknown" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
 class ConvResidual(Pass):
     """Conv -> Add(run-time tensor) [-> activation] => FusedConv with Z."""
 
@@ -69,9 +73,13 @@ class ConvResidual(Pass):
         bad = private_check([conv.outputs[0]], [add], ctx, nodes, out) or qdq_check(conv, out, nodes)
         if bad:
             return bad
-        if not same_static_shape(ctx.shape(conv.outputs[0]), ctx.shape(z)):
-            return skip(Reason.RESIDUAL_SHAPE, f"Z {z.name} shape {ctx.shape(z)} is not exactly the conv output "
-                        f"shape {ctx.shape(conv.outputs[0])}", nodes, out)
+        y_shape, z_shape = ctx.shape(conv.outputs[0]), ctx.shape(z)
+        if not same_static_shape(y_shape, z_shape):
+            symbolic = any(isinstance(d, str) or d is None for d in (*(y_shape or ()), *(z_shape or ())))
+            why = (" (symbolic dims that the model does not prove equal; the output must stay valid for every "
+                   "input size, so --input-shape does not change this)" if symbolic else "")
+            return skip(Reason.RESIDUAL_SHAPE, f"Z {z.name} shape {_dims(z_shape)} is not exactly the conv "
+                        f"output shape {_dims(y_shape)}{why}", nodes, out)
         params = activation_params(ctx, act) if act is not None else []
         if act is not None and (params is None or target_check(ctx, conv, act.op, nodes, out)):
             # The activation cannot be fused: fuse Conv + Add alone if the target allows a plain FusedConv.
