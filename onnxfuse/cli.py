@@ -224,9 +224,12 @@ def optimize(ctx, input_path, output_path, target, only, skip, input_shape, cons
 
 
 def _check_folder(path: Path, what: str) -> None:
-    """Fail before the expensive work when ``path`` cannot be written."""
+    """Fail before the expensive work when ``path`` cannot be written, or names something that is not a
+    regular file (replacing /dev/null or a FIFO with a file would be destructive)."""
     import os
 
+    if path.exists() and not path.is_file():
+        raise InputError(f"{what} {path}: exists and is not a regular file; onnxfuse will not replace it")
     folder = path.resolve().parent
     if not folder.is_dir():
         raise InputError(f"{what} {path}: the folder {folder} does not exist")

@@ -161,6 +161,9 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
     """
     target = Path(path)
     folder = target.resolve().parent
+    if target.exists() and not target.is_file():
+        raise InputError(f"{target}: exists and is not a regular file (a device, FIFO or folder); "
+                         "onnxfuse will not replace it")
     if not folder.is_dir():
         raise InputError(f"{target}: the output folder {folder} does not exist")
     if not os.access(folder, os.W_OK):

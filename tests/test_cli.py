@@ -310,3 +310,14 @@ def test_unknown_sizes_are_not_shown_as_zero(tmp_path):
     result = invoke("optimize", path, tmp_path / "o.onnx")
     assert "traffic (only the 0 of 2 nodes whose sizes are known)" in result.output
     assert "unknown shapes: give --input-shape for x ['N', 4, 8, 8]" in result.output
+
+
+def test_output_that_is_a_device_or_fifo_is_refused(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for target in (fifo, Path("/dev/null")):
+        result = invoke("optimize", SAMPLE, target)
+        assert result.exit_code == 2 and "not a regular file" in result.output
+        result = invoke("report", SAMPLE, "-o", target)
+        assert result.exit_code == 2
+    assert not fifo.is_file() and Path("/dev/null").is_char_device()
