@@ -122,7 +122,7 @@ def complete_input_shapes(model: onnx.ModelProto, given: dict[str, tuple[int, ..
         vi = inputs.get(name)
         if vi is None or not vi.type.tensor_type.HasField("shape"):
             continue
-        for d, v in zip(vi.type.tensor_type.shape.dim, dims):
+        for d, v in zip(vi.type.tensor_type.shape.dim, dims, strict=False):
             if d.dim_param:
                 bound.setdefault(d.dim_param, v)
     out = dict(given)
@@ -252,7 +252,7 @@ def measure(path: str, model: onnx.ModelProto, input_shapes: dict[str, tuple[int
         shapes = event.get("args", {}).get("output_type_shape", [])
         if not outputs or len(shapes) > len(outputs):
             continue
-        for name, typed in zip(outputs, shapes):
+        for name, typed in zip(outputs, shapes, strict=False):
             for dtype, dims in typed.items():
                 if name and name not in info and dtype in _PROFILE_DTYPES:
                     info[name] = (tuple(int(d) for d in dims), _dtype(_PROFILE_DTYPES[dtype]))

@@ -176,7 +176,7 @@ def make_inputs(sess, input_shapes: dict[str, tuple[int, ...]], seed: int,
     for inp in inputs:
         dims = input_shapes.get(inp.name) or (given[inp.name].shape if given and inp.name in given else None)
         if dims is not None and len(dims) == len(inp.shape):
-            for d, v in zip(inp.shape, dims):
+            for d, v in zip(inp.shape, dims, strict=False):
                 if isinstance(d, str) and d:
                     bound.setdefault(d, int(v))
     for inp in inputs:  # a name that is some input's first dim is a batch dim everywhere
@@ -294,7 +294,7 @@ def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: Verify
             except Exception as exc:  # noqa: BLE001
                 return Verification("failed", f"onnxruntime cannot run the optimized model: {_short(exc)}",
                                     seeds=seeds, input_shapes=used_shapes)
-            for meta, r, o in zip(ref_sess.get_outputs(), ref, got):
+            for meta, r, o in zip(ref_sess.get_outputs(), ref, got, strict=False):
                 d = _compare(meta.name, np.asarray(r), np.asarray(o), opts)
                 diffs[meta.name] = _merge(diffs[meta.name], d) if meta.name in diffs else d
     outputs = list(diffs.values())

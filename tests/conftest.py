@@ -79,7 +79,7 @@ def assert_same_outputs(original: onnx.ModelProto, optimized: onnx.ModelProto, r
     """Both models give the same outputs within rtol/atol on seeded random inputs (ORT_DISABLE_ALL)."""
     for seed in seeds:
         feeds = random_feeds(original, seed)
-        for ref, got in zip(run(original, feeds), run(optimized, feeds)):
+        for ref, got in zip(run(original, feeds), run(optimized, feeds), strict=False):
             np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol)
 
 
@@ -87,3 +87,15 @@ def assert_same_outputs(original: onnx.ModelProto, optimized: onnx.ModelProto, r
 def fuse(tmp_path):
     """``fuse(model, target="cpu", **options) -> pipeline.Result`` for a model built in the test."""
     return lambda model, target="cpu", **options: optimize(tmp_path, model, target, **options)
+
+
+def assert_skipped(result: pipeline.Result, model: onnx.ModelProto, reason: str, pass_name: str):
+    """Pass ``pass_name`` reported exactly one Skip, with ``reason``, and the model was left as it was in op
+    counts with no fusion. Returns the Skip (to check its detail)."""
+    from tests.builders import skip_of
+
+    s = skip_of(result, pass_name)
+    assert s.reason == reason
+    assert op_counts(result.model) == op_counts(model)
+    assert not result.fusions
+    return s

@@ -242,6 +242,15 @@ def scale_output_channels(conv: gs.Node, weight: np.ndarray, scale: np.ndarray) 
     return w * s.reshape((-1, 1) + spatial)
 
 
+def fold_inputs(conv: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):
+    """What every fold checks first: the conv output is read only by ``anchor`` and is no graph output, no QDQ,
+    constant weights. Returns ``(W, B or None, None)`` or ``(None, None, Skip)`` (see :func:`conv_parts`)."""
+    bad = private_check([conv.outputs[0]], [anchor], ctx, nodes, output) or qdq_check(conv, output, nodes)
+    if bad:
+        return None, None, bad
+    return conv_parts(conv, ctx, nodes, output)
+
+
 def conv_parts(conv: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):
     """``(W, B or None, None)`` as constant arrays for a fold, or ``(None, None, Skip)``.
 

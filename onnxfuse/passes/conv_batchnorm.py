@@ -31,8 +31,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.passes.base import (
-    CONV_OPS, Context, Fusion, Match, Pass, Reason, Skip, conv_parts, describe, is_op, out_channels,
-    private_check, qdq_check, replaced, scale_output_channels, set_weights, skip,
+    CONV_OPS, Context, Fusion, Match, Pass, Reason, Skip, describe, fold_inputs, is_op, out_channels,
+    replaced, scale_output_channels, set_weights, skip,
 )
 
 
@@ -57,10 +57,7 @@ class ConvBatchNorm(Pass):
             t.outputs or g.is_graph_output(t, ctx.graph) for t in extra
         ):
             return skip(Reason.TRAINING_MODE, "BatchNormalization is in training mode", nodes, out)
-        bad = private_check([conv.outputs[0]], [node], ctx, nodes, out) or qdq_check(conv, out, nodes)
-        if bad:
-            return bad
-        w, b, bad = conv_parts(conv, ctx, nodes, out)
+        w, b, bad = fold_inputs(conv, node, ctx, nodes, out)
         if bad:
             return bad
         params = []

@@ -37,7 +37,7 @@ def same_static_shape(a: tuple | None, b: tuple | None) -> bool:
     """True when both shapes are known and equal dim for dim (ints equal, or the same named symbolic dim)."""
     if a is None or b is None or len(a) != len(b):
         return False
-    return all(x is not None and x != "" and x == y for x, y in zip(a, b))
+    return all(x is not None and x != "" and x == y for x, y in zip(a, b, strict=False))
 
 
 def _dims(shape: tuple | None) -> str:
