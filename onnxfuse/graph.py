@@ -42,7 +42,8 @@ class LoadedModel:
     """A model read from disk and checked.
 
     Attributes:
-        model: the ModelProto with any external data loaded into memory.
+        model: the ModelProto with any external data loaded into memory; ``pipeline.analyse`` sets it to None
+            once it has built a new model, to free the memory.
         path: the file it came from.
         sha256: hex SHA-256 of the model file's bytes (not of external data files).
         file_bytes: size of the model file plus its external data files, in bytes.
@@ -82,8 +83,17 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         raise InputError(f"{p}: no such file")
     if p.is_dir():
         raise InputError(f"{p}: is a directory, not an ONNX model file")
+    if not p.is_file():
+        raise InputError(f"{p}: is not a regular file (a device or FIFO)")
     if p.stat().st_size == 0:
         raise InputError(f"{p}: the file is empty")
+    # The checker runs first, on the path: its C++ copy of the model is gone before Python parses its own, so
+    # the two never sit in memory together. Its verdict is reported after the more specific checks below.
+    try:
+        onnx.checker.check_model(str(p))
+        rejected = None
+    except onnx.checker.ValidationError as exc:
+        rejected = exc
     try:
         model = onnx.load(str(p), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError) as exc:
@@ -114,18 +124,14 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
             if not (base / info.location).is_file():
                 raise InputError(f"{p}: external data file {info.location!r} of tensor {t.name!r} is missing")
             locations.add(info.location)
+        file_bytes += sum((base / loc).stat().st_size for loc in locations)
+    if rejected is not None:
+        raise InputError(f"{p}: onnx.checker rejected the model: {_one_line(rejected)}")
+    if has_external:
         try:
-            onnx.load_external_data_for_model(model, str(base))
+            onnx.load_external_data_for_model(model, str(p.resolve().parent))
         except Exception as exc:  # onnx raises ValidationError/OSError/ValueError here depending on the defect
             raise InputError(f"{p}: cannot read external data ({_one_line(exc)})") from None
-        file_bytes += sum((base / loc).stat().st_size for loc in locations)
-    try:
-        if has_external or model.ByteSize() > PROTOBUF_LIMIT_BYTES:
-            onnx.checker.check_model(str(p))
-        else:
-            onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
-        raise InputError(f"{p}: onnx.checker rejected the model: {_one_line(exc)}") from None
     overridable = frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
     return LoadedModel(model, p, _sha256(p), file_bytes, has_external, overridable)
 
@@ -470,16 +476,46 @@ class Namer:
 
 
 def new_constant(namer: Namer, base: str, values: np.ndarray) -> gs.Constant:
-    """A new initializer with a fresh name, holding a private copy of ``values``."""
-    return gs.Constant(namer.fresh(base), np.ascontiguousarray(values).copy())
+    """A new initializer with a fresh name holding ``values``, which must be an array no one else holds (the
+    result of the fold arithmetic); it is copied only if not C-contiguous or not writeable."""
+    array = np.ascontiguousarray(values)
+    if not array.flags.writeable:
+        array = array.copy()
+    return gs.Constant(namer.fresh(base), array)
 
 
-def replace_chain(graph: gs.Graph, keep: gs.Node, last: gs.Node, removed: list[gs.Node]) -> None:
+class NodeOrder:
+    """The node list of one graph as slots, so a rewrite moves and deletes nodes in O(1) instead of rebuilding
+    the list (which made the pass loop quadratic). :meth:`compact` writes the list back to the graph."""
+
+    def __init__(self, graph: gs.Graph):
+        self.graph = graph
+        self.slots: list[gs.Node | None] = list(graph.nodes)
+        self.position = {id(n): i for i, n in enumerate(self.slots)}
+
+    def move_and_delete(self, keep: gs.Node, last: gs.Node, removed: list[gs.Node]) -> None:
+        """Put ``keep`` in ``last``'s slot and empty the slots of ``keep`` and ``removed``."""
+        target = self.position[id(last)]
+        for node in [keep, *removed]:
+            if id(node) in self.position:
+                self.slots[self.position.pop(id(node))] = None
+        self.slots[target] = keep
+        self.position[id(keep)] = target
+
+    def compact(self) -> None:
+        """Give the graph its node list back, in slot order."""
+        self.graph.nodes = [n for n in self.slots if n is not None]
+        self.slots = list(self.graph.nodes)
+        self.position = {id(n): i for i, n in enumerate(self.slots)}
+
+
+def replace_chain(order: NodeOrder, keep: gs.Node, last: gs.Node, removed: list[gs.Node]) -> None:
     """Make ``keep`` take over ``last``'s outputs and delete the ``removed`` nodes.
 
-    ``keep`` moves to ``last``'s position in ``graph.nodes`` (so every input it now reads, a residual Z for one,
-    is computed before it). The output tensors of ``last`` keep their names, so graph outputs and downstream
-    edges are unchanged. ``last`` must be in ``removed`` unless it is ``keep``.
+    ``keep`` moves to ``last``'s position (so every input it now reads, a residual Z for one, is computed before
+    it). The output tensors of ``last`` keep their names, so graph outputs and downstream edges are unchanged.
+    ``last`` must be in ``removed`` unless it is ``keep``. The graph's node list is updated by
+    ``order.compact()``.
     """
     if last is not keep:
         outs = list(last.outputs)
@@ -490,16 +526,7 @@ def replace_chain(graph: gs.Graph, keep: gs.Node, last: gs.Node, removed: list[g
             continue
         node.inputs.clear()
         node.outputs.clear()
-    gone = {id(n) for n in removed if n is not keep}
-    position = next(i for i, n in enumerate(graph.nodes) if n is last)
-    nodes = []
-    for i, n in enumerate(graph.nodes):
-        if i == position:
-            nodes.append(keep)
-        if n is keep or id(n) in gone:
-            continue
-        nodes.append(n)
-    graph.nodes = nodes
+    order.move_and_delete(keep, last, [n for n in removed if n is not keep])
 
 
 def remove_unused_constant_nodes(graph: gs.Graph) -> int:

@@ -86,7 +86,7 @@ def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fu
     fusions: list[Fusion] = []
     skips: list[Skip] = []
     for sub in list(g.all_graphs(graph)):
-        ctx.graph, ctx.members = sub, {id(n) for n in sub.nodes}
+        ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, g.NodeOrder(sub)
         for _ in range(MAX_ROUNDS):
             changed, round_skips = False, []
             for p in selected:
@@ -99,6 +99,7 @@ def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fu
                         changed = True
                     elif isinstance(found, Skip):
                         round_skips.append(_with_pass(found, p.name))
+                ctx.order.compact()
             if not changed:
                 skips.extend(round_skips)
                 break
@@ -128,12 +129,12 @@ def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | N
     selected = _check_options(options)
     loaded = loaded or g.load_model(path)
     model = loaded.model
+    skel = shapes.skeleton(model)
+    info, elem_types = shapes.infer(skel)  # the model's own (symbolic) shapes: what the passes may rely on
     if options.input_shapes:
-        shapes.apply_input_shapes(shapes.skeleton(model), options.input_shapes)  # reject bad names and ranks now
         options.input_shapes = shapes.complete_input_shapes(model, options.input_shapes)
-    info, elem_types = shapes.infer(model)
-    if options.input_shapes:
-        size_info, size_elems = shapes.infer(model, options.input_shapes)
+        shapes.apply_input_shapes(skel, options.input_shapes)  # rejects unknown names and wrong ranks
+        size_info, size_elems = shapes.infer(skel)  # concrete sizes for the traffic report
     else:
         size_info, size_elems = info, elem_types
     before_sizes = traffic.Sizes(size_info, size_elems).with_model(model)
@@ -159,6 +160,10 @@ def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | N
     fusions, skips = run_passes(graph, selected, ctx)
     out = g.to_model(graph, model) if fusions else model
     _set_metadata(out, options.target, selected)
+    if fusions:
+        # Let the input's protobuf go once the result exists (peak memory: it is as large as the model).
+        del graph, ctx, model
+        loaded.model = None
 
     after_sizes = before_sizes.with_model(out)
     after_rows = traffic.node_traffic(out, after_sizes)

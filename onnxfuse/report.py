@@ -13,9 +13,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from onnxfuse import __version__
 from onnxfuse.passes import Fusion, Skip
@@ -268,6 +265,9 @@ def _label(node: dict) -> str:
 
 def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
     """Terminal tables (rich, no colour codes), ``width`` columns wide, the largest rows first."""
+    from rich import box  # imported here: only the text format needs it, and it costs start-up time
+    from rich.console import Console
+    from rich.table import Table
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
     m = report.model
@@ -283,7 +283,7 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
     if report.subgraph_nodes:
         console.print(f"note: {report.subgraph_nodes} nodes inside If/Loop/Scan bodies are counted once each")
 
-    def table(title: str, columns: list[tuple[str, dict]]) -> Table:
+    def table(title: str, columns: list[tuple[str, dict]]) -> "Table":
         t = Table(title=title, box=box.SIMPLE, title_justify="left", pad_edge=False)
         for name, opts in columns:
             t.add_column(name, **opts)

@@ -175,21 +175,16 @@ def _collect(graph: onnx.GraphProto, out: dict[str, TensorInfo], elem_sizes: dic
                     _collect(sub, out, elem_sizes)
 
 
-def infer(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None
-          ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
-    """Shapes and dtypes of every tensor onnx can infer, in every graph of ``model``.
+def infer(skel: onnx.ModelProto) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+    """Shapes and dtypes of every tensor onnx can infer, in every graph of ``skel`` (a :func:`skeleton`,
+    after :func:`apply_input_shapes` where concrete input shapes are wanted; it is not modified).
 
     Returns:
         ``(info, elem_types)``: tensor name -> ``(shape, numpy dtype)`` where a shape is a tuple of ints (known
         dims), strings (named symbolic dims) and None (unknown dims), or None for unknown rank; and tensor
         name -> ONNX ``TensorProto.DataType`` (for dtypes numpy lacks, such as bfloat16).
 
-    Raises:
-        InputError: from :func:`apply_input_shapes`.
     """
-    skel = skeleton(model)
-    if input_shapes:
-        apply_input_shapes(skel, input_shapes)
     try:
         inferred = onnx.shape_inference.infer_shapes(skel, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - a model onnx cannot infer still gets what its own value_info says

@@ -10,6 +10,7 @@ totals and counted as unknown: sizes are never guessed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +43,7 @@ def tensor_bytes(shape: tuple | None, elem_type: int | None) -> int | None:
         return None
     if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
         return None
-    return int(np.prod(shape, dtype=np.int64)) * itemsize(elem_type)
+    return math.prod(int(d) for d in shape) * itemsize(elem_type)
 
 
 @dataclass(frozen=True)

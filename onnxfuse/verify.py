@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxfuse import graph
 from onnxfuse.errors import InputError
 
 #: Default (rtol, atol) per output dtype. Folding reorders float arithmetic (W * s rounded once instead of
@@ -263,10 +264,13 @@ def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: Verify
                              f"(inputs: {', '.join(sorted(names))})")
     with tempfile.TemporaryDirectory(prefix="onnxfuse-verify-") as tmp:
         try:
-            if optimized.ByteSize() > 2**31 - 1:
+            if optimized.ByteSize() > graph.PROTOBUF_LIMIT_BYTES:
                 path = Path(tmp) / "optimized.onnx"
-                onnx.save_model(optimized, str(path), save_as_external_data=True, location="optimized.data")
-                opt_sess = session(str(path))
+                graph.save_model(optimized, path, external_data=True)
+                try:
+                    opt_sess = session(str(path))
+                finally:  # saving moved the weights out of the proto into the file: take them back
+                    onnx.load_external_data_for_model(optimized, tmp)
             else:
                 opt_sess = session(optimized.SerializeToString())
         except Exception as exc:  # noqa: BLE001

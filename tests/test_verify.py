@@ -167,3 +167,16 @@ def test_one_value_per_symbolic_dim_name():
     assert feeds["x"].shape == (1, 4) and feeds["s"].shape == (2, 1, 3)
     feeds = verify.make_inputs(sess, {"x": (5, 4)}, seed=0)
     assert feeds["s"].shape == (2, 5, 3)
+
+
+def test_models_over_the_protobuf_limit_are_verified_through_external_data(tmp_path, monkeypatch):
+    from onnxfuse import graph as g
+
+    monkeypatch.setattr(g, "PROTOBUF_LIMIT_BYTES", 1000)  # the sample is ~5 KB: take the > 2 GB path
+    out = tmp_path / "o.onnx"
+    result = invoke("optimize", SAMPLE, out, "--target", "cpu", "--report", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r.json").read_text())["verification"]["status"] == "passed"
+    assert (tmp_path / "o.onnx.data").exists()  # saved with external data, and the weights were all there
+    onnx.checker.check_model(str(out))
+    assert verify.session(str(out)) is not None

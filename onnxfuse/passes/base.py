@@ -110,6 +110,7 @@ class Context:
         graph: the (sub)graph being optimized.
         namer: fresh names for new initializers.
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
+        order: the node slots of ``graph`` that rewrites edit (see ``graph.NodeOrder``).
     """
 
     target: Target
@@ -118,6 +119,7 @@ class Context:
     graph: gs.Graph | None = None
     namer: g.Namer | None = None
     members: set[int] = field(default_factory=set)
+    order: g.NodeOrder | None = None
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, str | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.

@@ -103,5 +103,5 @@ class ConvAffine(Pass):
         else:  # Div(conv, c)
             new_w, new_b = scale_output_channels(conv, w, 1.0 / c), (None if b is None else b64 / c)
         set_weights(conv, ctx, new_w, new_b, w.dtype)
-        g.replace_chain(ctx.graph, conv, op_node, [op_node])
+        g.replace_chain(ctx.order, conv, op_node, [op_node])
         return describe(self.name, conv, original)

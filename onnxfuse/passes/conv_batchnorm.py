@@ -80,5 +80,5 @@ class ConvBatchNorm(Pass):
         s = scale / np.sqrt(var + eps)
         b64 = np.zeros_like(s) if b is None else b.astype(np.float64).reshape(-1)
         set_weights(conv, ctx, scale_output_channels(conv, w, s), (b64 - mean) * s + bias, w.dtype)
-        g.replace_chain(ctx.graph, conv, bn, [bn])
+        g.replace_chain(ctx.order, conv, bn, [bn])
         return describe(self.name, conv, original)

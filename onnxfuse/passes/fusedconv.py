@@ -64,7 +64,7 @@ def to_fused_conv(ctx: Context, conv: gs.Node, activation: str | None, params: l
         while len(conv.inputs) < 3:
             conv.inputs.append(gs.Variable.empty())
         conv.inputs.append(z)
-    g.replace_chain(ctx.graph, conv, last, removed)
+    g.replace_chain(ctx.order, conv, last, removed)
 
 
 def scalar(ctx: Context, tensor: gs.Tensor) -> float | None:
