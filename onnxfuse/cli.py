@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -49,6 +51,9 @@ def _fail_cleanly(fn):
         except OnnxFuseError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except UnicodeDecodeError:  # protobuf hands invalid UTF-8 in a string field to Python as it is
+            click.echo("error: the model holds a name or string that is not valid UTF-8", err=True)
+            sys.exit(InputError.exit_code)
 
     return wrapper
 
@@ -57,6 +62,8 @@ def _shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     out = {}
     for text in values:
         name, dims = parse_input_shape(text)
+        if name in out:
+            raise InputError(f"--input-shape {name} is given twice")
         out[name] = dims
     return out
 
@@ -151,14 +158,14 @@ def main(ctx: click.Context) -> None:
 
 @main.command(epilog=EXIT_CODES_HELP)
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True, path_type=Path))
-@click.argument("output_path", metavar="OUTPUT", type=click.Path(path_type=Path))
+@click.argument("output_arg", metavar="OUTPUT", type=click.Path())
 @pass_options
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison (the report says so).")
 @click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped (strict CI).")
 @click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
               help="Real inputs for verification: an .npz with one array per graph input name.")
-@click.option("--rtol", type=float, help="Relative tolerance for every output (default per dtype).")
-@click.option("--atol", type=float, help="Absolute tolerance for every output (default per dtype).")
+@click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance for every output (default per dtype).")
+@click.option("--atol", type=click.FloatRange(min=0), help="Absolute tolerance for every output (default per dtype).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the full report here (.json, .md or .txt).")
 @click.option("--report-format", type=click.Choice(["text", "json", "markdown"]),
@@ -169,7 +176,7 @@ def main(ctx: click.Context) -> None:
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def optimize(ctx, input_path, output_path, target, only, skip, input_shape, constant_initializer_inputs,
+def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, constant_initializer_inputs,
              no_verify, require_verify, input_data, rtol, atol, report_path, report_format, bandwidth, overwrite):
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
@@ -183,8 +190,12 @@ def optimize(ctx, input_path, output_path, target, only, skip, input_shape, cons
     """
     from onnxfuse.verify import VerifyOptions
 
-    if output_path.is_dir():
+    output_path = Path(output_arg)
+    if output_path.is_dir() or output_arg.endswith(("/", os.sep)):
         raise InputError(f"{output_path}: OUTPUT is a directory; give a file name")
+    for name, value in (("--rtol", rtol), ("--atol", atol), ("--bandwidth", bandwidth)):
+        if value is not None and not math.isfinite(value):
+            raise InputError(f"{name} must be a finite number")
     if g.same_file(input_path, output_path) and not overwrite:
         raise InputError(f"{output_path}: OUTPUT is the same file as INPUT; pass --overwrite to replace it")
     _check_folder(output_path, "OUTPUT")
@@ -215,12 +226,16 @@ def optimize(ctx, input_path, output_path, target, only, skip, input_shape, cons
     if verification.status == "skipped" and require_verify:
         raise VerificationError(f"{input_path}: verification was skipped ({verification.reason}) and "
                                 f"--require-verify was given; {output_path} was not written")
-    written = g.save_model(result.model, output_path, external_data=result.loaded.external_data)
+    if any(g.same_file(output_path, f) for f in result.loaded.data_files):
+        raise InputError(f"{output_path}: OUTPUT is an external data file of INPUT; choose another name")
+    replacing_input = output_path.exists() and g.same_file(input_path, output_path)  # --overwrite
+    written = g.save_model(result.model, output_path, external_data=result.loaded.external_data,
+                           protected=() if replacing_input else result.loaded.data_files)
     for line in rep.summary_lines(report):
         click.echo(line)
     if not result.changed:
         click.echo(f"no pattern was fused: {output_path} is the input model with onnxfuse metadata added")
-    click.echo(f"wrote {', '.join(str(output_path.parent / p.name) for p in written)}")
+    click.echo(f"wrote {', '.join(str(p) for p in written)}")
 
 
 def _check_folder(path: Path, what: str) -> None:
@@ -297,6 +312,8 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
     """
     if output is not None:
         _check_folder(output, "--output")
+    if bandwidth is not None and not math.isfinite(bandwidth):
+        raise InputError("--bandwidth must be a finite number")
     options = _options(target, only, skip, input_shape, constant_initializer_inputs)
     with _progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)

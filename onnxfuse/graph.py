@@ -12,6 +12,7 @@ lives here, so the passes stay declarative. graphsurgeon pitfalls fenced in here
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -50,6 +51,7 @@ class LoadedModel:
         external_data: True when at least one tensor was stored in an external data file.
         overridable: names of initializers that are also graph inputs; onnxruntime lets a caller feed them,
             so they are not constants unless the user says so (ONNX IR.md, "Graphs": initializers as inputs).
+        data_files: the external data files the model reads.
     """
 
     model: onnx.ModelProto
@@ -58,6 +60,7 @@ class LoadedModel:
     file_bytes: int
     external_data: bool
     overridable: frozenset[str] = field(default_factory=frozenset)
+    data_files: tuple[Path, ...] = ()
 
 
 def _sha256(path: Path) -> str:
@@ -114,9 +117,9 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model)
     )
     file_bytes = p.stat().st_size
+    locations: set[str] = set()
+    base = p.absolute().parent  # like onnxruntime: beside the path as given (a symlinked model's data too)
     if has_external:
-        base = p.resolve().parent
-        locations = set()
         for t in onnx.external_data_helper._get_all_tensors(model):
             if t.data_location != onnx.TensorProto.EXTERNAL:
                 continue
@@ -129,11 +132,12 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         raise InputError(f"{p}: onnx.checker rejected the model: {_one_line(rejected)}")
     if has_external:
         try:
-            onnx.load_external_data_for_model(model, str(p.resolve().parent))
+            onnx.load_external_data_for_model(model, str(base))
         except Exception as exc:  # onnx raises ValidationError/OSError/ValueError here depending on the defect
             raise InputError(f"{p}: cannot read external data ({_one_line(exc)})") from None
     overridable = frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
-    return LoadedModel(model, p, _sha256(p), file_bytes, has_external, overridable)
+    return LoadedModel(model, p, _sha256(p), file_bytes, has_external, overridable,
+                       tuple(base / loc for loc in sorted(locations)))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -153,53 +157,80 @@ def default_opset(model: onnx.ModelProto) -> int | None:
 # Saving
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False) -> list[Path]:
+def exceeds_protobuf_limit(model: onnx.ModelProto) -> bool:
+    """True when ``model`` cannot be serialized as one protobuf message (over 2 GiB; protobuf then raises
+    instead of returning a size)."""
+    try:
+        return model.ByteSize() > PROTOBUF_LIMIT_BYTES
+    except Exception:  # noqa: BLE001 - EncodeError / ValueError depending on the protobuf backend
+        return True
+
+
+@contextlib.contextmanager
+def _working_directory(path: Path):
+    # onnx's convert_model_to_external_data tests os.path.exists(location) against the *current* directory, so
+    # an unrelated X.data in the cwd blocked writing X (onnx 1.23); run it where only our files are.
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False,
+               protected: tuple[Path, ...] = ()) -> list[Path]:
     """Write ``model`` to ``path`` atomically and return the files written.
 
     The model (and, with ``external_data`` or when it exceeds protobuf's 2 GiB limit, one data file named
     ``<path name>.data`` beside it) is first written into a temporary folder in the target folder, then each
     file is moved into place with ``os.replace``, which is atomic on POSIX. A failure at any point leaves the old
-    file or no file, never part of one, and removes the temporary folder.
+    file or no file, never part of one, and removes the temporary folder. A ``path`` that is a symbolic link is
+    written through: the file it points to is replaced and the link stays. Writing external data moves the
+    weights out of ``model`` into the file.
+
+    Args:
+        protected: files that must not be replaced (the input model's external data files).
 
     Raises:
-        InputError: the target folder does not exist or is not writable, or writing failed (disk full, I/O
-            error); the temporary folder is removed first.
+        InputError: the target is not a regular file, its folder does not exist or is not writable, the data
+            file would replace a protected file, or writing failed (disk full, I/O error); the temporary folder
+            is removed first.
     """
-    target = Path(path)
-    folder = target.resolve().parent
-    if target.exists() and not target.is_file():
-        raise InputError(f"{target}: exists and is not a regular file (a device, FIFO or folder); "
+    given = Path(path)
+    if given.exists() and not given.is_file():
+        raise InputError(f"{given}: exists and is not a regular file (a device, FIFO or folder); "
                          "onnxfuse will not replace it")
+    target = given.resolve() if given.is_symlink() else Path(os.path.abspath(given))
+    folder = target.parent
     if not folder.is_dir():
-        raise InputError(f"{target}: the output folder {folder} does not exist")
+        raise InputError(f"{given}: the output folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
-        raise InputError(f"{target}: the output folder {folder} is not writable")
-    use_external = external_data or model.ByteSize() > PROTOBUF_LIMIT_BYTES
+        raise InputError(f"{given}: the output folder {folder} is not writable")
+    use_external = external_data or exceeds_protobuf_limit(model)
+    location = target.name + ".data"
+    if use_external and any(same_file(folder / location, p) for p in protected):
+        raise InputError(f"{given}: its data file {location} would replace the input model's external data; "
+                         "choose another OUTPUT name")
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder))
     written = []
     try:
         tmp_model = tmpdir / target.name
         if use_external:
-            location = target.name + ".data"
-            onnx.save_model(
-                model,
-                str(tmp_model),
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=location,
-                size_threshold=1024,
-            )
+            with _working_directory(tmpdir):
+                onnx.save_model(model, target.name, save_as_external_data=True, all_tensors_to_one_file=True,
+                                location=location, size_threshold=1024)
             if (tmpdir / location).exists():
                 _fsync(tmpdir / location)
                 os.replace(tmpdir / location, folder / location)
-                written.append(folder / location)
+                written.append(given.parent / location)
         else:
             _write_bytes(tmp_model, model.SerializeToString(deterministic=True))
         _fsync(tmp_model)
-        os.replace(tmp_model, folder / target.name)
-        written.insert(0, target)
+        os.replace(tmp_model, target)
+        written.insert(0, given)
     except OSError as exc:
-        raise InputError(f"{target}: cannot write the output ({exc.strerror or exc}); nothing was written") from None
+        raise InputError(f"{given}: cannot write the output ({exc.strerror or exc}); nothing was written") from None
     finally:
         for leftover in tmpdir.iterdir():
             leftover.unlink()
@@ -228,13 +259,47 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return pa.resolve() == pb.resolve()
 
 
+def rewrite_blocker(model: onnx.ModelProto) -> str | None:
+    """Why onnxfuse must not rewrite ``model`` (it is then written unchanged), or None.
+
+    onnx-graphsurgeon (0.5/0.6) reads sparse initializers as zeros and merges a subgraph tensor with an outer
+    one of the same name; either would silently change the model's results.
+    """
+    def walk(graph: onnx.GraphProto, outer: set[str]) -> str | None:
+        if graph.sparse_initializer:
+            return "it has sparse initializers, which onnx-graphsurgeon reads as zeros"
+        defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+        defined |= {o for n in graph.node for o in n.output if o}
+        shadowed = sorted(defined & outer)
+        if shadowed:
+            return (f"subgraph tensor {shadowed[0]!r} shadows an outer tensor of the same name, which "
+                    "onnx-graphsurgeon merges")
+        for node in graph.node:
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    why = walk(sub, outer | defined)
+                    if why:
+                        return why
+        return None
+
+    return walk(model.graph, set())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # graphsurgeon conversion
 
 
 def to_graph(model: onnx.ModelProto) -> gs.Graph:
-    """Import ``model`` into graphsurgeon (weights stay lazily referenced, not copied)."""
-    return gs.import_onnx(model)
+    """Import ``model`` into graphsurgeon (weights stay lazily referenced, not copied).
+
+    Raises:
+        InputError: graphsurgeon cannot import the model (say, a graph input of optional type).
+    """
+    try:
+        return gs.import_onnx(model)
+    except Exception as exc:  # noqa: BLE001 - graphsurgeon raises anything from KeyError to UnboundLocalError
+        raise InputError(f"onnx-graphsurgeon cannot import this model ({type(exc).__name__}: "
+                         f"{_one_line(exc)})") from None
 
 
 def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
@@ -244,7 +309,11 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     ``original``; graph inputs that were initializers in ``original`` are restored in their original order
     (graphsurgeon drops them on import); ``com.microsoft`` version 1 is imported exactly when a FusedConv exists.
     """
-    model = gs.export_onnx(graph, do_type_check=False)
+    try:
+        model = gs.export_onnx(graph, do_type_check=False)
+    except Exception as exc:  # noqa: BLE001 - as in to_graph
+        raise InputError(f"onnx-graphsurgeon cannot export this model ({type(exc).__name__}: "
+                         f"{_one_line(exc)})") from None
     _hoist_outer_initializers(model.graph, {t.name for t in original.graph.initializer})
     _restore_initializer_inputs(model.graph, original.graph, original.ir_version)
     # Replace every model-level field with the original's; the exported graph stays (no copy of the weights).
@@ -418,7 +487,10 @@ def constant_value(tensor: gs.Tensor, overridable: frozenset[str] = frozenset())
             values = np.array(node.attrs["value_floats"], dtype=np.float32)
         else:
             return None
-    view = np.asarray(values).view()
+    try:
+        view = np.asarray(values).view()
+    except ValueError:  # data that does not match its dims (onnx.checker lets it through): not usable
+        return None
     view.flags.writeable = False
     return view
 

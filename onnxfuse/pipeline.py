@@ -155,10 +155,18 @@ def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | N
     before_ops = _op_counts(model.graph)
 
     overridable = frozenset() if options.constant_initializer_inputs else loaded.overridable
-    graph = g.to_graph(model)
-    ctx = Context(get_target(options.target), overridable, info, namer=g.Namer(graph))
-    fusions, skips = run_passes(graph, selected, ctx)
-    out = g.to_model(graph, model) if fusions else model
+    blocker = g.rewrite_blocker(model)
+    fusions, skips = [], []
+    if blocker is None:
+        try:
+            graph = g.to_graph(model)
+            ctx = Context(get_target(options.target), overridable, info, namer=g.Namer(graph))
+            fusions, skips = run_passes(graph, selected, ctx)
+            out = g.to_model(graph, model) if fusions else model
+        except InputError as exc:
+            raise InputError(f"{loaded.path}: {exc}") from None
+    else:
+        out = model
     _set_metadata(out, options.target, selected)
     if fusions:
         # Let the input's protobuf go once the result exists (peak memory: it is as large as the model).
@@ -175,6 +183,8 @@ def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | N
         size_elems=size_elems,
     )
     report.warnings = _target_warnings(out, options.target)
+    if blocker is not None:
+        report.warnings.insert(0, f"the model was not rewritten: {blocker}")
     return Result(out, fusions, skips, bool(fusions), report, loaded)
 
 

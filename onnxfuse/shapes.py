@@ -20,6 +20,9 @@ from onnxfuse.graph import copy_model_fields
 #: Tensors with more elements than this lose their data in the skeleton (only dims and dtype are kept).
 SKELETON_MAX_ELEMENTS = 1024
 
+#: Largest dim accepted from --input-shape (onnx stores dims as int64; anything near that is a typo).
+MAX_DIM = 2**31 - 1
+
 TensorInfo = tuple  # (shape: tuple[int | str | None, ...] | None, dtype: numpy.dtype | None)
 
 
@@ -81,8 +84,8 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
         shape = tuple(int(d) for d in dims.split("x")) if dims else ()
     except ValueError:
         raise InputError(f"--input-shape {text!r}: dims must be integers separated by 'x'") from None
-    if any(d <= 0 for d in shape):
-        raise InputError(f"--input-shape {text!r}: dims must be positive")
+    if any(d <= 0 or d > MAX_DIM for d in shape):
+        raise InputError(f"--input-shape {text!r}: dims must be between 1 and {MAX_DIM}")
     return name, shape
 
 

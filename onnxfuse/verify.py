@@ -264,7 +264,7 @@ def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: Verify
                              f"(inputs: {', '.join(sorted(names))})")
     with tempfile.TemporaryDirectory(prefix="onnxfuse-verify-") as tmp:
         try:
-            if optimized.ByteSize() > graph.PROTOBUF_LIMIT_BYTES:
+            if graph.exceeds_protobuf_limit(optimized):
                 path = Path(tmp) / "optimized.onnx"
                 graph.save_model(optimized, path, external_data=True)
                 try:
@@ -283,6 +283,9 @@ def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: Verify
                 feeds = make_inputs(ref_sess, opts.input_shapes, seed, given)
             except ValueError as exc:
                 return Verification("skipped", str(exc))
+            except MemoryError:
+                raise InputError(f"random inputs of shapes {opts.input_shapes} do not fit in memory; give "
+                                 "smaller --input-shape values") from None
             used_shapes = {k: list(v.shape) for k, v in feeds.items()}
             try:
                 ref = ref_sess.run(None, feeds)

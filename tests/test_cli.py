@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -320,3 +321,93 @@ def test_output_that_is_a_device_or_fifo_is_refused(tmp_path):
         result = invoke("report", SAMPLE, "-o", target)
         assert result.exit_code == 2
     assert not fifo.is_file() and Path("/dev/null").is_char_device()
+
+
+def _external_model(folder: Path, name: str, location: str) -> Path:
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 8, 8])
+    model = b.build(b.bn(b.conv(x, 16, 32), 32))
+    onnx.save(model, str(folder / name), save_as_external_data=True, location=location, size_threshold=0)
+    return folder / name
+
+
+def test_the_inputs_external_data_is_never_replaced(tmp_path):
+    src = _external_model(tmp_path, "orig.onnx", "fused.onnx.data")
+    data = (tmp_path / "fused.onnx.data").read_bytes()
+    result = invoke("optimize", src, tmp_path / "fused.onnx")
+    assert result.exit_code == 2 and "external data" in result.output
+    result = invoke("optimize", src, tmp_path / "fused.onnx.data")
+    assert result.exit_code == 2 and "external data file of INPUT" in result.output
+    assert (tmp_path / "fused.onnx.data").read_bytes() == data
+    assert not (tmp_path / "fused.onnx").exists()
+
+
+def test_external_data_write_does_not_depend_on_the_working_directory(tmp_path, monkeypatch):
+    src = _external_model(tmp_path, "model.onnx", "model.onnx.data")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fused.onnx.data").write_bytes(b"an unrelated file in the cwd")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    assert invoke("optimize", src, out_dir / "fused.onnx").exit_code == 0
+    assert invoke("optimize", out_dir / "fused.onnx", out_dir / "fused.onnx", "--overwrite").exit_code == 0
+    assert invoke("optimize", "model.onnx", "model.onnx", "--overwrite").exit_code == 0
+    onnx.checker.check_model(str(tmp_path / "model.onnx"))
+
+
+def test_symlinked_output_is_written_through_the_link(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "out.onnx").write_text("precious")
+    (other / "t.onnx").write_text("old target")
+    link = tmp_path / "out.onnx"
+    link.symlink_to(other / "t.onnx")
+    assert invoke("optimize", SAMPLE, link).exit_code == 0
+    assert (other / "out.onnx").read_text() == "precious"
+    assert link.is_symlink()
+    onnx.checker.check_model(str(other / "t.onnx"))
+
+
+def test_more_usage_errors(tmp_path):
+    for args in (["--rtol", "-1"], ["--atol", "nan"], ["--bandwidth", "inf"],
+                 ["--input-shape", "x=1x8x16x16", "--input-shape", "x=1x8x16x16"],
+                 ["--input-shape", "x=99999999999999999999x8x16x16"]):
+        result = invoke("optimize", SAMPLE, tmp_path / "o.onnx", *args)
+        assert result.exit_code == 2, args
+        assert result.output.startswith("error: ") or "Error:" in result.output, args
+    result = invoke("optimize", SAMPLE, str(tmp_path / "newdir") + "/")
+    assert result.exit_code == 2 and not (tmp_path / "newdir").exists()
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_invalid_utf8_name_is_a_one_line_error(tmp_path):
+    model = onnx.load(str(SAMPLE))
+    model.graph.node[1].name = "BNBNBN"
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(model.SerializeToString().replace(b"BNBNBN", b"BN\xff\xfeBN"))
+    for command in (["optimize", path, tmp_path / "o.onnx"], ["report", path]):
+        result = invoke(*command)
+        assert result.exit_code == 2
+        assert result.output.startswith("error: ") and len(result.output.strip().splitlines()) == 1
+
+
+def test_models_graphsurgeon_would_corrupt_are_written_unchanged(tmp_path):
+    # a subgraph initializer that shadows an outer tensor: graphsurgeon would merge the two
+    from onnx import TensorProto, helper, numpy_helper
+
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    cond = b.input("cond", [], dtype=np.bool_)
+    k = b.const(np.full((1,), 2.0, np.float32), name="k")
+    then = helper.make_graph([helper.make_node("Mul", [x, "k"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 4, 8, 8])],
+                             [numpy_helper.from_array(np.full((1,), 100.0, np.float32), "k")])
+    other = helper.make_graph([helper.make_node("Mul", [x, k], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 4, 8, 8])])
+    y = b.op("If", [cond], then_branch=then, else_branch=other)
+    model = b.build(b.op("Relu", [b.conv(y, 4, 4)]))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    result = invoke("optimize", path, tmp_path / "o.onnx", "--target", "cpu", "--no-verify")
+    assert result.exit_code == 0, result.output
+    assert "the model was not rewritten: subgraph tensor 'k' shadows" in result.output
+    assert "FusedConv" not in {n.op_type for n in onnx.load(str(tmp_path / "o.onnx")).graph.node}

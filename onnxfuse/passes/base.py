@@ -37,11 +37,12 @@ class Reason:
     CLIP_BOUNDS_NOT_CONSTANT = "clip-bounds-not-constant"
     RESIDUAL_SHAPE = "residual-shape-mismatch"
     QDQ = "quantized-conv"
+    FOLD_NOT_FINITE = "fold-not-finite"
 
     ALL = (
         NOT_PRIVATE, GRAPH_OUTPUT, WEIGHTS_NOT_CONSTANT, PARAMS_NOT_CONSTANT, INITIALIZER_IS_INPUT, TRAINING_MODE,
         PARAM_SHAPE, NOT_PER_CHANNEL, CONV_IS_DIVISOR, ZERO_DIVISOR, ACTIVATION_UNSUPPORTED, NO_CONTRIB_OPS,
-        DTYPE_NO_KERNEL, DTYPE_NOT_FOLDABLE, CLIP_BOUNDS_NOT_CONSTANT, RESIDUAL_SHAPE, QDQ,
+        DTYPE_NO_KERNEL, DTYPE_NOT_FOLDABLE, CLIP_BOUNDS_NOT_CONSTANT, RESIDUAL_SHAPE, QDQ, FOLD_NOT_FINITE,
     )
 
 
@@ -274,6 +275,18 @@ def conv_parts(conv: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Ten
             return None, None, skip(why if why == Reason.INITIALIZER_IS_INPUT else Reason.WEIGHTS_NOT_CONSTANT,
                                     f"bias {conv.inputs[2].name} is not a constant", nodes, output)
     return w, b, None
+
+
+def fold_fits(dtype: np.dtype, weight: np.ndarray | None, bias: np.ndarray | None, nodes: list[gs.Node],
+              output: gs.Tensor) -> Skip | None:
+    """Skip a fold whose float64 results hold inf/NaN or exceed the largest finite value of ``dtype`` (they
+    would round to inf when stored: a BN with var + epsilon = 0, a Mul by inf, a Div by 1e-39)."""
+    limit = float(np.finfo(dtype).max)
+    for name, values in (("weights", weight), ("bias", bias)):
+        if values is not None and values.size and not (np.isfinite(values).all()
+                                                       and float(np.abs(values).max()) <= limit):
+            return skip(Reason.FOLD_NOT_FINITE, f"the folded {name} would not be finite in {dtype}", nodes, output)
+    return None
 
 
 FOLDABLE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))

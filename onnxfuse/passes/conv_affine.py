@@ -22,6 +22,8 @@ Skipped when:
     conv-output-is-divisor             Div(c, conv): 1/conv is not linear
     zero-in-divisor                    Div(conv, c) with a zero in c
     dtype-not-foldable                 W is not float16/float32/float64
+    fold-not-finite                    W' or B' would hold inf/NaN or overflow W's dtype (c holds inf, 1/c
+                                       overflows)
     quantized-conv                     the conv is part of a QDQ pattern
 """
 
@@ -32,7 +34,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.passes.base import (
-    CONV_OPS, Context, Fusion, Match, Pass, Reason, Skip, describe, fold_inputs, is_op, out_channels,
+    CONV_OPS, Context, Fusion, Match, Pass, Reason, Skip, describe, fold_fits, fold_inputs, is_op, out_channels,
     replaced, scale_output_channels, set_weights, skip,
 )
 
@@ -83,25 +85,27 @@ class ConvAffine(Pass):
                             f"of a rank-{w.ndim} output with {m} channels", nodes, out)
             if node.op == "Div" and not np.all(vec):
                 return skip(Reason.ZERO_DIVISOR, f"{c_tensor.name} contains a zero", nodes, out)
-            return Match(nodes, {"w": w, "b": b, "c": vec, "conv_first": side == 0})
+            new_w, new_b = self._fold(conv, node.op, side == 0, w, b, vec)
+            bad = fold_fits(w.dtype, new_w, new_b, nodes, out)
+            return bad or Match(nodes, {"w": new_w, "b": new_b, "dtype": w.dtype})
         return None
+
+    @staticmethod
+    def _fold(conv: gs.Node, op: str, conv_first: bool, w: np.ndarray, b: np.ndarray | None, c: np.ndarray):
+        """``(W', B')`` in float64; None for what stays as it is."""
+        with np.errstate(all="ignore"):
+            b64 = np.zeros_like(c) if b is None else np.broadcast_to(b.astype(np.float64).reshape(-1), c.shape)
+            if op == "Add":
+                return None, b64 + c
+            if op == "Sub":
+                return (None, b64 - c) if conv_first else (-w.astype(np.float64), c - b64)
+            if op == "Mul":
+                return scale_output_channels(conv, w, c), (None if b is None else b64 * c)
+            return scale_output_channels(conv, w, 1.0 / c), (None if b is None else b64 / c)  # Div(conv, c)
 
     def rewrite(self, match: Match, ctx: Context) -> Fusion:
         conv, op_node = match.nodes
         original = replaced(match.nodes)
-        w, b, c = match.data["w"], match.data["b"], match.data["c"]
-        b64 = np.zeros_like(c) if b is None else np.broadcast_to(b.astype(np.float64).reshape(-1), c.shape)
-        op, new_w, new_b = op_node.op, None, None
-        if op == "Add":
-            new_b = b64 + c
-        elif op == "Sub" and match.data["conv_first"]:
-            new_b = b64 - c
-        elif op == "Sub":
-            new_w, new_b = -w.astype(np.float64), c - b64
-        elif op == "Mul":
-            new_w, new_b = scale_output_channels(conv, w, c), (None if b is None else b64 * c)
-        else:  # Div(conv, c)
-            new_w, new_b = scale_output_channels(conv, w, 1.0 / c), (None if b is None else b64 / c)
-        set_weights(conv, ctx, new_w, new_b, w.dtype)
+        set_weights(conv, ctx, match.data["w"], match.data["b"], match.data["dtype"])
         g.replace_chain(ctx.order, conv, op_node, [op_node])
         return describe(self.name, conv, original)

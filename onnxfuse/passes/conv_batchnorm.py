@@ -10,7 +10,8 @@ Math (ONNX Operators.md, BatchNormalization: Y = (X - mean) / sqrt(var + epsilon
     W' = W * s[m]                             Conv: axis 0 of W; ConvTranspose: axis 1 within each group
     B' = (B - mean) * s + bias                B = 0 when the conv has none
 
-Computed in float64 and stored in the conv weight's dtype (BN-15 parameters may be another dtype).
+Computed in float64 (in ``match``, so that a fold that overflows is refused) and stored in the conv weight's dtype
+(BN-15 parameters may be another dtype).
 
 Skipped when:
     intermediate-has-other-consumers   the conv output is read by another node too
@@ -21,6 +22,7 @@ Skipped when:
     batchnorm-training-mode            training_mode=1, spatial=0, or the running-statistics outputs are used
     parameter-shape-mismatch           a BN parameter does not have one value per output channel
     dtype-not-foldable                 W is not float16/float32/float64
+    fold-not-finite                    W' or B' would hold inf/NaN or overflow W's dtype (var + epsilon = 0)
     quantized-conv                     the conv is part of a QDQ pattern
 """
 
@@ -31,7 +33,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.passes.base import (
-    CONV_OPS, Context, Fusion, Match, Pass, Reason, Skip, describe, fold_inputs, is_op, out_channels,
+    CONV_OPS, Context, Fusion, Match, Pass, Reason, Skip, describe, fold_fits, fold_inputs, is_op, out_channels,
     replaced, scale_output_channels, set_weights, skip,
 )
 
@@ -69,16 +71,17 @@ class ConvBatchNorm(Pass):
         m = out_channels(conv, w.shape)
         if any(p.size != m for p in params):
             return skip(Reason.PARAM_SHAPE, f"BatchNormalization parameters do not have {m} values", nodes, out)
-        return Match(nodes, {"w": w, "b": b, "params": params,
-                             "epsilon": float(node.attrs.get("epsilon", 1e-5))})
+        scale, bias, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
+        with np.errstate(all="ignore"):
+            s = scale / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
+            b64 = np.zeros_like(s) if b is None else b.astype(np.float64).reshape(-1)
+            new_w, new_b = scale_output_channels(conv, w, s), (b64 - mean) * s + bias
+        bad = fold_fits(w.dtype, new_w, new_b, nodes, out)
+        return bad or Match(nodes, {"w": new_w, "b": new_b, "dtype": w.dtype})
 
     def rewrite(self, match: Match, ctx: Context) -> Fusion:
         conv, bn = match.nodes
         original = replaced(match.nodes)
-        w, b, eps = match.data["w"], match.data["b"], match.data["epsilon"]
-        scale, bias, mean, var = (p.astype(np.float64).reshape(-1) for p in match.data["params"])
-        s = scale / np.sqrt(var + eps)
-        b64 = np.zeros_like(s) if b is None else b.astype(np.float64).reshape(-1)
-        set_weights(conv, ctx, scale_output_channels(conv, w, s), (b64 - mean) * s + bias, w.dtype)
+        set_weights(conv, ctx, match.data["w"], match.data["b"], match.data["dtype"])
         g.replace_chain(ctx.order, conv, bn, [bn])
         return describe(self.name, conv, original)

@@ -68,9 +68,10 @@ def to_fused_conv(ctx: Context, conv: gs.Node, activation: str | None, params: l
 
 
 def scalar(ctx: Context, tensor: gs.Tensor) -> float | None:
-    """The value of a constant one-element tensor, else None."""
+    """The value of a constant one-element tensor of shape ``[]`` or ``[1]``, else None (a ``[1, 1, 1, 1, 1]``
+    constant would broadcast the result to a higher rank, which a fused node cannot do)."""
     value, _ = ctx.constant(tensor)
-    if value is None or value.size != 1:
+    if value is None or value.size != 1 or value.ndim > 1:
         return None
     return float(value.reshape(-1)[0])
 

@@ -229,3 +229,9 @@ def test_skip_quantized_conv(fuse):
     dq = b.op("DequantizeLinear", [b.op("QuantizeLinear", [x, scale, zero]), scale, zero])
     model = b.build(b.op("Mul", [b.conv(dq, 3, M), b.const(b.rand(1, M, 1, 1))]))
     assert_skipped(fuse(model), model, Reason.QDQ)
+
+
+@pytest.mark.parametrize("op, value", [("Mul", np.inf), ("Div", 1e-39), ("Add", np.nan)])
+def test_skip_fold_not_finite(fuse, op, value):
+    model, _ = conv_op(op, c_shape=(1,), value=np.full((1,), value))
+    assert_skipped(fuse(model), model, Reason.FOLD_NOT_FINITE)

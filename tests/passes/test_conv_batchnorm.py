@@ -341,3 +341,22 @@ def test_skip_quantized_conv(fuse):
     dq = b.op("DequantizeLinear", [b.op("QuantizeLinear", [x, scale, zero]), scale, zero])
     model = b.build(b.bn(b.conv(dq, 3, 4), 4))
     assert_skipped(fuse(model), model, Reason.QDQ)
+
+
+def test_skip_fold_not_finite(fuse):
+    # var + epsilon = 0: the scale is inf, and folding it would write inf weights
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    params = [b.const(np.full(4, v, np.float32)) for v in (1.0, 0.0, 0.0, 0.0)]
+    model = b.build(b.op("BatchNormalization", [b.conv(x, 3, 4), *params], epsilon=0.0))
+    s = assert_skipped(fuse(model), model, Reason.FOLD_NOT_FINITE)
+    assert "float32" in s.detail
+
+
+def test_skip_fold_that_overflows_float16(fuse):
+    b = GraphBuilder(dtype=np.float16)
+    x = b.input("x", [1, 3, 6, 6])
+    # scale 100 / sqrt(0 + 1e-9) ~ 3e6: finite in float64, beyond float16's 65504
+    params = [b.const(np.full(4, v, np.float16)) for v in (100.0, 0.0, 0.0, 0.0)]
+    model = b.build(b.op("BatchNormalization", [b.conv(x, 3, 4), *params], epsilon=1e-9))
+    assert_skipped(fuse(model), model, Reason.FOLD_NOT_FINITE)

@@ -175,3 +175,17 @@ def test_skip_quantized_conv(fuse):
     y, b, _ = hardswish("div_of_mul", b=b, x=dq)
     model = b.build(y)
     assert_skipped(fuse(model), model, Reason.QDQ)
+
+
+def test_constant_of_higher_rank_is_not_the_pattern(fuse):
+    # Div(Mul(x, Clip(x + 3)), 6) with 6 shaped [1, 1, 1, 1, 1]: the result is rank 5, which a FusedConv cannot
+    # produce, so this is not a HardSwish of the conv output.
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    conv = b.conv(x, 3, 4)
+    k = lambda v, shape=(): b.const(np.full(shape, v, np.float32))  # noqa: E731
+    clip = b.op("Clip", [b.op("Add", [conv, k(3.0)]), k(0.0), k(6.0)])
+    model = b.build(b.op("Div", [b.op("Mul", [conv, clip]), k(6.0, (1, 1, 1, 1, 1))]))
+    result = fuse(model)
+    assert not [f for f in result.fusions if f.pass_name == "conv_hardswish"]
+    assert_same_outputs(model, result.model, RTOL, ATOL)
