@@ -45,6 +45,13 @@ def activation_params(ctx: Context, act: gs.Node) -> list[float] | None:
     return []
 
 
+def _is_silu(x: gs.Tensor, sigmoid: gs.Node) -> bool:
+    """True when ``x`` is read only by ``sigmoid`` and by a Mul of ``x`` and the sigmoid's output."""
+    readers = g.consumers(x)
+    return len(readers) == 2 and any(
+        is_op(r, "Mul") and {id(t) for t in r.inputs} == {id(x), id(sigmoid.outputs[0])} for r in readers)
+
+
 class ConvActivation(Pass):
     """Conv -> activation => FusedConv(activation)."""
 
@@ -58,6 +65,9 @@ class ConvActivation(Pass):
         if not fusable_conv(conv):
             return None
         nodes, out = [conv, node], node.outputs[0]
+        if node.op == "Sigmoid" and _is_silu(conv.outputs[0], node):
+            return skip(Reason.NOT_PRIVATE, f"{conv.outputs[0].name} * Sigmoid({conv.outputs[0].name}) is SiLU, "
+                        "which FusedConv cannot express", nodes, out)
         bad = (private_check([conv.outputs[0]], [node], ctx, nodes, out) or qdq_check(conv, out, nodes)
                or target_check(ctx, conv, node.op, nodes, out))
         if bad:

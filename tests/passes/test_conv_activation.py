@@ -241,6 +241,11 @@ def test_skip_intermediate_has_other_consumers(fuse):
     conv = b.conv(b.input("x", [1, 3, 6, 6]), 3, 4)
     model = b.build(b.op("Mul", [conv, b.op("Sigmoid", [conv])]))
     s = assert_skipped(fuse(model), model, Reason.NOT_PRIVATE)
+    assert "is SiLU, which FusedConv cannot express" in s.detail
+    b = GraphBuilder()
+    conv = b.conv(b.input("x", [1, 3, 6, 6]), 3, 4)
+    model = b.build([b.op("Relu", [conv]), b.op("Neg", [conv])])
+    s = assert_skipped(fuse(model), model, Reason.NOT_PRIVATE)
     assert f"{conv} has 2 consumers" in s.detail
 
 
