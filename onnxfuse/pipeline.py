@@ -131,19 +131,19 @@ def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | N
     model = loaded.model
     skel = shapes.skeleton(model)
     info, elem_types = shapes.infer(skel)  # the model's own (symbolic) shapes: what the passes may rely on
-    if options.input_shapes:
-        options.input_shapes = shapes.complete_input_shapes(model, options.input_shapes)
-        shapes.apply_input_shapes(skel, options.input_shapes)  # rejects unknown names and wrong ranks
+    input_shapes = shapes.complete_input_shapes(model, options.input_shapes) if options.input_shapes else {}
+    if input_shapes:
+        shapes.apply_input_shapes(skel, input_shapes)  # rejects unknown names and wrong ranks
         size_info, size_elems = shapes.infer(skel)  # concrete sizes for the traffic report
     else:
         size_info, size_elems = info, elem_types
     before_sizes = traffic.Sizes(size_info, size_elems).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
-    missing = _missing_shapes(model, options.input_shapes)
+    missing = _missing_shapes(model, input_shapes)
     measured = False
     if not missing and any(r.total_bytes is None for r in before_rows):
         # Static inference left sizes unknown although every input shape is known: measure them in onnxruntime.
-        got_info, got_elems = shapes.measure(str(loaded.path), model, options.input_shapes)
+        got_info, got_elems = shapes.measure(str(loaded.path), model, input_shapes)
         unknown = {t for r in before_rows for t in r.unknown}
         found = {k: v for k, v in got_info.items() if k in unknown}
         if found:
@@ -176,7 +176,7 @@ def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | N
     after_sizes = before_sizes.with_model(out)
     after_rows = traffic.node_traffic(out, after_sizes)
     report = rep.build(
-        loaded=loaded, target=options.target, passes=[p.name for p in selected], input_shapes=options.input_shapes,
+        loaded=loaded, target=options.target, passes=[p.name for p in selected], input_shapes=input_shapes,
         missing=missing, measured=measured, before_rows=before_rows, after_rows=after_rows,
         before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
         after_index=traffic.ModelIndex(out), after_sizes=after_sizes, size_info=size_info,
@@ -199,7 +199,8 @@ def optimize(path: str | os.PathLike, options: Options, verify_options=None) -> 
 
     result = analyse(path, options)
     if verify_options is not None:
-        verify_options.input_shapes = options.input_shapes  # as completed by analyse()
+        # the shapes analyse() used: the given ones plus those their named dims complete
+        verify_options.input_shapes = {k: tuple(v) for k, v in result.report.input_shapes.items()}
         result.report.verification = verify.verify(result.loaded.path, result.model, verify_options)
     else:
         result.report.verification = verify.Verification.skipped_by_user()
