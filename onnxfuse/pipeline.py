@@ -101,10 +101,22 @@ def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fu
                         round_skips.append(_with_pass(found, p.name))
                 ctx.order.compact()
             if not changed:
-                skips.extend(round_skips)
+                skips.extend(_longest_per_conv(round_skips))
                 break
         g.remove_unused_constant_nodes(sub)
     return fusions, skips
+
+
+def _longest_per_conv(skips: list[Skip]) -> list[Skip]:
+    """One skip per Conv: the one covering the longest chain. An unfused written-out HardSwish is refused by
+    conv_hardswish (Conv -> Add -> Clip -> Mul -> Div: "HardSwish not supported by target") and, as a side
+    effect, by conv_affine for its Add(x, 3) ("2 consumers"); only the first says what the pattern is."""
+    best: dict[str, Skip] = {}
+    for s in skips:
+        key = s.nodes[0][2]
+        if key not in best or len(s.nodes) > len(best[key].nodes):
+            best[key] = s
+    return [s for s in skips if best[s.nodes[0][2]] is s]
 
 
 def _with_pass(s: Skip, name: str) -> Skip:
