@@ -363,10 +363,10 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, constant_in
                                            levels=tuple(levels) or bench_mod.LEVELS,
                                            input_shapes=options.input_shapes, input_data=input_data)
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
-        g.load_model(original)  # a bad ORIGINAL is an input error (exit 2), not an onnxruntime failure
+        loaded = g.load_model(original)  # a bad ORIGINAL is an input error (exit 2), not an onnxruntime failure
         if optimized is None:
             with _progress(ctx, f"optimizing {original} in memory"):
-                result = pipeline.analyse(original, options)
+                result = pipeline.analyse(original, options, loaded)
             optimized_path = Path(tmp) / "optimized.onnx"
             g.save_model(result.model, optimized_path, external_data=result.loaded.external_data)
         else:

@@ -113,16 +113,14 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
             f"{p}: ai.onnx opset {opset} is older than the oldest supported ({MIN_OPSET}); "
             "upgrade it with onnx.version_converter"
         )
-    has_external = any(
-        t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model)
-    )
+    external = [t for t in onnx.external_data_helper._get_all_tensors(model)
+                if t.data_location == onnx.TensorProto.EXTERNAL]
+    has_external = bool(external)
     file_bytes = p.stat().st_size
     locations: set[str] = set()
     base = p.absolute().parent  # like onnxruntime: beside the path as given (a symlinked model's data too)
     if has_external:
-        for t in onnx.external_data_helper._get_all_tensors(model):
-            if t.data_location != onnx.TensorProto.EXTERNAL:
-                continue
+        for t in external:
             info = onnx.external_data_helper.ExternalDataInfo(t)
             if not (base / info.location).is_file():
                 raise InputError(f"{p}: external data file {info.location!r} of tensor {t.name!r} is missing")
@@ -338,22 +336,23 @@ def copy_model_fields(src: onnx.ModelProto, dst: onnx.ModelProto) -> None:
             setattr(dst, desc.name, value)
 
 
-def _subgraphs(graph: onnx.GraphProto):
+def proto_graphs(graph: onnx.GraphProto, inside: bool = False):
+    """Yield ``(graph, inside)`` for ``graph`` and every subgraph (If/Loop/Scan bodies), outermost first and
+    depth first; ``inside`` is True for bodies."""
+    yield graph, inside
     for node in graph.node:
         for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield attr.g
-                yield from _subgraphs(attr.g)
-            for sub in attr.graphs:
-                yield sub
-                yield from _subgraphs(sub)
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                yield from proto_graphs(sub, True)
 
 
 def _hoist_outer_initializers(main: onnx.GraphProto, outer_names: set[str]) -> None:
     """Move initializers that the input model kept in the main graph back there: graphsurgeon exports a weight
     read only inside If branches into *each* branch (silero's LSTM weights doubled the file)."""
     present = {t.name for t in main.initializer}
-    for sub in _subgraphs(main):
+    for sub, inside in proto_graphs(main):
+        if not inside:
+            continue
         keep = []
         for t in sub.initializer:
             if t.name not in outer_names:
@@ -364,18 +363,6 @@ def _hoist_outer_initializers(main: onnx.GraphProto, outer_names: set[str]) -> N
         if len(keep) != len(sub.initializer):
             del sub.initializer[:]
             sub.initializer.extend(keep)
-
-
-def _used_names(graph: onnx.GraphProto) -> set[str]:
-    used = set()
-    for node in graph.node:
-        used.update(node.input)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                used |= _used_names(attr.g)
-            for sub in attr.graphs:
-                used |= _used_names(sub)
-    return used
 
 
 def _restore_initializer_inputs(out: onnx.GraphProto, orig: onnx.GraphProto, ir_version: int) -> None:
@@ -395,7 +382,8 @@ def _restore_initializer_inputs(out: onnx.GraphProto, orig: onnx.GraphProto, ir_
         elif vi.name in inits:
             rebuilt.append(vi)
         elif vi.name in orig_inits:
-            used_before = used_before if used_before is not None else _used_names(orig)
+            if used_before is None:
+                used_before = {i for graph, _ in proto_graphs(orig) for n in graph.node for i in n.input}
             if vi.name not in used_before:  # unused in the input model: keep it and its initializer
                 rebuilt.append(vi)
                 out.initializer.append(orig_inits[vi.name])
@@ -409,22 +397,10 @@ def _restore_initializer_inputs(out: onnx.GraphProto, orig: onnx.GraphProto, ir_
     out.input.extend(rebuilt)
 
 
-def _has_op(graph: onnx.GraphProto, domain: str) -> bool:
-    for node in graph.node:
-        if node.domain == domain:
-            return True
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH and _has_op(attr.g, domain):
-                return True
-            if attr.type == onnx.AttributeProto.GRAPHS and any(_has_op(g, domain) for g in attr.graphs):
-                return True
-    return False
-
-
 def _fix_ms_import(model: onnx.ModelProto) -> None:
     keep = [imp for imp in model.opset_import if imp.domain != MS_DOMAIN]
     ms = [imp for imp in model.opset_import if imp.domain == MS_DOMAIN]
-    if _has_op(model.graph, MS_DOMAIN):
+    if any(n.domain == MS_DOMAIN for graph, _ in proto_graphs(model.graph) for n in graph.node):
         ms = ms or [onnx.helper.make_opsetid(MS_DOMAIN, 1)]
     else:
         ms = []

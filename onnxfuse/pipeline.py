@@ -224,36 +224,20 @@ def _target_warnings(model: onnx.ModelProto, target_name: str) -> list[str]:
     cannot run."""
     target = get_target(target_name)
     bad: Counter = Counter()
-    stack = [model.graph]
-    while stack:
-        graph = stack.pop()
+    for graph, _ in g.proto_graphs(model.graph):
         for node in graph.node:
             if node.op_type == "FusedConv" and node.domain == g.MS_DOMAIN:
                 act = next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
                 if not target.fused_conv or (act is None and not target.plain_fused_conv) or (
                         act is not None and act not in target.activations):
                     bad[act or "no activation"] += 1
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    stack.append(attr.g)
-                stack.extend(attr.graphs)
     return [f"the model holds {n} FusedConv node(s) with {act} that target {target_name} cannot run "
             "(they were in the input; onnxfuse does not unfuse)" for act, n in sorted(bad.items())]
 
 
 def _op_counts(graph: onnx.GraphProto) -> dict[str, int]:
-    counts: Counter = Counter()
-
-    def walk(gr: onnx.GraphProto) -> None:
-        for node in gr.node:
-            counts[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"] += 1
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    walk(attr.g)
-                for sub in attr.graphs:
-                    walk(sub)
-
-    walk(graph)
+    counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+                     for gr, _ in g.proto_graphs(graph) for node in gr.node)
     return dict(sorted(counts.items()))
 
 

@@ -54,10 +54,15 @@ class Report:
         self.bandwidth = {"gb_per_s": gb_per_s, "before_ms": before / (gb_per_s * 1e9) * 1e3,
                           "after_ms": after / (gb_per_s * 1e9) * 1e3, "estimate": True}
 
+    def verification_dict(self) -> dict[str, Any]:
+        """The ``verification`` object of the JSON form (``skipped`` when nothing verified, as in ``report``)."""
+        if self.verification is None:
+            return {"status": "skipped", "reason": "onnxfuse report does not verify"}
+        return self.verification.to_dict()
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready dict described by ``report.schema.json``."""
-        verification = self.verification.to_dict() if self.verification is not None else {
-            "status": "skipped", "reason": "onnxfuse report does not verify"}
+        verification = self.verification_dict()
         return {
             "schema_version": SCHEMA_VERSION,
             "onnxfuse_version": self.onnxfuse_version,
@@ -218,8 +223,7 @@ def _chain(nodes: list[dict]) -> str:
 
 
 def _verification_line(report: Report) -> str:
-    v = report.verification.to_dict() if report.verification is not None else {
-        "status": "skipped", "reason": "onnxfuse report does not verify"}
+    v = report.verification_dict()
     line = f"verification: {v['status']}"
     if v.get("reason"):
         line += f" ({v['reason']})"

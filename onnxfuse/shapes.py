@@ -15,7 +15,7 @@ import onnx
 from onnx import TensorProto
 
 from onnxfuse.errors import InputError
-from onnxfuse.graph import copy_model_fields
+from onnxfuse.graph import copy_model_fields, proto_graphs
 
 #: Tensors with more elements than this lose their data in the skeleton (only dims and dtype are kept).
 SKELETON_MAX_ELEMENTS = 1024
@@ -157,7 +157,12 @@ def _info(vi: onnx.ValueInfoProto) -> TensorInfo:
     return shape, (_dtype(tt.elem_type) if tt.elem_type else None)
 
 
-def _collect(graph: onnx.GraphProto, out: dict[str, TensorInfo], elem_sizes: dict) -> None:
+def _collect(root: onnx.GraphProto, out: dict[str, TensorInfo], elem_sizes: dict) -> None:
+    for graph, _ in proto_graphs(root):
+        _collect_one(graph, out, elem_sizes)
+
+
+def _collect_one(graph: onnx.GraphProto, out: dict[str, TensorInfo], elem_sizes: dict) -> None:
     for t in graph.initializer:
         out[t.name] = (tuple(t.dims), _dtype(t.data_type))
         elem_sizes[t.name] = t.data_type
@@ -167,15 +172,11 @@ def _collect(graph: onnx.GraphProto, out: dict[str, TensorInfo], elem_sizes: dic
         if vi.type.HasField("tensor_type"):
             elem_sizes.setdefault(vi.name, vi.type.tensor_type.elem_type)
     for node in graph.node:
-        for attr in node.attribute:
-            if node.op_type == "Constant" and attr.name == "value" and node.output:
-                out[node.output[0]] = (tuple(attr.t.dims), _dtype(attr.t.data_type))
-                elem_sizes[node.output[0]] = attr.t.data_type
-            if attr.type == onnx.AttributeProto.GRAPH:
-                _collect(attr.g, out, elem_sizes)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    _collect(sub, out, elem_sizes)
+        if node.op_type == "Constant" and node.output:
+            for attr in node.attribute:
+                if attr.name == "value":
+                    out[node.output[0]] = (tuple(attr.t.dims), _dtype(attr.t.data_type))
+                    elem_sizes[node.output[0]] = attr.t.data_type
 
 
 def infer(skel: onnx.ModelProto) -> tuple[dict[str, TensorInfo], dict[str, int]]:
@@ -224,16 +225,10 @@ def measure(path: str, model: onnx.ModelProto, input_shapes: dict[str, tuple[int
     from onnxfuse.verify import make_inputs, session
 
     by_name: dict[str, list[str]] = {}
-    stack = [model.graph]
-    while stack:
-        graph = stack.pop()
+    for graph, _ in proto_graphs(model.graph):
         for node in graph.node:
             if node.name:
                 by_name.setdefault(node.name, list(node.output))
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    stack.append(attr.g)
-                stack.extend(attr.graphs)
     info: dict[str, TensorInfo] = {}
     elem_types: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="onnxfuse-measure-") as tmp:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from onnxfuse.graph import proto_graphs
+
 #: itemsize in bytes of each ONNX ``TensorProto.DataType`` (ONNX IR.md, "Tensor Element Types"); sub-byte
 #: types (int4/uint4/float4) are rounded up to one byte per element.
 _ITEMSIZE = {
@@ -85,7 +87,7 @@ class Sizes:
     def with_model(self, model: onnx.ModelProto) -> "Sizes":
         """A copy that also knows every initializer and ``Constant`` value of ``model`` (new folded weights)."""
         info, elem = dict(self.info), dict(self.elem_types)
-        for graph, _ in _graphs(model.graph):
+        for graph, _ in proto_graphs(model.graph):
             for t in graph.initializer:
                 info[t.name] = (tuple(t.dims), None)
                 elem[t.name] = t.data_type
@@ -103,21 +105,10 @@ class Sizes:
         return tensor_bytes(shape, self.elem_types.get(name))
 
 
-def _graphs(graph: onnx.GraphProto, inside: bool = False):
-    yield graph, inside
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g, True)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _graphs(sub, True)
-
-
 def node_traffic(model: onnx.ModelProto, sizes: Sizes) -> list[NodeTraffic]:
     """Traffic of every node of ``model`` (subgraph bodies included), in graph order."""
     rows = []
-    for graph, inside in _graphs(model.graph):
+    for graph, inside in proto_graphs(model.graph):
         for node in graph.node:
             key = node.output[0] if node.output else node.name
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
@@ -182,7 +173,7 @@ class ModelIndex:
     def __init__(self, model: onnx.ModelProto):
         self.nodes: dict[str, onnx.NodeProto] = {}
         self.constants: set[str] = set()
-        for graph, _ in _graphs(model.graph):
+        for graph, _ in proto_graphs(model.graph):
             self.constants.update(t.name for t in graph.initializer)
             for node in graph.node:
                 if node.output:

@@ -56,6 +56,11 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op, inputs, outs, name=name, domain=domain or None, **attrs))
         return outs[0] if outputs == 1 else outs
 
+    def dequantized(self, x: str) -> str:
+        """``x`` through QuantizeLinear -> DequantizeLinear (uint8, scale 0.05, zero point 128): a QDQ input."""
+        scale, zero = self.const(np.float32(0.05)), self.const(np.uint8(128))
+        return self.op("DequantizeLinear", [self.op("QuantizeLinear", [x, scale, zero]), scale, zero])
+
     def conv(self, x: str, c_in: int, c_out: int, k: int | tuple = 3, bias: bool = True, group: int = 1,
              rank: int = 2, name: str | None = None, weight: str | None = None, **attrs) -> str:
         ks = (k,) * rank if isinstance(k, int) else tuple(k)

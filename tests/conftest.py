@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from onnxfuse import pipeline
+from onnxfuse.graph import proto_graphs
 from onnxfuse.verify import session
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,17 +29,7 @@ def optimize(tmp_path: Path, model: onnx.ModelProto, target: str = "cpu", **opti
 
 def op_counts(model: onnx.ModelProto) -> collections.Counter:
     """Op type counts over every graph of ``model``, subgraph bodies included."""
-    counts = collections.Counter()
-
-    def walk(graph):
-        for node in graph.node:
-            counts[node.op_type] += 1
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    walk(attr.g)
-
-    walk(model.graph)
-    return counts
+    return collections.Counter(n.op_type for graph, _ in proto_graphs(model.graph) for n in graph.node)
 
 
 def fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -99,3 +90,11 @@ def assert_skipped(result: pipeline.Result, model: onnx.ModelProto, reason: str,
     assert op_counts(result.model) == op_counts(model)
     assert not result.fusions
     return s
+
+
+def assert_if_branches_match(original: onnx.ModelProto, optimized: onnx.ModelProto, x_shape=(1, 3, 6, 6)) -> None:
+    """For a model with inputs ``x`` and a bool ``cond`` that picks an If branch: both branches give the same
+    outputs before and after (onnxruntime at ORT_DISABLE_ALL, rtol RTOL, atol ATOL)."""
+    for flag in (True, False):
+        feeds = {"x": np.random.default_rng(0).standard_normal(x_shape).astype(np.float32), "cond": np.array(flag)}
+        np.testing.assert_allclose(run(optimized, feeds)[0], run(original, feeds)[0], rtol=RTOL, atol=ATOL)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import onnx
 import pytest
 
 from onnxfuse import graph as g
+from onnxfuse.graph import proto_graphs
 from onnxfuse import pipeline
 from onnxfuse.verify import VerifyOptions, session
 from tests.conftest import REPO
@@ -58,34 +60,15 @@ def signature(model: onnx.ModelProto) -> tuple[list, list]:
 
 
 def count_fused(model: onnx.ModelProto) -> dict[str | None, int]:
-    counts: dict[str | None, int] = {}
-
-    def walk(graph):
-        for node in graph.node:
-            if node.op_type == "FusedConv":
-                act = next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
-                counts[act] = counts.get(act, 0) + 1
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    walk(attr.g)
-
-    walk(model.graph)
-    return counts
+    """FusedConv nodes by activation (None: no activation), subgraph bodies included."""
+    return dict(Counter(next((a.s.decode() for a in n.attribute if a.name == "activation"), None)
+                        for graph, _ in proto_graphs(model.graph) for n in graph.node if n.op_type == "FusedConv"))
 
 
 def contrib_ops(model: onnx.ModelProto) -> list[str]:
-    found = []
-
-    def walk(graph):
-        for node in graph.node:
-            if node.domain not in ("", "ai.onnx"):
-                found.append(f"{node.domain}::{node.op_type}")
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    walk(attr.g)
-
-    walk(model.graph)
-    return found
+    """``domain::op`` of every node outside the default ONNX domain."""
+    return [f"{n.domain}::{n.op_type}" for graph, _ in proto_graphs(model.graph) for n in graph.node
+            if n.domain not in ("", "ai.onnx")]
 
 
 @functools.lru_cache(maxsize=None)

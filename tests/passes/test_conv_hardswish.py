@@ -170,8 +170,7 @@ def test_skip_activation_not_supported_by_target(fuse, target):
 def test_skip_quantized_conv(fuse):
     b = GraphBuilder()
     x = b.input("x", [1, 3, 6, 6])
-    scale, zero = b.const(np.float32(0.05)), b.const(np.uint8(128))
-    dq = b.op("DequantizeLinear", [b.op("QuantizeLinear", [x, scale, zero]), scale, zero])
+    dq = b.dequantized(x)
     y, b, _ = hardswish("div_of_mul", b=b, x=dq)
     model = b.build(y)
     assert_skipped(fuse(model), model, Reason.QDQ)

@@ -201,7 +201,6 @@ def test_skip_activation_not_supported_by_target_without_activation(fuse):
 def test_skip_quantized_conv(fuse):
     b = GraphBuilder()
     x, z = b.input("x", [1, 3, 6, 6]), b.input("z", SHAPE)
-    scale, zero = b.const(np.float32(0.05)), b.const(np.uint8(128))
-    dq = b.op("DequantizeLinear", [b.op("QuantizeLinear", [x, scale, zero]), scale, zero])
+    dq = b.dequantized(x)
     model = b.build(b.op("Relu", [b.op("Add", [b.conv(dq, 3, 4), z])]))
     assert_skipped(fuse(model), model, Reason.QDQ)
