@@ -33,9 +33,10 @@ from onnxfuse.passes.fusedconv import clip_bounds, close, fusable_conv, scalar, 
 def _relu6_plus3(ctx: Context, t: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node]] | None:
     """``(x, [Add, Clip])`` when ``t = Clip(Add(x, 3), 0, 6)``."""
     clip = g.producer(t)
-    if not is_op(clip, "Clip") or clip_bounds(ctx, clip) is None:
+    bounds = clip_bounds(ctx, clip) if is_op(clip, "Clip") else None
+    if bounds is None:
         return None
-    lo, hi = clip_bounds(ctx, clip)
+    lo, hi = bounds
     if not (close(lo, 0.0) and close(hi, 6.0)):
         return None
     add = g.producer(clip.inputs[0])
