@@ -49,8 +49,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -448,7 +446,7 @@ def evaluate(models: list[Model], all_results: dict[str, dict[str, ToolResult]],
         res = all_results[m.name]
         fuse = res.get(FUSE)
         ft = fuse.median_time() if fuse else None
-        for peer in PYTHON_PEERS + [ORT]:
+        for peer in [*PYTHON_PEERS, ORT]:
             pr = res.get(peer)
             if pr is None or pr.skipped:
                 continue

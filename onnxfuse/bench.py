@@ -76,7 +76,7 @@ def bench(original: str, optimized: str, opts: BenchOptions) -> dict[str, Any]:
         for path in models.values():  # onnxruntime's one-time initialisation must not count as session time
             try:
                 session(path, "disable", opts.threads)
-            except Exception:  # noqa: BLE001 - reported with context by the timed creation below
+            except Exception:
                 pass
         for level in opts.levels:
             sessions, sides = {}, {}
@@ -85,7 +85,7 @@ def bench(original: str, optimized: str, opts: BenchOptions) -> dict[str, Any]:
                 start = time.perf_counter()
                 try:
                     sessions[key] = session(path, level, opts.threads, saved)
-                except Exception as exc:  # noqa: BLE001 - onnxruntime raises several unrelated types
+                except Exception as exc:
                     raise RuntimeError(f"onnxruntime cannot load the {key} model at level {level}: "
                                        f"{_short(exc)}") from None
                 sides[key] = {"session_ms": (time.perf_counter() - start) * 1e3,
@@ -96,7 +96,7 @@ def bench(original: str, optimized: str, opts: BenchOptions) -> dict[str, Any]:
             for key, sess in sessions.items():
                 try:
                     sess.run(None, feeds)  # a first run that fails says why, before any timing
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     shapes = {k: list(v.shape) for k, v in feeds.items()}
                     raise RuntimeError(f"onnxruntime cannot run the {key} model on inputs {shapes}: "
                                        f"{_short(exc)}{_shape_hint(sess, opts.input_shapes)}") from None

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import click
 
-from onnxfuse import __version__
+from onnxfuse import __version__, pipeline
 from onnxfuse import graph as g
-from onnxfuse import pipeline
 from onnxfuse import report as rep
 from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
 from onnxfuse.passes import DEFAULT_PASSES, PASS_NAMES, Reason

@@ -160,7 +160,7 @@ def exceeds_protobuf_limit(model: onnx.ModelProto) -> bool:
     instead of returning a size)."""
     try:
         return model.ByteSize() > PROTOBUF_LIMIT_BYTES
-    except Exception:  # noqa: BLE001 - EncodeError / ValueError depending on the protobuf backend
+    except Exception:
         return True
 
 
@@ -295,7 +295,7 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
     """
     try:
         return gs.import_onnx(model)
-    except Exception as exc:  # noqa: BLE001 - graphsurgeon raises anything from KeyError to UnboundLocalError
+    except Exception as exc:
         raise InputError(f"onnx-graphsurgeon cannot import this model ({type(exc).__name__}: "
                          f"{_one_line(exc)})") from None
 
@@ -309,7 +309,7 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     """
     try:
         model = gs.export_onnx(graph, do_type_check=False)
-    except Exception as exc:  # noqa: BLE001 - as in to_graph
+    except Exception as exc:
         raise InputError(f"onnx-graphsurgeon cannot export this model ({type(exc).__name__}: "
                          f"{_one_line(exc)})") from None
     _hoist_outer_initializers(model.graph, {t.name for t in original.graph.initializer})

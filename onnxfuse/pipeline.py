@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from onnxfuse import __version__
+from onnxfuse import __version__, shapes, traffic
 from onnxfuse import graph as g
 from onnxfuse import passes as passes_mod
 from onnxfuse import report as rep
-from onnxfuse import shapes, traffic
 from onnxfuse.errors import InputError
 from onnxfuse.passes import Context, Fusion, Match, Pass, Skip
 from onnxfuse.providers import DEFAULT_TARGET, TARGETS, get_target

@@ -287,7 +287,7 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
     if report.subgraph_nodes:
         console.print(f"note: {report.subgraph_nodes} nodes inside If/Loop/Scan bodies are counted once each")
 
-    def table(title: str, columns: list[tuple[str, dict]]) -> "Table":
+    def table(title: str, columns: list[tuple[str, dict]]) -> Table:
         t = Table(title=title, box=box.SIMPLE, title_justify="left", pad_edge=False)
         for name, opts in columns:
             t.add_column(name, **opts)

@@ -84,7 +84,7 @@ class Sizes:
         self.info = info
         self.elem_types = elem_types
 
-    def with_model(self, model: onnx.ModelProto) -> "Sizes":
+    def with_model(self, model: onnx.ModelProto) -> Sizes:
         """A copy that also knows every initializer and ``Constant`` value of ``model`` (new folded weights)."""
         info, elem = dict(self.info), dict(self.elem_types)
         for graph, _ in proto_graphs(model.graph):

@@ -104,7 +104,7 @@ class Verification:
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
-    def skipped_by_user(cls) -> "Verification":
+    def skipped_by_user(cls) -> Verification:
         """The result for ``--no-verify``."""
         return cls("skipped", "verification disabled with --no-verify")
 
@@ -254,7 +254,7 @@ def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: Verify
     given = _load_npz(opts.input_data) if opts.input_data else None
     try:
         ref_sess = session(str(original))
-    except Exception as exc:  # noqa: BLE001 - onnxruntime raises several unrelated types
+    except Exception as exc:
         return Verification("skipped", f"onnxruntime cannot load the original: {_short(exc)}")
     if given:
         names = {i.name for i in ref_sess.get_inputs()}
@@ -273,7 +273,7 @@ def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: Verify
                     onnx.load_external_data_for_model(optimized, tmp)
             else:
                 opt_sess = session(optimized.SerializeToString())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return Verification("failed", f"onnxruntime cannot load the optimized model: {_short(exc)}")
         diffs: dict[str, OutputDiff] = {}
         seeds = [0] if given and set(given) >= {i.name for i in ref_sess.get_inputs()} else list(opts.seeds)
@@ -289,7 +289,7 @@ def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: Verify
             used_shapes = {k: list(v.shape) for k, v in feeds.items()}
             try:
                 ref = ref_sess.run(None, feeds)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if given:
                     raise InputError(f"--input-data {opts.input_data}: onnxruntime cannot run the original on "
                                      f"it: {_short(exc)}") from None
@@ -298,7 +298,7 @@ def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: Verify
                                                f"{_short(exc)}{hint}", seeds=seeds, input_shapes=used_shapes)
             try:
                 got = opt_sess.run(None, feeds)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 return Verification("failed", f"onnxruntime cannot run the optimized model: {_short(exc)}",
                                     seeds=seeds, input_shapes=used_shapes)
             for meta, r, o in zip(ref_sess.get_outputs(), ref, got, strict=False):

@@ -18,8 +18,8 @@ import onnx
 import pytest
 
 from onnxfuse import graph as g
-from onnxfuse.graph import proto_graphs
 from onnxfuse import pipeline
+from onnxfuse.graph import proto_graphs
 from onnxfuse.verify import VerifyOptions, session
 from tests.conftest import REPO
 
@@ -71,7 +71,7 @@ def contrib_ops(model: onnx.ModelProto) -> list[str]:
             if n.domain not in ("", "ai.onnx")]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ort_extended_fused_count(name: str, tmp: str) -> int:
     """FusedConv nodes in the graph onnxruntime itself builds at ORT_ENABLE_EXTENDED (CPU provider)."""
     import onnxruntime as ort

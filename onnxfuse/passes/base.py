@@ -239,10 +239,10 @@ def scale_output_channels(conv: gs.Node, weight: np.ndarray, scale: np.ndarray) 
     if conv.op == "ConvTranspose":
         group = int(conv.attrs.get("group", 1))
         c_in, m_per_group = w.shape[0], w.shape[1]
-        view = w.reshape((group, c_in // group, m_per_group) + w.shape[2:])
-        view = view * s.reshape((group, 1, m_per_group) + spatial)
+        view = w.reshape((group, c_in // group, m_per_group, *w.shape[2:]))
+        view = view * s.reshape((group, 1, m_per_group, *spatial))
         return view.reshape(w.shape)
-    return w * s.reshape((-1, 1) + spatial)
+    return w * s.reshape((-1, 1, *spatial))
 
 
 def fold_inputs(conv: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):

@@ -26,7 +26,18 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.passes.base import (
-    Context, Fusion, Match, Pass, Reason, Skip, describe, is_op, private_check, qdq_check, replaced, skip,
+    Context,
+    Fusion,
+    Match,
+    Pass,
+    Reason,
+    Skip,
+    describe,
+    is_op,
+    private_check,
+    qdq_check,
+    replaced,
+    skip,
 )
 from onnxfuse.passes.fusedconv import clip_bounds, fusable_conv, target_check, to_fused_conv
 

@@ -33,8 +33,22 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.passes.base import (
-    CONV_OPS, Context, Fusion, Match, Pass, Reason, Skip, describe, fold_fits, fold_inputs, is_op, out_channels,
-    replaced, scale_output_channels, set_weights, skip,
+    CONV_OPS,
+    Context,
+    Fusion,
+    Match,
+    Pass,
+    Reason,
+    Skip,
+    describe,
+    fold_fits,
+    fold_inputs,
+    is_op,
+    out_channels,
+    replaced,
+    scale_output_channels,
+    set_weights,
+    skip,
 )
 
 

@@ -25,8 +25,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Skip, describe, is_op, private_check, qdq_check, \
-    replaced
+from onnxfuse.passes.base import Context, Fusion, Match, Pass, Skip, describe, is_op, private_check, qdq_check, replaced
 from onnxfuse.passes.fusedconv import clip_bounds, close, fusable_conv, scalar, target_check, to_fused_conv
 
 
@@ -107,7 +106,7 @@ class ConvHardSwish(Pass):
         if found is None:
             return None
         conv, inner = found
-        nodes, out = [conv] + inner, node.outputs[0]
+        nodes, out = [conv, *inner], node.outputs[0]
         intermediates = [conv.outputs[0]] + [n.outputs[0] for n in inner[:-1]]
         bad = (private_check(intermediates, inner, ctx, nodes, out) or qdq_check(conv, out, nodes)
                or target_check(ctx, conv, "HardSwish", nodes, out))

@@ -27,7 +27,18 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.passes.base import (
-    Context, Fusion, Match, Pass, Reason, Skip, describe, is_op, private_check, qdq_check, replaced, skip,
+    Context,
+    Fusion,
+    Match,
+    Pass,
+    Reason,
+    Skip,
+    describe,
+    is_op,
+    private_check,
+    qdq_check,
+    replaced,
+    skip,
 )
 from onnxfuse.passes.conv_activation import ACTIVATIONS, activation_params
 from onnxfuse.passes.fusedconv import target_check, to_fused_conv

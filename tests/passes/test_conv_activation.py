@@ -11,8 +11,7 @@ import pytest
 
 from onnxfuse.passes import Reason
 from tests.builders import GraphBuilder, skip_of, subgraph
-from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, fused_nodes, op_counts
-from tests.conftest import assert_if_branches_match
+from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, attr, fused_nodes, op_counts
 from tests.conftest import assert_skipped as check_skipped
 
 PASS = "conv_activation"

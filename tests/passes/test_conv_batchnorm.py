@@ -12,8 +12,7 @@ from onnx import TensorProto, helper
 
 from onnxfuse.passes import Reason
 from tests.builders import GraphBuilder, skip_of, subgraph, tensor, with_output_shapes
-from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, op_counts
-from tests.conftest import assert_if_branches_match
+from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, attr, op_counts
 from tests.conftest import assert_skipped as check_skipped
 
 PASS = "conv_batchnorm"

@@ -134,7 +134,7 @@ def test_skip_intermediate_has_other_consumers(fuse, form):
 
 def test_skip_intermediate_has_other_consumers_inner_tensor(fuse):
     # The Clip output is read outside the pattern too.
-    y, b, conv = hardswish("div_of_mul")
+    y, b, _conv = hardswish("div_of_mul")
     (clip,) = [n for n in b.nodes if n.op_type == "Clip"]
     model = b.build([y, b.op("Neg", [clip.output[0]])])
     s = assert_skipped(fuse(model), model, Reason.NOT_PRIVATE)
