@@ -21,7 +21,7 @@ from onnxfuse import __version__, pipeline
 from onnxfuse import graph as g
 from onnxfuse import report as rep
 from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
-from onnxfuse.passes import DEFAULT_PASSES, PASS_NAMES, Reason
+from onnxfuse.passes import DEFAULT_PASSES, PASS_NAMES
 from onnxfuse.providers import DEFAULT_TARGET, TARGETS
 from onnxfuse.shapes import parse_input_shape
 
@@ -390,10 +390,7 @@ def passes():
     """List the passes in the order they run, and the reasons a pass can decline a pattern."""
     for p in DEFAULT_PASSES:
         click.echo(f"{p.name:<16} {p.summary}")
-    click.echo("")
-    click.echo("Reasons a pass declines a pattern (each pass module's docstring says which it uses):")
-    for reason in Reason.ALL:
-        click.echo(f"  {reason}")
+        click.echo(f"{'':<16} declines: {', '.join(r.value for r in p.reasons)}")
 
 
 def _text_width(output: Path | None) -> int:

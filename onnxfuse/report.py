@@ -159,7 +159,7 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         fused = fused_estimate(after_index, keys, s.output, after_sizes)
         unfused_rows.append({
             "pass": s.pass_name, "nodes": [{"name": n, "op": op, "output": k} for n, op, k in s.nodes],
-            "reason": s.reason, "detail": s.detail, "output": s.output,
+            "reason": str(s.reason), "detail": s.detail, "output": s.output,
             "bytes": None if chain is None or fused is None else chain - fused,
         })
     before_t, after_t = _side(before_rows), _side(after_rows)
@@ -170,7 +170,7 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         reasons: dict[str, int] = {}
         for s in skips:
             if s.pass_name == name:
-                reasons[s.reason] = reasons.get(s.reason, 0) + 1
+                reasons[str(s.reason)] = reasons.get(str(s.reason), 0) + 1
         stats.append({"name": name, "applied": applied, "skipped": dict(sorted(reasons.items()))})
     return Report(
         model={"path": str(loaded.path), "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,

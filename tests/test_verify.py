@@ -33,7 +33,7 @@ def test_injected_wrong_rewrite_is_caught(tmp_path, monkeypatch):
     real = ConvBatchNorm.rewrite
 
     def broken(self, match, ctx):
-        match.data["b"] = match.data["b"] + 0.5  # a wrong fold: the folded bias is off
+        match.bias = match.bias + 0.5  # a wrong fold: the folded bias is off
         return real(self, match, ctx)
 
     monkeypatch.setattr(ConvBatchNorm, "rewrite", broken)

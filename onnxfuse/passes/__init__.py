@@ -1,6 +1,8 @@
-"""The fusion passes, in the order they run (repeated to a fixpoint by ``onnxfuse.pipeline``).
+"""The passes, in the order they run (repeated to a fixpoint by ``onnxfuse.pipeline``).
 
-To add a fusion: one module here, one test module in ``tests/passes/``, one line in :data:`DEFAULT_PASSES`.
+To add a fusion: one module here (its docstring: before => after, the math, "Skipped when:"), one test module
+``tests/passes/test_<name>.py`` with a test named after each of its ``reasons``, one line in :data:`DEFAULT_PASSES`.
+The contract is in :mod:`onnxfuse.passes.base`; shared checks in ``_checks.py``, shared fold math in ``_fold.py``.
 """
 
 from __future__ import annotations

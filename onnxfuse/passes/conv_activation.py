@@ -25,21 +25,9 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes.base import (
-    Context,
-    Fusion,
-    Match,
-    Pass,
-    Reason,
-    Skip,
-    describe,
-    is_op,
-    private_check,
-    qdq_check,
-    replaced,
-    skip,
-)
-from onnxfuse.passes.fusedconv import clip_bounds, fusable_conv, target_check, to_fused_conv
+from onnxfuse.passes._checks import describe, is_op, private_check, qdq_check, replaced, skip
+from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.fusedconv import FusedConvMatch, clip_bounds, fusable_conv, target_check, to_fused_conv
 
 ACTIVATIONS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish")
 
@@ -63,13 +51,15 @@ def _is_silu(x: gs.Tensor, sigmoid: gs.Node) -> bool:
         is_op(r, "Mul") and {id(t) for t in r.inputs} == {id(x), id(sigmoid.outputs[0])} for r in readers)
 
 
-class ConvActivation(Pass):
+class ConvActivation(Pass[FusedConvMatch]):
     """Conv -> activation => FusedConv(activation)."""
 
     name = "conv_activation"
     summary = "fuse Conv + Relu/Tanh/Sigmoid/LeakyRelu/Clip/HardSigmoid/HardSwish into FusedConv"
+    reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.DTYPE_NO_KERNEL,
+               Reason.ACTIVATION_UNSUPPORTED, Reason.CLIP_BOUNDS_NOT_CONSTANT, Reason.QDQ)
 
-    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:
         if not is_op(node, *ACTIVATIONS):
             return None
         conv = g.producer(node.inputs[0])
@@ -87,10 +77,10 @@ class ConvActivation(Pass):
         if params is None:
             return skip(Reason.CLIP_BOUNDS_NOT_CONSTANT, f"Clip {node.name} has a bound computed at run time",
                         nodes, out)
-        return Match(nodes, {"activation": node.op, "params": params})
+        return FusedConvMatch(nodes, node.op, params)
 
-    def rewrite(self, match: Match, ctx: Context) -> Fusion:
+    def rewrite(self, match: FusedConvMatch, ctx: Context) -> Fusion:
         conv, act = match.nodes
         original = replaced(match.nodes)
-        to_fused_conv(ctx, conv, match.data["activation"], match.data["params"], None, act, [act])
-        return describe(self.name, conv, original, match.data["activation"])
+        to_fused_conv(ctx, conv, match.activation, match.params, None, act, [act])
+        return describe(self.name, conv, original, match.activation)

@@ -33,24 +33,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes.base import (
-    CONV_OPS,
-    Context,
-    Fusion,
-    Match,
-    Pass,
-    Reason,
-    Skip,
-    describe,
-    fold_fits,
-    fold_inputs,
-    is_op,
-    out_channels,
-    replaced,
-    scale_output_channels,
-    set_weights,
-    skip,
-)
+from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced, skip
+from onnxfuse.passes._fold import FoldMatch, fold_fits, fold_inputs, out_channels, scale_output_channels, set_weights
+from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
 
 
 def per_channel(c: np.ndarray, rank: int, m: int) -> np.ndarray | None:
@@ -65,13 +50,16 @@ def per_channel(c: np.ndarray, rank: int, m: int) -> np.ndarray | None:
     return np.broadcast_to(c.astype(np.float64).reshape(aligned[1]), (m,)).copy()
 
 
-class ConvAffine(Pass):
+class ConvAffine(Pass[FoldMatch]):
     """Conv/ConvTranspose -> Add/Sub/Mul/Div by a per-channel constant => Conv/ConvTranspose."""
 
     name = "conv_affine"
     summary = "fold Add/Sub (bias) and Mul/Div (scale) by per-channel constants into the preceding Conv"
+    reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
+               Reason.NOT_PER_CHANNEL, Reason.CONV_IS_DIVISOR, Reason.ZERO_DIVISOR, Reason.DTYPE_NOT_FOLDABLE,
+               Reason.FOLD_NOT_FINITE, Reason.QDQ)
 
-    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> FoldMatch | Skip | None:
         if not is_op(node, "Add", "Sub", "Mul", "Div") or len(node.inputs) != 2:
             return None
         for side in (0, 1):
@@ -101,7 +89,7 @@ class ConvAffine(Pass):
                 return skip(Reason.ZERO_DIVISOR, f"{c_tensor.name} contains a zero", nodes, out)
             new_w, new_b = self._fold(conv, node.op, side == 0, w, b, vec)
             bad = fold_fits(w.dtype, new_w, new_b, nodes, out)
-            return bad or Match(nodes, {"w": new_w, "b": new_b, "dtype": w.dtype})
+            return bad or FoldMatch(nodes, new_w, new_b, w.dtype)
         return None
 
     @staticmethod
@@ -117,9 +105,9 @@ class ConvAffine(Pass):
                 return scale_output_channels(conv, w, c), (None if b is None else b64 * c)
             return scale_output_channels(conv, w, 1.0 / c), (None if b is None else b64 / c)  # Div(conv, c)
 
-    def rewrite(self, match: Match, ctx: Context) -> Fusion:
+    def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
         conv, op_node = match.nodes
         original = replaced(match.nodes)
-        set_weights(conv, ctx, match.data["w"], match.data["b"], match.data["dtype"])
+        set_weights(conv, ctx, match.weight, match.bias, match.dtype)
         g.replace_chain(ctx.order, conv, op_node, [op_node])
         return describe(self.name, conv, original)

@@ -32,33 +32,21 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes.base import (
-    CONV_OPS,
-    Context,
-    Fusion,
-    Match,
-    Pass,
-    Reason,
-    Skip,
-    describe,
-    fold_fits,
-    fold_inputs,
-    is_op,
-    out_channels,
-    replaced,
-    scale_output_channels,
-    set_weights,
-    skip,
-)
+from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced, skip
+from onnxfuse.passes._fold import FoldMatch, fold_fits, fold_inputs, out_channels, scale_output_channels, set_weights
+from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
 
 
-class ConvBatchNorm(Pass):
+class ConvBatchNorm(Pass[FoldMatch]):
     """Conv/ConvTranspose -> BatchNormalization => Conv/ConvTranspose with folded weights."""
 
     name = "conv_batchnorm"
     summary = "fold BatchNormalization (inference mode) into the preceding Conv or ConvTranspose"
+    reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
+               Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
+               Reason.FOLD_NOT_FINITE, Reason.QDQ)
 
-    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> FoldMatch | Skip | None:
         if not is_op(node, "BatchNormalization"):
             return None
         conv = g.producer(node.inputs[0])
@@ -91,11 +79,11 @@ class ConvBatchNorm(Pass):
             b64 = np.zeros_like(s) if b is None else b.astype(np.float64).reshape(-1)
             new_w, new_b = scale_output_channels(conv, w, s), (b64 - mean) * s + bias
         bad = fold_fits(w.dtype, new_w, new_b, nodes, out)
-        return bad or Match(nodes, {"w": new_w, "b": new_b, "dtype": w.dtype})
+        return bad or FoldMatch(nodes, new_w, new_b, w.dtype)
 
-    def rewrite(self, match: Match, ctx: Context) -> Fusion:
+    def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
         conv, bn = match.nodes
         original = replaced(match.nodes)
-        set_weights(conv, ctx, match.data["w"], match.data["b"], match.data["dtype"])
+        set_weights(conv, ctx, match.weight, match.bias, match.dtype)
         g.replace_chain(ctx.order, conv, bn, [bn])
         return describe(self.name, conv, original)

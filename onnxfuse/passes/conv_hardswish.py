@@ -2,11 +2,14 @@
 
 HardSwish(x) = x * max(0, min(1, x / 6 + 1/2)) (ONNX Operators.md, HardSwish-14) = x * Clip(x + 3, 0, 6) / 6.
 Exporters without the opset-14 op write it out; these forms are matched (Mul operands in either order, the
-constants to float32 precision; the HardSwish op itself is handled by conv_activation)::
+constants to float32 precision; the HardSwish op itself is handled by conv_activation).
+
+Before => after (x = Conv(X, W[, B]) or a FusedConv without activation)::
 
     Mul(x, HardSigmoid(x, alpha=1/6, beta=0.5))
     Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6)          Mul(Mul(x, Clip(Add(x, 3), 0, 6)), 1/6)
     Mul(x, Div(Clip(Add(x, 3), 0, 6), 6))          Mul(x, Mul(Clip(Add(x, 3), 0, 6), 1/6))
+        =>  FusedConv(X, W[, B], activation="HardSwish")
 
 with x the output of a Conv; x is read twice, both times inside the pattern. onnxruntime's own optimizer
 matches none of these (it has no HardSwish fusion), so this is where an offline pass pays off most on CPU.
@@ -25,8 +28,17 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Skip, describe, is_op, private_check, qdq_check, replaced
-from onnxfuse.passes.fusedconv import clip_bounds, close, fusable_conv, scalar, target_check, to_fused_conv
+from onnxfuse.passes._checks import describe, is_op, private_check, qdq_check, replaced
+from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.fusedconv import (
+    FusedConvMatch,
+    clip_bounds,
+    close,
+    fusable_conv,
+    scalar,
+    target_check,
+    to_fused_conv,
+)
 
 
 def _relu6_plus3(ctx: Context, t: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node]] | None:
@@ -93,13 +105,15 @@ def _find(ctx: Context, node: gs.Node) -> tuple[gs.Node, list[gs.Node]] | None:
     return None
 
 
-class ConvHardSwish(Pass):
+class ConvHardSwish(Pass[FusedConvMatch]):
     """Conv -> written-out HardSwish => FusedConv(activation="HardSwish")."""
 
     name = "conv_hardswish"
     summary = "fuse Conv + HardSwish written out as Mul/Add/Clip/Div or HardSigmoid into FusedConv"
+    reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.DTYPE_NO_KERNEL,
+               Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ)
 
-    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:
         if not is_op(node, "Mul", "Div"):
             return None
         found = _find(ctx, node)
@@ -110,9 +124,9 @@ class ConvHardSwish(Pass):
         intermediates = [conv.outputs[0]] + [n.outputs[0] for n in inner[:-1]]
         bad = (private_check(intermediates, inner, ctx, nodes, out) or qdq_check(conv, out, nodes)
                or target_check(ctx, conv, "HardSwish", nodes, out))
-        return bad or Match(nodes, {})
+        return bad or FusedConvMatch(nodes, "HardSwish")
 
-    def rewrite(self, match: Match, ctx: Context) -> Fusion:
+    def rewrite(self, match: FusedConvMatch, ctx: Context) -> Fusion:
         conv, last = match.nodes[0], match.nodes[-1]
         original = replaced(match.nodes)
         to_fused_conv(ctx, conv, "HardSwish", [], None, last, match.nodes[1:])

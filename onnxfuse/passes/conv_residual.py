@@ -26,22 +26,10 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes.base import (
-    Context,
-    Fusion,
-    Match,
-    Pass,
-    Reason,
-    Skip,
-    describe,
-    is_op,
-    private_check,
-    qdq_check,
-    replaced,
-    skip,
-)
+from onnxfuse.passes._checks import describe, is_op, private_check, qdq_check, replaced, skip
+from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
 from onnxfuse.passes.conv_activation import ACTIVATIONS, activation_params
-from onnxfuse.passes.fusedconv import target_check, to_fused_conv
+from onnxfuse.passes.fusedconv import FusedConvMatch, target_check, to_fused_conv
 
 
 def same_static_shape(a: tuple | None, b: tuple | None) -> bool:
@@ -55,13 +43,15 @@ def _dims(shape: tuple | None) -> str:
     return "unknown" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-class ConvResidual(Pass):
+class ConvResidual(Pass[FusedConvMatch]):
     """Conv -> Add(run-time tensor) [-> activation] => FusedConv with Z."""
 
     name = "conv_residual"
     summary = "fuse Conv + residual Add (+ activation) into FusedConv with the Z input"
+    reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.RESIDUAL_SHAPE, Reason.NO_CONTRIB_OPS,
+               Reason.DTYPE_NO_KERNEL, Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ)
 
-    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:
         if not is_op(node, "Add") or len(node.inputs) != 2:
             return None
         first_skip = None
@@ -72,12 +62,12 @@ class ConvResidual(Pass):
             if ctx.constant(z)[0] is not None or isinstance(z, gs.Constant):
                 return None  # a constant operand: conv_affine's pattern
             result = self._match_side(conv, node, z, ctx)
-            if isinstance(result, Match):
+            if isinstance(result, FusedConvMatch):
                 return result
             first_skip = first_skip or result
         return first_skip
 
-    def _match_side(self, conv: gs.Node, add: gs.Node, z: gs.Tensor, ctx: Context) -> Match | Skip:
+    def _match_side(self, conv: gs.Node, add: gs.Node, z: gs.Tensor, ctx: Context) -> FusedConvMatch | Skip:
         act = self._activation_after(add, ctx)
         nodes = [conv, add] + ([act] if act is not None else [])
         out = nodes[-1].outputs[0]
@@ -97,11 +87,11 @@ class ConvResidual(Pass):
             plain = target_check(ctx, conv, None, nodes[:2], add.outputs[0])
             if plain:
                 return target_check(ctx, conv, act.op, nodes, out) or plain
-            return Match(nodes[:2], {"z": z, "activation": None, "params": []})
+            return FusedConvMatch(nodes[:2], None, [], z)
         bad = target_check(ctx, conv, act.op if act is not None else None, nodes, out)
         if bad:
             return bad
-        return Match(nodes, {"z": z, "activation": act.op if act is not None else None, "params": params})
+        return FusedConvMatch(nodes, act.op if act is not None else None, params, z)
 
     @staticmethod
     def _activation_after(add: gs.Node, ctx: Context) -> gs.Node | None:
@@ -111,9 +101,8 @@ class ConvResidual(Pass):
             return readers[0]
         return None
 
-    def rewrite(self, match: Match, ctx: Context) -> Fusion:
+    def rewrite(self, match: FusedConvMatch, ctx: Context) -> Fusion:
         conv, last = match.nodes[0], match.nodes[-1]
         original = replaced(match.nodes)
-        to_fused_conv(ctx, conv, match.data["activation"], match.data["params"], match.data["z"], last,
-                      match.nodes[1:])
-        return describe(self.name, conv, original, match.data["activation"])
+        to_fused_conv(ctx, conv, match.activation, match.params, match.z, last, match.nodes[1:])
+        return describe(self.name, conv, original, match.activation)

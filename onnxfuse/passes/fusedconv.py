@@ -7,15 +7,33 @@ Z is added before the activation). The node keeps every Conv attribute and gains
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes.base import Context, Reason, Skip, is_op, skip
+from onnxfuse.passes._checks import is_op, skip
+from onnxfuse.passes.base import Context, Match, Reason, Skip
 
 #: ``numpy.finfo(float32)`` bounds: what onnxruntime's CPU kernel uses for a missing Clip bound.
 FLOAT32_LOWEST = float(np.finfo(np.float32).min)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass
+class FusedConvMatch(Match):
+    """A Conv chain that becomes one FusedConv.
+
+    Attributes:
+        activation: the FusedConv ``activation`` value (None: no activation, Conv + Z only).
+        params: its ``activation_params`` (as many as ``providers.ACTIVATION_PARAM_COUNTS`` says).
+        z: the residual tensor added before the activation (exactly the conv output's shape), or None.
+    """
+
+    activation: str | None
+    params: list[float] = field(default_factory=list)
+    z: gs.Tensor | None = None
 
 
 def fusable_conv(node: gs.Node | None) -> bool:

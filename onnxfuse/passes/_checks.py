@@ -1,0 +1,65 @@
+"""Matching checks the passes share: op tests, the private-intermediate and QDQ checks, and the records
+(:class:`~onnxfuse.passes.base.Skip`, :class:`~onnxfuse.passes.base.Fusion`) a pass returns.
+"""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from onnxfuse import graph as g
+from onnxfuse.passes.base import Context, Fusion, Reason, Skip
+
+CONV_OPS = ("Conv", "ConvTranspose")
+ONNX_DOMAINS = ("", "ai.onnx", None)  # graphsurgeon reports the default domain as None
+
+
+def is_op(node: gs.Node | None, *ops: str) -> bool:
+    """True when ``node`` is one of the default-domain ``ops``."""
+    return node is not None and node.op in ops and node.domain in ONNX_DOMAINS
+
+
+def skip(reason: Reason, detail: str, nodes: list[gs.Node], output: gs.Tensor) -> Skip:
+    """Build a :class:`Skip` for ``nodes`` (Conv first) whose fused node would write ``output``."""
+    return Skip(reason, detail, replaced(nodes), output.name)
+
+
+def private_check(intermediates: list[gs.Tensor], inside: list[gs.Node], ctx: Context, nodes: list[gs.Node],
+                  output: gs.Tensor) -> Skip | None:
+    """Skip unless every tensor in ``intermediates`` is read only by nodes in ``inside`` and is no graph output,
+    and every one of ``nodes`` belongs to ``ctx.graph`` (a producer found through an outer-scope tensor lives in an
+    enclosing graph, and its output is read by the If/Loop/Scan node that holds this subgraph)."""
+    if ctx.members:
+        for n in nodes:
+            if id(n) not in ctx.members:
+                return skip(Reason.NOT_PRIVATE, f"{n.outputs[0].name} comes from an enclosing graph "
+                            "(read inside a subgraph)", nodes, output)
+    ids = {id(n) for n in inside}
+    for t in intermediates:
+        if g.is_graph_output(t, ctx.graph):
+            return skip(Reason.GRAPH_OUTPUT, f"{t.name} is a graph output", nodes, output)
+        readers = g.consumers(t)
+        if any(id(r) not in ids for r in readers):
+            return skip(Reason.NOT_PRIVATE, f"{t.name} has {len(readers)} consumers", nodes, output)
+    return None
+
+
+def qdq_check(conv: gs.Node, output: gs.Tensor, nodes: list[gs.Node]) -> Skip | None:
+    """Skip patterns that sit inside a QuantizeLinear/DequantizeLinear pair, which onnxruntime's QDQ fusions need
+    to see as a plain Conv."""
+    fed = any(is_op(g.producer(t), "DequantizeLinear") for t in conv.inputs if t.name)
+    feeds = any(is_op(c, "QuantizeLinear") for c in g.consumers(output))
+    if fed or feeds:
+        return skip(Reason.QDQ, "the conv is part of a QuantizeLinear/DequantizeLinear pattern", nodes, output)
+    return None
+
+
+
+def replaced(nodes: list[gs.Node]) -> tuple[tuple[str, str, str], ...]:
+    """``(name, op_type, first output name)`` of ``nodes``; take it before the rewrite changes them."""
+    return tuple((n.name, n.op, n.outputs[0].name if n.outputs else "") for n in nodes)
+
+
+def describe(pass_name: str, conv: gs.Node, original: tuple[tuple[str, str, str], ...],
+             activation: str | None = None) -> Fusion:
+    """The :class:`Fusion` record for a rewrite whose result is ``conv`` (call after the rewrite)."""
+    return Fusion(pass_name, conv.name, conv.op, original, activation, conv.outputs[0].name)

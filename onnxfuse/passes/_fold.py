@@ -1,0 +1,122 @@
+"""Fold math the conv passes share: output-channel scaling of Conv/ConvTranspose weights, the checks every
+fold makes first, and writing folded weights back as fresh initializers.
+
+Folds compute in float64 and store the result in the weight's dtype (float16 weights stay float16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse import graph as g
+from onnxfuse.passes._checks import private_check, qdq_check, skip
+from onnxfuse.passes.base import Context, Match, Reason, Skip
+
+
+@dataclass
+class FoldMatch(Match):
+    """A fold of the node after a Conv/ConvTranspose into its weights.
+
+    Attributes:
+        weight: W' in float64, the conv weight's shape; None keeps W.
+        bias: B' in float64, shape [M]; None keeps B (or no bias).
+        dtype: the conv weight's dtype, which W' and B' are stored in.
+    """
+
+    weight: np.ndarray | None
+    bias: np.ndarray | None
+    dtype: np.dtype
+
+
+def out_channels(conv: gs.Node, weight_shape: tuple) -> int:
+    """Number of output channels M of a Conv (W is [M, C/group, k...]) or ConvTranspose
+    (W is [C, M/group, k...]; ONNX Operators.md, ConvTranspose)."""
+    if conv.op == "ConvTranspose":
+        return int(weight_shape[1]) * int(conv.attrs.get("group", 1))
+    return int(weight_shape[0])
+
+
+def scale_output_channels(conv: gs.Node, weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``weight`` with output channel m multiplied by ``scale[m]``, in float64.
+
+    Conv: W[m, ...] *= s[m]. ConvTranspose: W is [C, M/group, k...] and output channel m = gi * (M/group) + j
+    is W[gi * C/group : (gi + 1) * C/group, j, ...], so W is viewed as [group, C/group, M/group, k...].
+    """
+    w = weight.astype(np.float64)
+    s = np.asarray(scale, dtype=np.float64)
+    spatial = (1,) * (w.ndim - 2)
+    if conv.op == "ConvTranspose":
+        group = int(conv.attrs.get("group", 1))
+        c_in, m_per_group = w.shape[0], w.shape[1]
+        view = w.reshape((group, c_in // group, m_per_group, *w.shape[2:]))
+        view = view * s.reshape((group, 1, m_per_group, *spatial))
+        return view.reshape(w.shape)
+    return w * s.reshape((-1, 1, *spatial))
+
+
+def fold_inputs(conv: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):
+    """What every fold checks first: the conv output is read only by ``anchor`` and is no graph output, no QDQ,
+    constant weights. Returns ``(W, B or None, None)`` or ``(None, None, Skip)`` (see :func:`conv_parts`)."""
+    bad = private_check([conv.outputs[0]], [anchor], ctx, nodes, output) or qdq_check(conv, output, nodes)
+    if bad:
+        return None, None, bad
+    return conv_parts(conv, ctx, nodes, output)
+
+
+def conv_parts(conv: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):
+    """``(W, B or None, None)`` as constant arrays for a fold, or ``(None, None, Skip)``.
+
+    B is None when the conv has no bias. Folds need float16/float32/float64 weights.
+    """
+    w, why = ctx.constant(conv.inputs[1])
+    if w is None:
+        detail = (f"weight {conv.inputs[1].name} is an initializer listed as a graph input (overridable); pass "
+                  "--constant-initializer-inputs if it never changes" if why == Reason.INITIALIZER_IS_INPUT
+                  else f"weight {conv.inputs[1].name} is not a constant")
+        return None, None, skip(why if why == Reason.INITIALIZER_IS_INPUT else Reason.WEIGHTS_NOT_CONSTANT,
+                                detail, nodes, output)
+    if w.dtype not in FOLDABLE_DTYPES:
+        return None, None, skip(Reason.DTYPE_NOT_FOLDABLE, f"{w.dtype} weights cannot be folded", nodes, output)
+    b = None
+    if len(conv.inputs) > 2 and conv.inputs[2].name:
+        b, why = ctx.constant(conv.inputs[2])
+        if b is None:
+            return None, None, skip(why if why == Reason.INITIALIZER_IS_INPUT else Reason.WEIGHTS_NOT_CONSTANT,
+                                    f"bias {conv.inputs[2].name} is not a constant", nodes, output)
+    return w, b, None
+
+
+def fold_fits(dtype: np.dtype, weight: np.ndarray | None, bias: np.ndarray | None, nodes: list[gs.Node],
+              output: gs.Tensor) -> Skip | None:
+    """Skip a fold whose float64 results hold inf/NaN or exceed the largest finite value of ``dtype`` (they
+    would round to inf when stored: a BN with var + epsilon = 0, a Mul by inf, a Div by 1e-39)."""
+    limit = float(np.finfo(dtype).max)
+    for name, values in (("weights", weight), ("bias", bias)):
+        if values is not None and values.size and not (np.isfinite(values).all()
+                                                       and float(np.abs(values).max()) <= limit):
+            return skip(Reason.FOLD_NOT_FINITE, f"the folded {name} would not be finite in {dtype}", nodes, output)
+    return None
+
+
+FOLDABLE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def set_weights(conv: gs.Node, ctx: Context, weight: np.ndarray | None, bias: np.ndarray | None,
+                dtype: np.dtype) -> None:
+    """Give ``conv`` new, freshly named weight and bias initializers of ``dtype``; None leaves that input as is.
+
+    Never edits a tensor in place, so a weight shared with another node stays as it was.
+    """
+    base = conv.name or conv.outputs[0].name
+    if weight is not None:
+        conv.inputs[1] = g.new_constant(ctx.namer, f"{base}.weight_folded", weight.astype(dtype))
+    if bias is None:
+        return
+    b = g.new_constant(ctx.namer, f"{base}.bias_folded", np.asarray(bias).astype(dtype).reshape(-1))
+    if len(conv.inputs) > 2:
+        conv.inputs[2] = b
+    else:
+        conv.inputs.append(b)

@@ -1,0 +1,56 @@
+"""The pass contract: every pass declares the reasons it can give, and each reason has a test of its own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from onnxfuse.passes import DEFAULT_PASSES, Reason
+from onnxfuse.passes.base import Match, Pass
+
+HERE = Path(__file__).parent
+
+
+def _test_names(pass_name: str) -> list[str]:
+    tree = ast.parse((HERE / f"test_{pass_name}.py").read_text())
+    return [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+
+
+@pytest.mark.parametrize("p", DEFAULT_PASSES, ids=lambda p: p.name)
+def test_every_declared_reason_has_a_named_test(p: Pass):
+    assert p.reasons, f"{p.name} declares no reasons"
+    assert all(isinstance(r, Reason) for r in p.reasons)
+    names = _test_names(p.name)
+    missing = [r.value for r in p.reasons if not any(r.value.replace("-", "_") in n for n in names)]
+    assert not missing, f"tests/passes/test_{p.name}.py has no test named after {missing}"
+
+
+@pytest.mark.parametrize("p", DEFAULT_PASSES, ids=lambda p: p.name)
+def test_pass_has_name_summary_and_a_docstring_with_skips(p: Pass):
+    import inspect
+
+    assert p.name and p.summary
+    doc = inspect.getmodule(type(p)).__doc__
+    assert "Before => after" in doc or "before => after" in doc.lower()
+    for r in p.reasons:
+        assert r.value in doc, f"{p.name}'s module docstring does not list {r.value} under 'Skipped when'"
+
+
+def test_reason_is_its_code_in_text_and_json():
+    import json
+
+    r = Reason.NOT_PRIVATE
+    assert r == "intermediate-has-other-consumers"
+    assert f"{r}" == str(r) == "intermediate-has-other-consumers"
+    assert json.dumps({"reason": r}) == '{"reason": "intermediate-has-other-consumers"}'
+
+
+def test_match_is_typed_per_pass():
+    import typing
+
+    for p in DEFAULT_PASSES:
+        (base,) = [b for b in type(p).__orig_bases__ if typing.get_origin(b) is Pass]
+        (match_type,) = typing.get_args(base)
+        assert issubclass(match_type, Match) and match_type is not Match, p.name
