@@ -17,8 +17,7 @@ from pathlib import Path
 
 import click
 
-from onnxfuse import __version__, pipeline
-from onnxfuse import graph as g
+from onnxfuse import __version__, model_io, pipeline
 from onnxfuse import report as rep
 from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
 from onnxfuse.passes import DEFAULT_PASSES, PASS_NAMES
@@ -195,7 +194,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
     for name, value in (("--rtol", rtol), ("--atol", atol), ("--bandwidth", bandwidth)):
         if value is not None and not math.isfinite(value):
             raise InputError(f"{name} must be a finite number")
-    if g.same_file(input_path, output_path) and not overwrite:
+    if model_io.same_file(input_path, output_path) and not overwrite:
         raise InputError(f"{output_path}: OUTPUT is the same file as INPUT; pass --overwrite to replace it")
     _check_folder(output_path, "OUTPUT")
     fmt = None
@@ -225,10 +224,10 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
     if verification.status == "skipped" and require_verify:
         raise VerificationError(f"{input_path}: verification was skipped ({verification.reason}) and "
                                 f"--require-verify was given; {output_path} was not written")
-    if any(g.same_file(output_path, f) for f in result.loaded.data_files):
+    if any(model_io.same_file(output_path, f) for f in result.loaded.data_files):
         raise InputError(f"{output_path}: OUTPUT is an external data file of INPUT; choose another name")
-    replacing_input = output_path.exists() and g.same_file(input_path, output_path)  # --overwrite
-    written = g.save_model(result.model, output_path, external_data=result.loaded.external_data,
+    replacing_input = output_path.exists() and model_io.same_file(input_path, output_path)  # --overwrite
+    written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
                            protected=() if replacing_input else result.loaded.data_files)
     for line in rep.summary_lines(report):
         click.echo(line)
@@ -362,14 +361,14 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, constant_in
                                            levels=tuple(levels) or bench_mod.LEVELS,
                                            input_shapes=options.input_shapes, input_data=input_data)
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
-        loaded = g.load_model(original)  # a bad ORIGINAL is an input error (exit 2), not an onnxruntime failure
+        loaded = model_io.load_model(original)  # a bad ORIGINAL is an input error (exit 2), not an onnxruntime failure
         if optimized is None:
             with _progress(ctx, f"optimizing {original} in memory"):
                 result = pipeline.analyse(original, options, loaded)
             optimized_path = Path(tmp) / "optimized.onnx"
-            g.save_model(result.model, optimized_path, external_data=result.loaded.external_data)
+            model_io.save_model(result.model, optimized_path, external_data=result.loaded.external_data)
         else:
-            g.load_model(optimized)
+            model_io.load_model(optimized)
             optimized_path = optimized
         with _progress(ctx, "timing onnxruntime sessions"):
             try:

@@ -33,3 +33,9 @@ class VerificationError(OnnxFuseError):
     """The optimized model failed verification against the original (exit code 1)."""
 
     exit_code = 1
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``exc``'s message on one line (whitespace runs collapsed), cut to ``limit`` characters with "..."."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

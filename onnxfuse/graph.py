@@ -1,4 +1,5 @@
-"""Loading, saving and the only code that rewires onnx-graphsurgeon edges.
+"""Conversion to and from onnx-graphsurgeon, and the only code that rewires its edges (file I/O is in
+:mod:`onnxfuse.model_io`).
 
 Everything that touches graphsurgeon's linked lists (``Node.inputs``/``outputs``, ``Tensor.inputs``/``outputs``)
 lives here, so the passes stay declarative. graphsurgeon pitfalls fenced in here:
@@ -12,249 +13,18 @@ lives here, so the passes stay declarative. graphsurgeon pitfalls fenced in here
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
-import tempfile
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
-from onnxfuse.errors import InputError
-
-#: Oldest IR version and default-domain opset that onnxfuse accepts. Opset 7 is where Conv, BatchNormalization
-#: (without the removed ``spatial``/``is_test`` semantics of opset 6) and the broadcasting Add/Mul of the ONNX
-#: spec (Operators.md, "Broadcasting in ONNX") all exist in the form the passes assume.
-MIN_IR_VERSION = 3
-MIN_OPSET = 7
-
-#: protobuf refuses to serialize a message over 2 GiB; models above this are written with external data.
-PROTOBUF_LIMIT_BYTES = 2**31 - 1
+from onnxfuse.errors import InputError, one_line
 
 MS_DOMAIN = "com.microsoft"
 
 
-@dataclass
-class LoadedModel:
-    """A model read from disk and checked.
-
-    Attributes:
-        model: the ModelProto with any external data loaded into memory; ``pipeline.analyse`` sets it to None
-            once it has built a new model, to free the memory.
-        path: the file it came from.
-        sha256: hex SHA-256 of the model file's bytes (not of external data files).
-        file_bytes: size of the model file plus its external data files, in bytes.
-        external_data: True when at least one tensor was stored in an external data file.
-        overridable: names of initializers that are also graph inputs; onnxruntime lets a caller feed them,
-            so they are not constants unless the user says so (ONNX IR.md, "Graphs": initializers as inputs).
-        data_files: the external data files the model reads.
-    """
-
-    model: onnx.ModelProto
-    path: Path
-    sha256: str
-    file_bytes: int
-    external_data: bool
-    overridable: frozenset[str] = field(default_factory=frozenset)
-    data_files: tuple[Path, ...] = ()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def load_model(path: str | os.PathLike) -> LoadedModel:
-    """Read, check and return the model at ``path``.
-
-    External data is read from files beside the model. The file itself is only read.
-
-    Raises:
-        InputError: with a one-line message naming the file and the cause, when the path is missing, a directory
-            or empty, the bytes are not an ONNX protobuf (or are truncated), an external data file is missing,
-            ``onnx.checker`` rejects the model, or its IR version / opset is older than MIN_IR_VERSION / MIN_OPSET.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{p}: no such file")
-    if p.is_dir():
-        raise InputError(f"{p}: is a directory, not an ONNX model file")
-    if not p.is_file():
-        raise InputError(f"{p}: is not a regular file (a device or FIFO)")
-    if p.stat().st_size == 0:
-        raise InputError(f"{p}: the file is empty")
-    # The checker runs first, on the path: its C++ copy of the model is gone before Python parses its own, so
-    # the two never sit in memory together. Its verdict is reported after the more specific checks below.
-    try:
-        onnx.checker.check_model(str(p))
-        rejected = None
-    except onnx.checker.ValidationError as exc:
-        rejected = exc
-    try:
-        model = onnx.load(str(p), load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        raise InputError(f"{p}: not a readable ONNX model (protobuf parse failed: {exc})") from None
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read the file ({exc.strerror or exc})") from None
-    if not model.ir_version or not model.HasField("graph"):
-        raise InputError(f"{p}: not an ONNX model (no IR version or graph in the file)")
-    if model.ir_version < MIN_IR_VERSION:
-        raise InputError(f"{p}: IR version {model.ir_version} is older than the oldest supported ({MIN_IR_VERSION})")
-    opset = default_opset(model)
-    if opset is None or opset < MIN_OPSET:
-        raise InputError(
-            f"{p}: ai.onnx opset {opset} is older than the oldest supported ({MIN_OPSET}); "
-            "upgrade it with onnx.version_converter"
-        )
-    external = [t for t in onnx.external_data_helper._get_all_tensors(model)
-                if t.data_location == onnx.TensorProto.EXTERNAL]
-    has_external = bool(external)
-    file_bytes = p.stat().st_size
-    locations: set[str] = set()
-    base = p.absolute().parent  # like onnxruntime: beside the path as given (a symlinked model's data too)
-    if has_external:
-        for t in external:
-            info = onnx.external_data_helper.ExternalDataInfo(t)
-            if not (base / info.location).is_file():
-                raise InputError(f"{p}: external data file {info.location!r} of tensor {t.name!r} is missing")
-            locations.add(info.location)
-        file_bytes += sum((base / loc).stat().st_size for loc in locations)
-    if rejected is not None:
-        raise InputError(f"{p}: onnx.checker rejected the model: {_one_line(rejected)}")
-    if has_external:
-        try:
-            onnx.load_external_data_for_model(model, str(base))
-        except Exception as exc:  # onnx raises ValidationError/OSError/ValueError here depending on the defect
-            raise InputError(f"{p}: cannot read external data ({_one_line(exc)})") from None
-    overridable = frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
-    return LoadedModel(model, p, _sha256(p), file_bytes, has_external, overridable,
-                       tuple(base / loc for loc in sorted(locations)))
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def default_opset(model: onnx.ModelProto) -> int | None:
-    """Version of the default ONNX domain (``""`` or ``"ai.onnx"``) that ``model`` imports, or None."""
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return imp.version
-    return None
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# Saving
-
-
-def exceeds_protobuf_limit(model: onnx.ModelProto) -> bool:
-    """True when ``model`` cannot be serialized as one protobuf message (over 2 GiB; protobuf then raises
-    instead of returning a size)."""
-    try:
-        return model.ByteSize() > PROTOBUF_LIMIT_BYTES
-    except Exception:
-        return True
-
-
-@contextlib.contextmanager
-def _working_directory(path: Path):
-    # onnx's convert_model_to_external_data tests os.path.exists(location) against the *current* directory, so
-    # an unrelated X.data in the cwd blocked writing X (onnx 1.23); run it where only our files are.
-    previous = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
-
-
-def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False,
-               protected: tuple[Path, ...] = ()) -> list[Path]:
-    """Write ``model`` to ``path`` atomically and return the files written.
-
-    The model (and, with ``external_data`` or when it exceeds protobuf's 2 GiB limit, one data file named
-    ``<path name>.data`` beside it) is first written into a temporary folder in the target folder, then each
-    file is moved into place with ``os.replace``, which is atomic on POSIX. A failure at any point leaves the old
-    file or no file, never part of one, and removes the temporary folder. A ``path`` that is a symbolic link is
-    written through: the file it points to is replaced and the link stays. Writing external data moves the
-    weights out of ``model`` into the file.
-
-    Args:
-        protected: files that must not be replaced (the input model's external data files).
-
-    Raises:
-        InputError: the target is not a regular file, its folder does not exist or is not writable, the data
-            file would replace a protected file, or writing failed (disk full, I/O error); the temporary folder
-            is removed first.
-    """
-    given = Path(path)
-    if given.exists() and not given.is_file():
-        raise InputError(f"{given}: exists and is not a regular file (a device, FIFO or folder); "
-                         "onnxfuse will not replace it")
-    target = given.resolve() if given.is_symlink() else Path(os.path.abspath(given))
-    folder = target.parent
-    if not folder.is_dir():
-        raise InputError(f"{given}: the output folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"{given}: the output folder {folder} is not writable")
-    use_external = external_data or exceeds_protobuf_limit(model)
-    location = target.name + ".data"
-    if use_external and any(same_file(folder / location, p) for p in protected):
-        raise InputError(f"{given}: its data file {location} would replace the input model's external data; "
-                         "choose another OUTPUT name")
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder))
-    written = []
-    try:
-        tmp_model = tmpdir / target.name
-        if use_external:
-            with _working_directory(tmpdir):
-                onnx.save_model(model, target.name, save_as_external_data=True, all_tensors_to_one_file=True,
-                                location=location, size_threshold=1024)
-            if (tmpdir / location).exists():
-                _fsync(tmpdir / location)
-                os.replace(tmpdir / location, folder / location)
-                written.append(given.parent / location)
-        else:
-            _write_bytes(tmp_model, model.SerializeToString(deterministic=True))
-        _fsync(tmp_model)
-        os.replace(tmp_model, target)
-        written.insert(0, given)
-    except OSError as exc:
-        raise InputError(f"{given}: cannot write the output ({exc.strerror or exc}); nothing was written") from None
-    finally:
-        for leftover in tmpdir.iterdir():
-            leftover.unlink()
-        tmpdir.rmdir()
-    return written
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """True when paths ``a`` and ``b`` name the same file (symlinks and hard links included)."""
-    pa, pb = Path(a), Path(b)
-    if pb.exists() and pa.exists():
-        return os.path.samefile(pa, pb)
-    return pa.resolve() == pb.resolve()
+# graphsurgeon conversion
 
 
 def rewrite_blocker(model: onnx.ModelProto) -> str | None:
@@ -283,10 +53,6 @@ def rewrite_blocker(model: onnx.ModelProto) -> str | None:
     return walk(model.graph, set())
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# graphsurgeon conversion
-
-
 def to_graph(model: onnx.ModelProto) -> gs.Graph:
     """Import ``model`` into graphsurgeon (weights stay lazily referenced, not copied).
 
@@ -297,7 +63,7 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
         return gs.import_onnx(model)
     except Exception as exc:
         raise InputError(f"onnx-graphsurgeon cannot import this model ({type(exc).__name__}: "
-                         f"{_one_line(exc)})") from None
+                         f"{one_line(exc)})") from None
 
 
 def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
@@ -311,7 +77,7 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
         model = gs.export_onnx(graph, do_type_check=False)
     except Exception as exc:
         raise InputError(f"onnx-graphsurgeon cannot export this model ({type(exc).__name__}: "
-                         f"{_one_line(exc)})") from None
+                         f"{one_line(exc)})") from None
     _hoist_outer_initializers(model.graph, {t.name for t in original.graph.initializer})
     _restore_initializer_inputs(model.graph, original.graph, original.ir_version)
     # Replace every model-level field with the original's; the exported graph stays (no copy of the weights).

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from onnxfuse import __version__, shapes, traffic
+from onnxfuse import __version__, model_io, shapes, traffic
 from onnxfuse import graph as g
 from onnxfuse import passes as passes_mod
 from onnxfuse import report as rep
@@ -65,7 +65,7 @@ class Result:
     skips: list[Skip]
     changed: bool
     report: rep.Report
-    loaded: g.LoadedModel
+    loaded: model_io.LoadedModel
 
 
 def _check_options(options: Options) -> tuple[Pass, ...]:
@@ -131,14 +131,14 @@ def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...
         model.metadata_props.add(key=key, value=value)
 
 
-def analyse(path: str | os.PathLike, options: Options, loaded: g.LoadedModel | None = None) -> Result:
+def analyse(path: str | os.PathLike, options: Options, loaded: model_io.LoadedModel | None = None) -> Result:
     """Load the model at ``path``, run the passes in memory and build the report (no verification, no file).
 
     Raises:
         InputError: unreadable or invalid model, unknown target or pass name, bad ``input_shapes``.
     """
     selected = _check_options(options)
-    loaded = loaded or g.load_model(path)
+    loaded = loaded or model_io.load_model(path)
     model = loaded.model
     skel = shapes.skeleton(model)
     info, elem_types = shapes.infer(skel)  # the model's own (symbolic) shapes: what the passes may rely on

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxfuse import graph
+from onnxfuse import model_io
 from onnxfuse.errors import InputError
 
 #: Default (rtol, atol) per output dtype. Folding reorders float arithmetic (W * s rounded once instead of
@@ -264,9 +264,9 @@ def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: Verify
                              f"(inputs: {', '.join(sorted(names))})")
     with tempfile.TemporaryDirectory(prefix="onnxfuse-verify-") as tmp:
         try:
-            if graph.exceeds_protobuf_limit(optimized):
+            if model_io.exceeds_protobuf_limit(optimized):
                 path = Path(tmp) / "optimized.onnx"
-                graph.save_model(optimized, path, external_data=True)
+                model_io.save_model(optimized, path, external_data=True)
                 try:
                     opt_sess = session(str(path))
                 finally:  # saving moved the weights out of the proto into the file: take them back

@@ -14,8 +14,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse import __version__
-from onnxfuse import graph as g
+from onnxfuse import __version__, model_io
 from onnxfuse.cli import main
 from onnxfuse.passes import DEFAULT_PASSES, PASS_NAMES
 from tests.builders import GraphBuilder
@@ -173,7 +172,7 @@ def test_atomic_write_leaves_nothing_when_the_write_fails(tmp_path, monkeypatch)
             fh.write(data[: len(data) // 3])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(g, "_write_bytes", disk_full)
+    monkeypatch.setattr(model_io, "_write_bytes", disk_full)
     result = invoke("optimize", SAMPLE, out)
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
@@ -190,7 +189,7 @@ def test_atomic_write_keeps_the_old_output_when_the_write_fails(tmp_path, monkey
             fh.write(data[:10])
         raise RuntimeError("simulated crash mid-write")
 
-    monkeypatch.setattr(g, "_write_bytes", crash)
+    monkeypatch.setattr(model_io, "_write_bytes", crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
         CliRunner().invoke(main, ["optimize", str(SAMPLE), str(out)], catch_exceptions=False)
     assert out.read_bytes() == b"old model"

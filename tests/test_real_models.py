@@ -17,8 +17,7 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxfuse import graph as g
-from onnxfuse import pipeline
+from onnxfuse import model_io, pipeline
 from onnxfuse.graph import proto_graphs
 from onnxfuse.verify import VerifyOptions, session
 from tests.conftest import REPO
@@ -110,7 +109,7 @@ def test_real_model(name, target, tmp_path, ort_dir):
     assert signature(result.model) == signature(original)  # graph input/output names, order and dtypes
 
     out = tmp_path / "out.onnx"
-    g.save_model(result.model, out)
+    model_io.save_model(result.model, out)
     onnx.checker.check_model(str(out), full_check=True)
     # fusion never bloats a model (silero's LSTM weights were once copied into both If branches)
     assert out.stat().st_size <= src.stat().st_size * 1.01 + 4096

@@ -170,7 +170,7 @@ def test_one_value_per_symbolic_dim_name():
 
 
 def test_models_over_the_protobuf_limit_are_verified_through_external_data(tmp_path, monkeypatch):
-    from onnxfuse import graph as g
+    from onnxfuse import model_io as g
 
     monkeypatch.setattr(g, "PROTOBUF_LIMIT_BYTES", 1000)  # the sample is ~5 KB: take the > 2 GB path
     out = tmp_path / "o.onnx"
