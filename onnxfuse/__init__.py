@@ -1,7 +1,41 @@
 """onnxfuse: offline operator fusion for ONNX models, with a memory-traffic report and numerical verification.
 
-Public API: :func:`onnxfuse.pipeline.optimize`, :func:`onnxfuse.pipeline.analyse` and the report types in
-:mod:`onnxfuse.report`. The library never prints; the ``onnxfuse`` command (``onnxfuse.cli``) does.
+Public API (the library never prints; the ``onnxfuse`` command in ``onnxfuse.cli`` does)::
+
+    onnxfuse.optimize(model, target="cpu+cuda", input_shapes=None, verify=True, ...) -> Result
+    onnxfuse.analyse(model, ...) -> Report
+    onnxfuse.verify(original, candidate, ...) -> Verification
+
+``model`` is an ``onnx.ModelProto`` or a path. Errors: :class:`InputError` (bad model or option; the CLI's exit
+code 2) and :class:`VerificationError` (the optimized model does not match; exit code 1), both
+:class:`OnnxFuseError`. See :mod:`onnxfuse.api`.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+from onnxfuse._version import __version__
+from onnxfuse.api import analyse, optimize, verify
+from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
+
+__all__ = [
+    "InputError", "OnnxFuseError", "Report", "Result", "Verification", "VerificationError", "__version__",
+    "analyse", "optimize", "verify",
+]
+
+
+def __getattr__(name: str):
+    # The result types live beside the code that makes them; importing them (onnx, onnx-graphsurgeon, numpy)
+    # only when asked keeps `import onnxfuse` and `onnxfuse --version` fast.
+    if name == "Result":
+        from onnxfuse.pipeline import Result
+
+        return Result
+    if name == "Report":
+        from onnxfuse.report import Report
+
+        return Report
+    if name == "Verification":
+        from onnxfuse.verification import Verification
+
+        return Verification
+    raise AttributeError(f"module 'onnxfuse' has no attribute {name!r}")

@@ -66,7 +66,7 @@ def bench(original: str, optimized: str, opts: BenchOptions) -> dict[str, Any]:
     Raises:
         RuntimeError: onnxruntime cannot load or run one of the models (the message says which).
     """
-    from onnxfuse.verify import _load_npz, _shape_hint, _short, make_inputs, session
+    from onnxfuse.verification import _load_npz, _shape_hint, _short, make_inputs, session
 
     given = _load_npz(opts.input_data) if opts.input_data else None
     models = {"original": original, "optimized": optimized}

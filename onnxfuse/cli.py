@@ -17,8 +17,9 @@ from pathlib import Path
 
 import click
 
-from onnxfuse import __version__, model_io, pipeline
+from onnxfuse import model_io, pipeline
 from onnxfuse import report as rep
+from onnxfuse._version import __version__
 from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
 from onnxfuse.passes import DEFAULT_PASSES, PASS_NAMES
 from onnxfuse.providers import DEFAULT_TARGET, TARGETS
@@ -186,7 +187,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
       onnxfuse optimize m.onnx m.fused.onnx --report traffic.json \\
           --require-verify
     """
-    from onnxfuse.verify import VerifyOptions
+    from onnxfuse.verification import VerifyOptions
 
     output_path = Path(output_arg)
     if output_path.is_dir() or output_arg.endswith(("/", os.sep)):

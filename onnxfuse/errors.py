@@ -30,9 +30,22 @@ class InputError(OnnxFuseError):
 
 
 class VerificationError(OnnxFuseError):
-    """The optimized model failed verification against the original (exit code 1)."""
+    """The optimized model failed verification against the original, or verification was required and
+    skipped (exit code 1).
+
+    Attributes:
+        result: the ``onnxfuse.Result`` whose model failed (its ``report.verification`` says which outputs
+            differ and by how much), or None where there is no optimized model (``onnxfuse.verify``).
+        verification: the ``onnxfuse.verification.Verification`` itself.
+    """
 
     exit_code = 1
+
+    def __init__(self, message: str, result=None, verification=None):
+        super().__init__(message)
+        self.result = result
+        self.verification = verification if verification is not None else (
+            result.report.verification if result is not None else None)
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

@@ -28,27 +28,42 @@ PROTOBUF_LIMIT_BYTES = 2**31 - 1
 
 @dataclass
 class LoadedModel:
-    """A model read from disk and checked.
+    """A model read from disk (or handed over as a ModelProto) and checked.
 
     Attributes:
         model: the ModelProto with any external data loaded into memory; ``pipeline.analyse`` sets it to None
-            once it has built a new model, to free the memory.
-        path: the file it came from.
-        sha256: hex SHA-256 of the model file's bytes (not of external data files).
-        file_bytes: size of the model file plus its external data files, in bytes.
+            once it has built a new model, to free the memory. For a ModelProto input this is a copy.
+        path: the file it came from; None for a ModelProto input.
+        sha256: hex SHA-256 of the model file's bytes (not of external data files); for a ModelProto input, of
+            its deterministic serialization.
+        file_bytes: size of the model file plus its external data files, in bytes (a ModelProto: its
+            serialized size).
         external_data: True when at least one tensor was stored in an external data file.
         overridable: names of initializers that are also graph inputs; onnxruntime lets a caller feed them,
             so they are not constants unless the user says so (ONNX IR.md, "Graphs": initializers as inputs).
         data_files: the external data files the model reads.
     """
 
-    model: onnx.ModelProto
-    path: Path
+    model: onnx.ModelProto | None
+    path: Path | None
     sha256: str
     file_bytes: int
     external_data: bool
     overridable: frozenset[str] = field(default_factory=frozenset)
     data_files: tuple[Path, ...] = ()
+    proto: onnx.ModelProto | None = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        """How messages and reports name the model: its path, or ``<ModelProto>``."""
+        return str(self.path) if self.path is not None else "<ModelProto>"
+
+    def ort_source(self) -> str | bytes:
+        """What onnxruntime loads the original from: the file path, or the caller's ModelProto serialized
+        (read only; it is never modified)."""
+        if self.path is not None:
+            return str(self.path)
+        return self.proto.SerializeToString()
 
 
 def _sha256(path: Path) -> str:
@@ -91,16 +106,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         raise InputError(f"{p}: not a readable ONNX model (protobuf parse failed: {exc})") from None
     except OSError as exc:
         raise InputError(f"{p}: cannot read the file ({exc.strerror or exc})") from None
-    if not model.ir_version or not model.HasField("graph"):
-        raise InputError(f"{p}: not an ONNX model (no IR version or graph in the file)")
-    if model.ir_version < MIN_IR_VERSION:
-        raise InputError(f"{p}: IR version {model.ir_version} is older than the oldest supported ({MIN_IR_VERSION})")
-    opset = default_opset(model)
-    if opset is None or opset < MIN_OPSET:
-        raise InputError(
-            f"{p}: ai.onnx opset {opset} is older than the oldest supported ({MIN_OPSET}); "
-            "upgrade it with onnx.version_converter"
-        )
+    _check_versions(model, str(p))
     external = [t for t in onnx.external_data_helper._get_all_tensors(model)
                 if t.data_location == onnx.TensorProto.EXTERNAL]
     has_external = bool(external)
@@ -124,6 +130,51 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     overridable = frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
     return LoadedModel(model, p, _sha256(p), file_bytes, has_external, overridable,
                        tuple(base / loc for loc in sorted(locations)))
+
+
+def _check_versions(model: onnx.ModelProto, label: str) -> None:
+    if not model.ir_version or not model.HasField("graph"):
+        raise InputError(f"{label}: not an ONNX model (no IR version or graph in the file)")
+    if model.ir_version < MIN_IR_VERSION:
+        raise InputError(f"{label}: IR version {model.ir_version} is older than the oldest supported "
+                         f"({MIN_IR_VERSION})")
+    opset = default_opset(model)
+    if opset is None or opset < MIN_OPSET:
+        raise InputError(
+            f"{label}: ai.onnx opset {opset} is older than the oldest supported ({MIN_OPSET}); "
+            "upgrade it with onnx.version_converter"
+        )
+
+
+def load_proto(model: onnx.ModelProto) -> LoadedModel:
+    """Check an in-memory ``model`` and wrap a copy of it; ``model`` itself is never modified.
+
+    Tensors stored as external data must already be loaded into ``model`` (``onnx.load`` does that by default).
+
+    Raises:
+        InputError: ``model`` is not a ModelProto, has tensors whose external data is not loaded, is rejected by
+            ``onnx.checker``, or its IR version / opset is older than MIN_IR_VERSION / MIN_OPSET.
+    """
+    label = "<ModelProto>"
+    if not isinstance(model, onnx.ModelProto):
+        raise InputError(f"expected an onnx.ModelProto or a path, got {type(model).__name__}")
+    _check_versions(model, label)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model)):
+        raise InputError(f"{label}: it refers to external data that is not loaded; pass its path instead, or "
+                         "load it with onnx.load(path) (load_external_data=True)")
+    try:
+        data = model.SerializeToString(deterministic=True)
+    except Exception as exc:
+        raise InputError(f"{label}: it cannot be serialized ({one_line(exc)}); models over 2 GiB must be "
+                         "passed as a path with external data") from None
+    try:
+        onnx.checker.check_model(data)
+    except onnx.checker.ValidationError as exc:
+        raise InputError(f"{label}: onnx.checker rejected the model: {one_line(exc)}") from None
+    copy = onnx.ModelProto()
+    copy.ParseFromString(data)
+    overridable = frozenset({t.name for t in copy.graph.initializer} & {i.name for i in copy.graph.input})
+    return LoadedModel(copy, None, hashlib.sha256(data).hexdigest(), len(data), False, overridable, (), model)
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:

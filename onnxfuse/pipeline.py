@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from onnxfuse import __version__, model_io, shapes, traffic
 from onnxfuse import graph as g
+from onnxfuse import model_io, shapes, traffic
 from onnxfuse import passes as passes_mod
 from onnxfuse import report as rep
+from onnxfuse._version import __version__
 from onnxfuse.errors import InputError
 from onnxfuse.passes import Context, Fusion, Match, Pass, Skip
 from onnxfuse.providers import DEFAULT_TARGET, TARGETS, get_target
@@ -66,6 +67,11 @@ class Result:
     changed: bool
     report: rep.Report
     loaded: model_io.LoadedModel
+
+    @property
+    def verification(self):
+        """The ``onnxfuse.verification.Verification`` of :func:`optimize` (``report.verification``)."""
+        return self.report.verification
 
 
 def _check_options(options: Options) -> tuple[Pass, ...]:
@@ -131,8 +137,10 @@ def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...
         model.metadata_props.add(key=key, value=value)
 
 
-def analyse(path: str | os.PathLike, options: Options, loaded: model_io.LoadedModel | None = None) -> Result:
-    """Load the model at ``path``, run the passes in memory and build the report (no verification, no file).
+def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.LoadedModel | None = None
+            ) -> Result:
+    """Load the model at ``path`` (or take ``loaded``), run the passes in memory and build the report (no
+    verification, no file).
 
     Raises:
         InputError: unreadable or invalid model, unknown target or pass name, bad ``input_shapes``.
@@ -154,7 +162,7 @@ def analyse(path: str | os.PathLike, options: Options, loaded: model_io.LoadedMo
     measured = False
     if not missing and any(r.total_bytes is None for r in before_rows):
         # Static inference left sizes unknown although every input shape is known: measure them in onnxruntime.
-        got_info, got_elems = shapes.measure(str(loaded.path), model, input_shapes)
+        got_info, got_elems = shapes.measure(loaded.ort_source(), model, input_shapes)
         unknown = {t for r in before_rows for t in r.unknown}
         found = {k: v for k, v in got_info.items() if k in unknown}
         if found:
@@ -175,7 +183,7 @@ def analyse(path: str | os.PathLike, options: Options, loaded: model_io.LoadedMo
             fusions, skips = run_passes(graph, selected, ctx)
             out = g.to_model(graph, model) if fusions else model
         except InputError as exc:
-            raise InputError(f"{loaded.path}: {exc}") from None
+            raise InputError(f"{loaded.label}: {exc}") from None
     else:
         out = model
     _set_metadata(out, options.target, selected)
@@ -199,20 +207,21 @@ def analyse(path: str | os.PathLike, options: Options, loaded: model_io.LoadedMo
     return Result(out, fusions, skips, bool(fusions), report, loaded)
 
 
-def optimize(path: str | os.PathLike, options: Options, verify_options=None) -> Result:
+def optimize(path: str | os.PathLike | None, options: Options, verify_options=None,
+             loaded: model_io.LoadedModel | None = None) -> Result:
     """:func:`analyse`, then verify the optimized model against the original in onnxruntime unless
     ``verify_options`` is None; the verification result goes into ``result.report.verification``.
 
     Raises:
         InputError: as :func:`analyse`.
     """
-    from onnxfuse import verify
+    from onnxfuse import verification as verify
 
-    result = analyse(path, options)
+    result = analyse(path, options, loaded)
     if verify_options is not None:
         # the shapes analyse() used: the given ones plus those their named dims complete
         verify_options.input_shapes = {k: tuple(v) for k, v in result.report.input_shapes.items()}
-        result.report.verification = verify.verify(result.loaded.path, result.model, verify_options)
+        result.report.verification = verify.verify(result.loaded.ort_source(), result.model, verify_options)
     else:
         result.report.verification = verify.Verification.skipped_by_user()
     return result

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxfuse import __version__
+from onnxfuse._version import __version__
 from onnxfuse.passes import Fusion, Skip
 from onnxfuse.traffic import ModelIndex, NodeTraffic, Sizes, chain_bytes, fused_estimate, totals
 
@@ -26,7 +26,18 @@ DEFAULT_TOP_ROWS = 20
 
 @dataclass
 class Report:
-    """Everything ``onnxfuse report`` and ``optimize --report`` show; ``to_dict()`` is the JSON form."""
+    """Everything ``onnxfuse report`` and ``optimize --report`` show; ``to_dict()`` is the JSON form.
+
+    Attributes (byte figures are integers for the input shapes used):
+        model: ``path`` (or ``<ModelProto>``), ``sha256``, ``file_bytes``, ``external_data``.
+        target: the ``--target``; passes: the pass names that ran, in order.
+        totals: ``before`` / ``after`` (``read_bytes``, ``written_bytes``, ``total_bytes``, ``nodes``,
+            ``unknown_nodes``), ``saved_bytes``, ``saved_percent``.
+        fusions: one dict per fused node (``node``, ``op``, ``replaced``, ``activation``, ``saved_bytes``...).
+        unfused: one dict per pattern left unfused (``nodes``, ``reason``, ``detail``, ``bytes``).
+        verification: an ``onnxfuse.verification.Verification`` (None for ``analyse``).
+        The rest is documented field by field in ``onnxfuse/report.schema.json``.
+    """
 
     model: dict[str, Any]
     target: str
@@ -46,6 +57,33 @@ class Report:
     verification: Any = None
     bandwidth: dict | None = None
     onnxfuse_version: str = __version__
+
+    @property
+    def saved_bytes(self) -> int | None:
+        """Bytes of memory traffic the rewrites removed (before - after), for the shapes used; None if unknown."""
+        return self.totals["saved_bytes"]
+
+    @property
+    def before_bytes(self) -> int | None:
+        """Bytes read plus written by every node of the input model (nodes of unknown size left out)."""
+        return self.totals["before"]["total_bytes"]
+
+    @property
+    def after_bytes(self) -> int | None:
+        """Bytes read plus written by every node of the optimized model (nodes of unknown size left out)."""
+        return self.totals["after"]["total_bytes"]
+
+    def to_json(self) -> str:
+        """The JSON form (see ``report.schema.json``): sorted keys, 2-space indent, trailing newline."""
+        return to_json(self)
+
+    def to_markdown(self, show_all: bool = False) -> str:
+        """Markdown for pull-request comments and CI job summaries (top rows unless ``show_all``)."""
+        return to_markdown(self, show_all)
+
+    def to_text(self, show_all: bool = False, width: int = 120) -> str:
+        """Terminal tables without colour codes, ``width`` columns wide (top rows unless ``show_all``)."""
+        return to_text(self, show_all, width)
 
     def set_bandwidth(self, gb_per_s: float) -> None:
         """Add the estimated memory time at ``gb_per_s`` (10^9 bytes per second): bytes / bandwidth."""
@@ -173,7 +211,7 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
                 reasons[str(s.reason)] = reasons.get(str(s.reason), 0) + 1
         stats.append({"name": name, "applied": applied, "skipped": dict(sorted(reasons.items()))})
     return Report(
-        model={"path": str(loaded.path), "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,
+        model={"path": loaded.label, "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,
                "external_data": loaded.external_data},
         target=target, passes=list(passes), input_shapes={k: list(v) for k, v in input_shapes.items()},
         unknown_shapes=missing,

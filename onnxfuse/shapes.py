@@ -208,7 +208,7 @@ _PROFILE_DTYPES = {
 }
 
 
-def measure(path: str, model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]
+def measure(path: str | bytes, model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]
             ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
     """Shapes of the tensors that onnxruntime actually produced in one run of the model file ``path``.
 
@@ -222,7 +222,7 @@ def measure(path: str, model: onnx.ModelProto, input_shapes: dict[str, tuple[int
     import json
     import tempfile
 
-    from onnxfuse.verify import make_inputs, session
+    from onnxfuse.verification import make_inputs, session
 
     by_name: dict[str, list[str]] = {}
     for graph, _ in proto_graphs(model.graph):

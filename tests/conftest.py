@@ -12,7 +12,7 @@ import pytest
 
 from onnxfuse import pipeline
 from onnxfuse.graph import proto_graphs
-from onnxfuse.verify import session
+from onnxfuse.verification import session
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ import pytest
 
 from onnxfuse import model_io, pipeline
 from onnxfuse.graph import proto_graphs
-from onnxfuse.verify import VerifyOptions, session
+from onnxfuse.verification import VerifyOptions, session
 from tests.conftest import REPO
 
 MODELS_DIR = Path(os.environ.get("ONNXFUSE_MODELS_DIR", REPO.parent / "shared" / "models"))

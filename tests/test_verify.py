@@ -10,7 +10,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse import verify
+from onnxfuse import verification as verify
 from onnxfuse.cli import main
 from onnxfuse.passes.conv_batchnorm import ConvBatchNorm
 from tests.builders import GraphBuilder

@@ -242,7 +242,7 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
         raise InputError(f"--input-data {path}: cannot read it as .npz ({exc})") from None
 
 
-def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: VerifyOptions) -> Verification:
+def verify(original: str | os.PathLike | bytes, optimized: onnx.ModelProto, opts: VerifyOptions) -> Verification:
     """Compare ``optimized`` with the model file ``original`` on every input set.
 
     Returns ``skipped`` (with the reason) when onnxruntime cannot load or run the *original*; ``failed`` when
@@ -253,7 +253,7 @@ def verify(original: str | os.PathLike, optimized: onnx.ModelProto, opts: Verify
     """
     given = _load_npz(opts.input_data) if opts.input_data else None
     try:
-        ref_sess = session(str(original))
+        ref_sess = session(original if isinstance(original, bytes) else str(original))
     except Exception as exc:
         return Verification("skipped", f"onnxruntime cannot load the original: {_short(exc)}")
     if given:

@@ -1,0 +1,153 @@
+"""The Python API for export scripts: :func:`optimize`, :func:`analyse` and :func:`verify`.
+
+Same defaults as the ``onnxfuse`` command (verification included). The functions never print, never modify the
+caller's ``ModelProto`` or file, and raise :class:`~onnxfuse.errors.InputError` (the CLI's exit code 2) or
+:class:`~onnxfuse.errors.VerificationError` (exit code 1)::
+
+    import onnx, onnxfuse
+
+    model = onnx.load("model.onnx")
+    result = onnxfuse.optimize(model, target="cpu", input_shapes={"x": (1, 3, 640, 640)})
+    onnx.save(result.model, "model.fused.onnx")
+    print(result.report.saved_bytes, result.report.to_markdown())
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from onnxfuse.errors import InputError, VerificationError
+from onnxfuse.providers import DEFAULT_TARGET
+
+if TYPE_CHECKING:
+    import onnx
+
+    from onnxfuse.model_io import LoadedModel
+    from onnxfuse.pipeline import Options, Result
+    from onnxfuse.report import Report
+    from onnxfuse.verification import Verification
+
+def _load(model) -> LoadedModel:
+    from onnxfuse import model_io
+
+    if isinstance(model, (str, os.PathLike)):
+        return model_io.load_model(model)
+    return model_io.load_proto(model)
+
+
+def _shapes(input_shapes: Mapping[str, Iterable[int]] | None) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for name, dims in (input_shapes or {}).items():
+        try:
+            shape = tuple(int(d) for d in dims)
+        except (TypeError, ValueError):
+            raise InputError(f"input_shapes[{name!r}]: expected a sequence of integers, got {dims!r}") from None
+        if any(d <= 0 for d in shape):
+            raise InputError(f"input_shapes[{name!r}]: dims must be positive, got {list(shape)}")
+        out[str(name)] = shape
+    return out
+
+
+def _options(target: str, input_shapes, only, skip, constant_initializer_inputs: bool) -> Options:
+    from onnxfuse.pipeline import Options
+
+    if isinstance(only, str) or isinstance(skip, str):
+        raise InputError("only/skip take a sequence of pass names, not a string")
+    return Options(target=target, only=tuple(only), skip=tuple(skip), input_shapes=_shapes(input_shapes),
+                   constant_initializer_inputs=constant_initializer_inputs)
+
+
+def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DEFAULT_TARGET,
+            input_shapes: Mapping[str, Iterable[int]] | None = None, only: Iterable[str] = (),
+            skip: Iterable[str] = (), constant_initializer_inputs: bool = False) -> Report:
+    """The memory-traffic report of what :func:`optimize` would do to ``model``; no rewrite is kept, nothing
+    is verified. What ``onnxfuse report`` prints.
+
+    Args:
+        model: an ``onnx.ModelProto`` (external data loaded) or the path of a ``.onnx`` file.
+        target: ``cpu+cuda`` (default), ``cpu``, ``cuda`` or ``onnx`` (see ``onnxfuse.providers.TARGETS``).
+        input_shapes: graph input name -> concrete dims for symbolic dims, e.g. ``{"x": (1, 3, 640, 640)}``.
+        only / skip: pass names to run exclusively / leave out (``onnxfuse passes`` lists them).
+        constant_initializer_inputs: treat initializers that are also graph inputs as constants.
+
+    Raises:
+        InputError: an unreadable or invalid model, an unknown target or pass, bad ``input_shapes``.
+    """
+    from onnxfuse import pipeline
+
+    options = _options(target, input_shapes, only, skip, constant_initializer_inputs)
+    loaded = _load(model)
+    return pipeline.analyse(loaded.path, options, loaded).report
+
+
+def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DEFAULT_TARGET,
+             input_shapes: Mapping[str, Iterable[int]] | None = None, verify: bool = True,
+             require_verify: bool = False, input_data: str | os.PathLike[str] | None = None,
+             rtol: float | None = None, atol: float | None = None, only: Iterable[str] = (),
+             skip: Iterable[str] = (), constant_initializer_inputs: bool = False) -> Result:
+    """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
+
+    What ``onnxfuse optimize`` does, without writing a file: save ``result.model`` yourself (``onnx.save``).
+
+    Args:
+        model: an ``onnx.ModelProto`` (external data loaded; it is not modified) or the path of a ``.onnx`` file.
+        target, input_shapes, only, skip, constant_initializer_inputs: as :func:`analyse`.
+        verify: run the original and the optimized model in onnxruntime (graph optimizations disabled on both)
+            and compare the outputs; False records verification as skipped.
+        require_verify: raise :class:`VerificationError` when verification was skipped (say, onnxruntime
+            cannot run the original on generated inputs).
+        input_data: an ``.npz`` with one array per graph input name, used instead of random inputs.
+        rtol / atol: tolerance overrides for every output (default: per dtype; see README, "Verification").
+
+    Returns:
+        A :class:`onnxfuse.pipeline.Result`: ``model`` (the optimized ``ModelProto``), ``report`` (the
+        :class:`onnxfuse.report.Report`, its ``verification`` filled in), ``changed``, ``fusions``, ``skips``.
+
+    Raises:
+        InputError: as :func:`analyse`, or unreadable ``input_data``.
+        VerificationError: an output differs beyond tolerance, or onnxruntime cannot run the optimized model
+            (``.result`` holds the failing result and its report), or ``require_verify`` and it was skipped.
+    """
+    from onnxfuse import pipeline
+    from onnxfuse.verification import VerifyOptions
+
+    options = _options(target, input_shapes, only, skip, constant_initializer_inputs)
+    loaded = _load(model)
+    verify_options = VerifyOptions(options.input_shapes, None if input_data is None else str(input_data),
+                                   rtol=rtol, atol=atol) if verify else None
+    result = pipeline.optimize(loaded.path, options, verify_options, loaded=loaded)
+    verification = result.report.verification
+    if verification.status == "failed":
+        raise VerificationError(f"{loaded.label}: the optimized model does not match the original "
+                                f"({verification.reason})", result)
+    if verification.status == "skipped" and require_verify:
+        raise VerificationError(f"{loaded.label}: verification was skipped ({verification.reason}) and "
+                                "require_verify was set", result)
+    return result
+
+
+def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.ModelProto | str | os.PathLike[str],
+           *, input_shapes: Mapping[str, Iterable[int]] | None = None,
+           input_data: str | os.PathLike[str] | None = None, rtol: float | None = None,
+           atol: float | None = None) -> Verification:
+    """Compare ``candidate`` with ``original`` in onnxruntime (graph optimizations disabled on both), on the
+    same generated (or ``input_data``) inputs; any pair of models, e.g. another optimizer's output.
+
+    Returns:
+        An ``onnxfuse.verification.Verification``: ``status`` is ``passed``, ``failed`` or ``skipped`` (with
+        ``reason``); ``outputs`` has the error of each output and the tolerance applied. It does not raise on
+        ``failed``: check ``status``.
+
+    Raises:
+        InputError: an unreadable or invalid model, unreadable ``input_data``.
+    """
+    from onnxfuse.verification import VerifyOptions
+    from onnxfuse.verification import verify as run
+
+    ref = _load(original)
+    cand = _load(candidate)
+    opts = VerifyOptions(_shapes(input_shapes), None if input_data is None else str(input_data),
+                         rtol=rtol, atol=atol)
+    return run(ref.ort_source(), cand.model, opts)

@@ -1,0 +1,163 @@
+"""The public Python API (issue 12): onnxfuse.optimize / analyse / verify on ModelProtos and paths, the same
+defaults as the CLI, no mutation of the caller's model, no printing, documented exceptions."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import onnxfuse
+from onnxfuse.passes.conv_batchnorm import ConvBatchNorm
+from tests.builders import GraphBuilder
+from tests.conftest import REPO
+
+SAMPLE = REPO / "sample_models" / "resnet_block.onnx"
+
+
+def conv_bn_relu(symbolic: bool = False) -> onnx.ModelProto:
+    """Conv 3x3 (3 -> 8) -> BatchNormalization -> Relu, float32, built in memory as an export script would."""
+    b = GraphBuilder(seed=3)
+    x = b.input("x", ["N", 3, "H", "W"] if symbolic else [1, 3, 16, 16])
+    y = b.op("Relu", [b.bn(b.conv(x, 3, 8), 8)])
+    return b.build(y)
+
+
+def run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def test_optimize_a_model_proto(capsys):
+    model = conv_bn_relu()
+    before = model.SerializeToString()
+    result = onnxfuse.optimize(model)
+    assert model.SerializeToString() == before  # the caller's proto is untouched, byte for byte
+    assert isinstance(result, onnxfuse.Result) and isinstance(result.model, onnx.ModelProto)
+    assert result.changed
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops == ["FusedConv"]  # BN folded, Relu fused (the default target cpu+cuda allows float32 Relu)
+    # the default verifies, as the CLI does
+    assert result.verification.status == "passed" and result.report.verification is result.verification
+    report = result.report
+    assert isinstance(report, onnxfuse.Report)
+    # Conv (1x3x16x16 in, 8x3x3x3 W, 8 B, 1x8x16x16 out) + BN + Relu -> one FusedConv; saved = BN and Relu
+    # traffic (2 x (in + out) of 8192 B each, plus 4 x 32 B parameters) and nothing else
+    assert report.saved_bytes == 4 * 8192 + 4 * 32
+    assert report.before_bytes - report.after_bytes == report.saved_bytes
+    assert [f["op"] for f in report.fusions] == ["FusedConv"] and report.fusions[0]["activation"] == "Relu"
+    data = json.loads(report.to_json())
+    assert data["totals"]["saved_bytes"] == report.saved_bytes and data["model"]["path"] == "<ModelProto>"
+    assert "Saved" in report.to_markdown() or "saved" in report.to_markdown()
+    assert "FusedConv" in report.to_text()
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(run(result.model, {"x": x})[0], run(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""  # the library never prints
+
+
+def test_optimize_a_path_and_a_target(tmp_path):
+    result = onnxfuse.optimize(SAMPLE, target="onnx")
+    assert all(n.domain in ("", "ai.onnx") for n in result.model.graph.node)  # folds only
+    assert result.verification.status == "passed"
+    assert result.report.model["path"] == str(SAMPLE)
+    onnx.checker.check_model(result.model)
+
+
+def test_optimize_without_verification_and_symbolic_shapes():
+    model = conv_bn_relu(symbolic=True)
+    result = onnxfuse.optimize(model, verify=False, input_shapes={"x": (2, 3, 8, 8)})
+    assert result.verification.status == "skipped" and "verification disabled" in result.verification.reason
+    assert result.report.input_shapes == {"x": [2, 3, 8, 8]}
+    assert result.report.saved_bytes == 4 * (2 * 8 * 8 * 8 * 4) + 4 * 32
+
+
+def test_analyse_rewrites_nothing_and_verifies_nothing():
+    model = conv_bn_relu()
+    before = model.SerializeToString()
+    report = onnxfuse.analyse(model, target="cpu")
+    assert model.SerializeToString() == before
+    assert report.verification is None and report.target == "cpu"
+    assert report.saved_bytes > 0 and len(report.fusions) == 1
+
+
+def test_verify_passes_the_optimized_model_and_fails_a_broken_one():
+    model = conv_bn_relu()
+    fused = onnxfuse.optimize(model, verify=False).model
+    assert onnxfuse.verify(model, fused).status == "passed"
+    broken = onnx.ModelProto()
+    broken.CopyFrom(fused)
+    for init in broken.graph.initializer:
+        if init.dims == [8]:  # the folded bias
+            init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init) + 0.5, init.name))
+    result = onnxfuse.verify(model, broken)
+    assert result.status == "failed" and result.failed_outputs
+
+
+def test_failed_verification_raises_with_the_result(monkeypatch):
+    real = ConvBatchNorm.rewrite
+
+    def broken(self, match, ctx):
+        match.bias = match.bias + 0.5  # a wrong fold
+        return real(self, match, ctx)
+
+    monkeypatch.setattr(ConvBatchNorm, "rewrite", broken)
+    with pytest.raises(onnxfuse.VerificationError) as info:
+        onnxfuse.optimize(conv_bn_relu())
+    err = info.value
+    assert isinstance(err, onnxfuse.OnnxFuseError) and err.exit_code == 1
+    assert err.result is not None and err.verification.status == "failed"
+    assert err.result.report.verification is err.verification
+
+
+def test_require_verify_raises_when_verification_is_skipped():
+    # onnxruntime cannot run the original: an op of an unknown custom domain
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    y = b.op("Relu", [b.conv(x, 3, 4)])
+    out = b.op("Mystery", [y], domain="example.custom")
+    model = b.model([out], extra_opsets={"example.custom": 1})
+    model.graph.output[0].type.tensor_type.shape.dim.add().dim_param = "n"  # the checker wants a shape
+    with pytest.raises(onnxfuse.VerificationError, match="skipped"):
+        onnxfuse.optimize(model, require_verify=True)
+    assert onnxfuse.optimize(model).verification.status == "skipped"
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda m: onnxfuse.optimize(b"not a model"), "expected an onnx.ModelProto or a path"),
+    (lambda m: onnxfuse.optimize(m, target="tpu"), "choose one of"),
+    (lambda m: onnxfuse.optimize(m, only=["no_such_pass"]), "no pass named 'no_such_pass'"),
+    (lambda m: onnxfuse.optimize(m, only="conv_batchnorm"), "not a string"),
+    (lambda m: onnxfuse.analyse(m, input_shapes={"x": (1, "three", 16, 16)}), "sequence of integers"),
+    (lambda m: onnxfuse.analyse(m, input_shapes={"x": (0, 3, 16, 16)}), "positive"),
+    (lambda m: onnxfuse.analyse(m, input_shapes={"nope": (1,)}), "no graph input named 'nope'"),
+    (lambda m: onnxfuse.analyse("missing-model.onnx"), "no such file"),
+    (lambda m: onnxfuse.verify(m, onnx.ModelProto()), "not an ONNX model"),
+])
+def test_api_errors_are_input_errors(call, message):
+    with pytest.raises(onnxfuse.InputError, match=message) as info:
+        call(conv_bn_relu())
+    assert info.value.exit_code == 2
+
+
+def test_a_model_the_checker_rejects_is_an_input_error():
+    model = conv_bn_relu()
+    model.graph.node[0].input[1] = "no_such_weight"
+    with pytest.raises(onnxfuse.InputError, match=r"onnx\.checker rejected"):
+        onnxfuse.optimize(model)
+
+
+def test_package_exports_and_version():
+    from importlib.metadata import version
+
+    assert onnxfuse.__version__ == version("onnxfuse")
+    for name in onnxfuse.__all__:
+        assert getattr(onnxfuse, name) is not None
+    assert callable(onnxfuse.verify)  # the function, not the onnxfuse.verification module
+    assert (REPO / "onnxfuse" / "py.typed").exists()
