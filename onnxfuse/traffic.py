@@ -182,21 +182,38 @@ class ModelIndex:
                         self.constants.add(node.output[0])
 
 
+#: Ops whose node holds the weights of a fused chain: the fused node reads their first three inputs (X, W, B;
+#: Gemm's A, B, C) whatever they are.
+WEIGHT_OPS = ("Conv", "ConvTranspose", "FusedConv", "Gemm", "MatMul", "FusedGemm")
+
+#: Ops that a fold leaves in place inside a chain (BatchNormalization -> Flatten -> Gemm keeps the Flatten).
+KEPT_OPS = ("Flatten",)
+
+
 def fused_estimate(index: ModelIndex, keys: list[str], output: str, sizes: Sizes) -> int | None:
-    """Bytes a single fused node would move for the chain of nodes ``keys`` (Conv first) ending in ``output``:
-    it reads the Conv's X, W, B and every run-time tensor the chain reads from outside (a residual Z), and
-    writes ``output`` once. Constants a fold would absorb (BN parameters, Clip bounds) are not read.
-    None when a size is unknown."""
+    """Bytes the nodes left after fusing the chain of nodes ``keys`` ending in ``output`` would move: one fused
+    node that reads the weight node's (Conv, Gemm, MatMul) first three inputs that the chain does not compute
+    (X, W, B) and every run-time tensor the chain reads from outside (a residual Z, the input of a BN that feeds
+    the Gemm), and writes ``output`` once; plus a Flatten in the chain, which stays (it reads and writes its own
+    tensors). Constants a fold would absorb (BN parameters, Clip bounds) are not read. None when a size is
+    unknown."""
     nodes = [index.nodes.get(k) for k in keys]
     if any(n is None for n in nodes):
         return None
     produced = {o for n in nodes for o in n.output}
-    reads = list(dict.fromkeys(i for i in nodes[0].input[:3] if i))
-    for n in nodes[1:]:
+    main = next((n for n in nodes if n.op_type in WEIGHT_OPS), nodes[0])
+    reads = list(dict.fromkeys(i for i in main.input[:3] if i and i not in produced))
+    kept = []
+    for n in nodes:
+        if n is main:
+            continue
+        if n.op_type in KEPT_OPS:
+            kept.extend([n.input[0], n.output[0]])
+            continue
         reads.extend(i for i in n.input
                      if i and i not in produced and i not in index.constants and i not in reads)
     total = 0
-    for name in [*reads, output]:
+    for name in [*reads, output, *kept]:
         b = sizes.bytes(name)
         if b is None:
             return None

@@ -8,6 +8,9 @@ Models (float32, NCHW, opset 17 unless noted):
     conv_<activation>.onnx     one Conv then each activation that FusedConv takes (HardSwish: opset 14 op)
     refuse_two_consumers.onnx  a Conv whose output feeds a Relu and a second node: fusion must be refused
     refuse_graph_output.onnx   a Conv whose output is also a graph output: fusion must be refused
+    mlp_head.onnx              a small conv backbone (Conv->BN->Relu x2, GlobalAveragePool) and a classifier head
+                               BN -> Flatten -> Gemm -> BN -> Relu -> Gemm (weights [out, in], transB=1, as
+                               torch.nn.Linear exports): the Gemm folds and FusedGemm
 """
 
 from __future__ import annotations
@@ -106,12 +109,35 @@ def refuse_graph_output() -> onnx.ModelProto:
     return b.model("refuse_graph_output", [y, b.op("Relu", "relu", [y])])
 
 
+def mlp_head() -> onnx.ModelProto:
+    b = _Builder(5)
+    hidden, classes = 32, 10
+    y = b.op("Relu", "relu1", [b.bn("bn1", b.conv("conv1", "x", CHANNELS, CHANNELS, bias=False), CHANNELS)])
+    y = b.op("Relu", "relu2", [b.bn("bn2", b.conv("conv2", y, CHANNELS, 2 * CHANNELS, bias=False), 2 * CHANNELS)])
+    y = b.op("Flatten", "flatten", [b.bn("head.bn0", b.op("GlobalAveragePool", "pool", [y]), 2 * CHANNELS)])
+    for name, c_in, c_out in (("head.fc1", 2 * CHANNELS, hidden), ("head.fc2", hidden, classes)):
+        w = b.const(f"{name}.weight", b.rng.standard_normal((c_out, c_in)).astype(np.float32) * 0.3)
+        bias = b.const(f"{name}.bias", b.rng.standard_normal(c_out).astype(np.float32) * 0.1)
+        y = b.op("Gemm", name, [y, w, bias], transB=1)
+        if name == "head.fc1":
+            y = b.op("Relu", "head.relu", [b.bn("head.bn1", y, hidden)])
+    graph = helper.make_graph(
+        b.nodes, "mlp_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS, SIZE, SIZE])],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, classes])], b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="onnxfuse sample_models", producer_version="1")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 def all_models() -> dict[str, onnx.ModelProto]:
     """File name -> model, for every sample."""
     models = {"resnet_block.onnx": resnet_block()}
     models.update({f"conv_{k}.onnx": conv_activation(k) for k in ACTIVATIONS})
     models["refuse_two_consumers.onnx"] = refuse_two_consumers()
     models["refuse_graph_output.onnx"] = refuse_graph_output()
+    models["mlp_head.onnx"] = mlp_head()
     return models
 
 

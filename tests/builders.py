@@ -77,6 +77,18 @@ class GraphBuilder:
         inputs = [x, w] + ([self.const(self.rand(c_out, scale=0.1))] if bias else [])
         return self.op("ConvTranspose", inputs, group=group, strides=[k] * rank, **attrs)
 
+    def gemm(self, x: str, k: int, n: int, trans_b: bool = False, bias: bool = True, c_shape: tuple | None = None,
+             weight: str | None = None, **attrs) -> str:
+        """Gemm of ``x`` by a random [K, N] weight ([N, K] with ``trans_b``) and, with ``bias``, a C of
+        ``c_shape`` (default [N]); ``attrs`` are Gemm attributes (alpha, beta, transA)."""
+        w = weight or self.const(self.rand(*((n, k) if trans_b else (k, n))))
+        inputs = [x, w]
+        if bias:
+            inputs.append(self.const(self.rand(*(c_shape or (n,)), scale=0.1)))
+        if trans_b:
+            attrs["transB"] = 1
+        return self.op("Gemm", inputs, **attrs)
+
     def bn(self, x: str, c: int, epsilon: float | None = None, param_dtype=None, **attrs) -> str:
         dt = param_dtype or self.dtype
         params = [self.rng.uniform(0.5, 1.5, c), self.rng.standard_normal(c) * 0.1,

@@ -10,7 +10,7 @@ def test_samples_are_up_to_date():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     models = module.all_models()
-    assert len(models) == 10
+    assert len(models) == 11
     for name, model in models.items():
         path = REPO / "sample_models" / name
         assert path.exists(), name

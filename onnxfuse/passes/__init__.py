@@ -8,11 +8,16 @@ The contract is in :mod:`onnxfuse.passes.base`; shared checks in ``_checks.py``,
 from __future__ import annotations
 
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.batchnorm_gemm import BatchNormGemm
 from onnxfuse.passes.conv_activation import ConvActivation
 from onnxfuse.passes.conv_affine import ConvAffine
 from onnxfuse.passes.conv_batchnorm import ConvBatchNorm
 from onnxfuse.passes.conv_hardswish import ConvHardSwish
 from onnxfuse.passes.conv_residual import ConvResidual
+from onnxfuse.passes.gemm_activation import GemmActivation
+from onnxfuse.passes.gemm_affine import GemmAffine
+from onnxfuse.passes.gemm_batchnorm import GemmBatchNorm
+from onnxfuse.passes.matmul_add import MatMulAdd
 
 DEFAULT_PASSES: tuple[Pass, ...] = (
     # Folds first: they keep the node a plain Conv, so the fusions below see the conv with its BN/affine
@@ -26,6 +31,14 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     # would see Conv -> HardSigmoid and refuse it as shared.
     ConvHardSwish(),
     ConvActivation(),
+    # Fully connected layers. MatMul + bias Add becomes a Gemm first, so the folds below see it. Folds of what
+    # follows a Gemm run before batchnorm_gemm, so Gemm -> BN -> Gemm folds the BN forward (into the Gemm before
+    # it), and all folds run before gemm_activation (Gemm -> BN -> Relu needs the BN gone first).
+    MatMulAdd(),
+    GemmBatchNorm(),
+    GemmAffine(),
+    BatchNormGemm(),
+    GemmActivation(),
 )
 
 PASS_NAMES: tuple[str, ...] = tuple(p.name for p in DEFAULT_PASSES)

@@ -43,6 +43,12 @@ class Reason(str, Enum):
     RESIDUAL_SHAPE = "residual-shape-mismatch"
     QDQ = "quantized-conv"
     FOLD_NOT_FINITE = "fold-not-finite"
+    MATMUL_NOT_2D = "matmul-input-not-2d"
+    NOT_PER_FEATURE = "constant-not-per-feature"
+    GEMM_IS_DIVISOR = "gemm-output-is-divisor"
+    GEMM_TRANS_A = "gemm-input-transposed"
+    FLATTEN_REORDERS = "flatten-reorders-features"
+    DTYPE_NO_FUSED_GEMM = "dtype-has-no-fusedgemm-kernel"
 
     def __str__(self) -> str:
         return self.value

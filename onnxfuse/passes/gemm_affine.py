@@ -1,0 +1,115 @@
+"""Fold a per-output-feature constant Add, Sub, Mul or Div into the Gemm that feeds it.
+
+Before => after (Y = Gemm(...) is [M, N]; c broadcasts along the last axis only: [N], [1, N], [1], [])::
+
+    Add(gemm, c) or Add(c, gemm)   =>  Gemm(A, B, beta * C + c)
+    Sub(gemm, c)                   =>  Gemm(A, B, beta * C - c)
+    Sub(c, gemm)                   =>  Gemm(A, -B, c - beta * C)
+    Mul(gemm, c) or Mul(c, gemm)   =>  Gemm(A, B * c[n], beta * C * c)
+    Div(gemm, c)                   =>  Gemm(A, B / c[n], beta * C / c)
+
+Math (ONNX Operators.md, Gemm: ``Y = alpha * A' @ B' + beta * C``): Y is linear in B' and C, and scaling output
+feature n scales column n of B' (row n of B when transB = 1). alpha, transA and transB are kept; the new C holds
+``beta * C`` so beta becomes 1 (C = 0 when absent). Computed in float64 in ``match``, stored in B's dtype.
+Broadcasting follows ONNX Operators.md, "Broadcasting in ONNX" (numpy rules, right-aligned).
+
+Skipped when:
+    intermediate-has-other-consumers   the Gemm output is read by another node too
+    intermediate-is-graph-output       the Gemm output is a graph output
+    weights-not-constant               B or C is computed at run time
+    initializer-is-graph-input         B, C or c is an overridable initializer (IR < 4 style)
+    constant-not-per-feature           c varies along the rows (a [M, 1] or [M, N] constant) or has rank > 2
+    gemm-output-is-divisor             Div(c, gemm): 1/Y is not linear
+    zero-in-divisor                    Div(gemm, c) with a zero in c
+    parameter-shape-mismatch           B or C does not have a Gemm shape
+    dtype-not-foldable                 B is not float16/float32/float64
+    fold-not-finite                    B' or C' would hold inf/NaN or overflow B's dtype
+    quantized-conv                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse import graph as g
+from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
+from onnxfuse.passes._fold import fold_fits
+from onnxfuse.passes._gemm import (
+    GemmAttrs,
+    GemmFoldMatch,
+    c_matrix,
+    gemm_parts,
+    gemm_qdq_check,
+    out_features,
+    per_feature,
+    scale_out_features,
+    set_gemm_weights,
+)
+from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+
+
+class GemmAffine(Pass[GemmFoldMatch]):
+    """Gemm -> Add/Sub/Mul/Div by a per-feature constant => Gemm with folded B and C."""
+
+    name = "gemm_affine"
+    summary = "fold Add/Sub (bias) and Mul/Div (scale) by per-feature constants into the preceding Gemm"
+    reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
+               Reason.NOT_PER_FEATURE, Reason.GEMM_IS_DIVISOR, Reason.ZERO_DIVISOR, Reason.PARAM_SHAPE,
+               Reason.DTYPE_NOT_FOLDABLE, Reason.FOLD_NOT_FINITE, Reason.QDQ)
+
+    def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:
+        if not is_op(node, "Add", "Sub", "Mul", "Div") or len(node.inputs) != 2:
+            return None
+        for side in (0, 1):
+            gemm = g.producer(node.inputs[side])
+            if not is_op(gemm, "Gemm"):
+                continue
+            c_tensor = node.inputs[1 - side]
+            const, why = ctx.constant(c_tensor)
+            if const is None and why != Reason.INITIALIZER_IS_INPUT:
+                continue  # a run-time operand (a residual Add), not an affine constant
+            nodes, out = [gemm, node], node.outputs[0]
+            if const is None:
+                return skip(why, f"{c_tensor.name} is an initializer listed as a graph input (overridable)",
+                            nodes, out)
+            if node.op == "Div" and side == 1:
+                return skip(Reason.GEMM_IS_DIVISOR, f"{c_tensor.name} / Gemm output is not linear", nodes, out)
+            bad = private_check([gemm.outputs[0]], [node], ctx, nodes, out) or gemm_qdq_check(gemm, out, nodes)
+            if bad:
+                return bad
+            b, c, bad = gemm_parts(gemm, ctx, nodes, out)
+            if bad:
+                return bad
+            attrs = GemmAttrs.of(gemm)
+            n = out_features(b, attrs.trans_b)
+            vec = per_feature(const, n)
+            if vec is None:
+                return skip(Reason.NOT_PER_FEATURE, f"constant of shape {list(const.shape)} does not broadcast "
+                            f"along the last axis of a [M, {n}] Gemm output only", nodes, out)
+            if node.op == "Div" and not np.all(vec):
+                return skip(Reason.ZERO_DIVISOR, f"{c_tensor.name} contains a zero", nodes, out)
+            new_b, new_c = self._fold(node.op, side == 0, attrs, b, c, vec)
+            bad = fold_fits(b.dtype, new_b, new_c, nodes, out)
+            return bad or GemmFoldMatch(nodes, b=new_b, c=new_c, dtype=b.dtype)
+        return None
+
+    @staticmethod
+    def _fold(op: str, gemm_first: bool, attrs: GemmAttrs, b: np.ndarray, c: np.ndarray | None, vec: np.ndarray):
+        """``(B', C')`` in float64; None for what stays as it is."""
+        n = vec.size
+        with np.errstate(all="ignore"):
+            c_eff = attrs.beta * c_matrix(c, n)
+            if op == "Add":
+                return None, c_eff + vec
+            if op == "Sub":
+                return (None, c_eff - vec) if gemm_first else (-b.astype(np.float64), vec - c_eff)
+            scale = vec if op == "Mul" else 1.0 / vec
+            return scale_out_features(b, attrs.trans_b, scale), (None if c is None else c_eff * scale)
+
+    def rewrite(self, match: GemmFoldMatch, ctx: Context) -> Fusion:
+        gemm, op_node = match.nodes
+        original = replaced(match.nodes)
+        set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
+        g.replace_chain(ctx.order, gemm, op_node, [op_node])
+        return describe(self.name, gemm, original)

@@ -1,0 +1,116 @@
+"""Fold an inference-mode BatchNormalization over the features of a Gemm output into the Gemm.
+
+Before => after (Y is [M, N]; the BN normalizes axis 1, the N output features)::
+
+    Gemm(A, B[, C], alpha, beta, transA, transB) -> BatchNormalization(scale, bias, mean, var, epsilon)
+        =>  Gemm(A, B', C', alpha, beta=1, transA, transB)
+
+Math (ONNX Operators.md, BatchNormalization: ``Z = (Y - mean) / sqrt(var + epsilon) * scale + bias``, and Gemm:
+``Y = alpha * A' @ B' + beta * C``)::
+
+    s  = scale / sqrt(var + epsilon)             per output feature n, epsilon default 1e-5
+    B' = B with output feature n times s[n]      column n of B, or row n when transB = 1
+    C' = beta * C * s + (bias - mean * s)        C = 0 when absent; beta becomes 1
+
+alpha, transA and transB are kept. Computed in float64 in ``match`` and stored in B's dtype.
+
+Skipped when:
+    intermediate-has-other-consumers   the Gemm output is read by another node too
+    intermediate-is-graph-output       the Gemm output is a graph output
+    weights-not-constant               B or C is computed at run time
+    initializer-is-graph-input         B, C or a BN parameter is an overridable initializer (IR < 4 style)
+    parameters-not-constant            a BN parameter (scale, bias, mean, var) is computed at run time
+    batchnorm-training-mode            training_mode=1, spatial=0, or the running-statistics outputs are used
+    parameter-shape-mismatch           a BN parameter does not have one value per output feature, or B / C
+                                       does not have a Gemm shape
+    dtype-not-foldable                 B is not float16/float32/float64
+    fold-not-finite                    B' or C' would hold inf/NaN or overflow B's dtype (var + epsilon = 0)
+    quantized-conv                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse import graph as g
+from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
+from onnxfuse.passes._fold import fold_fits
+from onnxfuse.passes._gemm import (
+    GemmAttrs,
+    GemmFoldMatch,
+    c_matrix,
+    gemm_parts,
+    gemm_qdq_check,
+    out_features,
+    scale_out_features,
+    set_gemm_weights,
+)
+from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+
+
+def batchnorm_scale_shift(bn: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor,
+                          features: int | None):
+    """``(s, t, None)`` with ``BN(x) = x * s + t`` per channel (float64 vectors), or ``(None, None, Skip)`` for a
+    BN in training mode, with run-time parameters, or whose parameters do not all have ``features`` values (the
+    scale's count when ``features`` is None)."""
+    extra = [t for t in bn.outputs[1:] if t.name]
+    if int(bn.attrs.get("spatial", 1)) == 0:
+        return None, None, skip(Reason.TRAINING_MODE, "BatchNormalization has spatial=0 (per-element statistics)",
+                                nodes, output)
+    if int(bn.attrs.get("training_mode", 0)) or any(t.outputs or g.is_graph_output(t, ctx.graph) for t in extra):
+        return None, None, skip(Reason.TRAINING_MODE, "BatchNormalization is in training mode", nodes, output)
+    params = []
+    for t in bn.inputs[1:5]:
+        value, why = ctx.constant(t)
+        if value is None:
+            return None, None, skip(why, f"BatchNormalization parameter {t.name} is not a constant", nodes, output)
+        params.append(value)
+    features = params[0].size if features is None else features
+    if any(p.size != features for p in params):
+        return None, None, skip(Reason.PARAM_SHAPE, f"BatchNormalization parameters do not have {features} "
+                                "values", nodes, output)
+    scale, bias, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
+    with np.errstate(all="ignore"):
+        s = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+        return s, bias - mean * s, None
+
+
+class GemmBatchNorm(Pass[GemmFoldMatch]):
+    """Gemm -> BatchNormalization => Gemm with folded B and C."""
+
+    name = "gemm_batchnorm"
+    summary = "fold BatchNormalization (inference mode) into the preceding Gemm"
+    reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
+               Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
+               Reason.FOLD_NOT_FINITE, Reason.QDQ)
+
+    def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:
+        if not is_op(node, "BatchNormalization"):
+            return None
+        gemm = g.producer(node.inputs[0])
+        if not is_op(gemm, "Gemm"):
+            return None
+        nodes, out = [gemm, node], node.outputs[0]
+        bad = private_check([gemm.outputs[0]], [node], ctx, nodes, out) or gemm_qdq_check(gemm, out, nodes)
+        if bad:
+            return bad
+        b, c, bad = gemm_parts(gemm, ctx, nodes, out)
+        if bad:
+            return bad
+        attrs = GemmAttrs.of(gemm)
+        n = out_features(b, attrs.trans_b)
+        s, t, bad = batchnorm_scale_shift(node, ctx, nodes, out, n)
+        if bad:
+            return bad
+        with np.errstate(all="ignore"):
+            new_b = scale_out_features(b, attrs.trans_b, s)
+            new_c = attrs.beta * c_matrix(c, n) * s + t
+        return fold_fits(b.dtype, new_b, new_c, nodes, out) or GemmFoldMatch(nodes, b=new_b, c=new_c, dtype=b.dtype)
+
+    def rewrite(self, match: GemmFoldMatch, ctx: Context) -> Fusion:
+        gemm, bn = match.nodes
+        original = replaced(match.nodes)
+        set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
+        g.replace_chain(ctx.order, gemm, bn, [bn])
+        return describe(self.name, gemm, original)

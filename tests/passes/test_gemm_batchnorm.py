@@ -1,0 +1,209 @@
+"""gemm_batchnorm: Gemm -> BatchNormalization (inference, over the N output features) => Gemm with folded B, C.
+
+Numerics: original and optimized run in onnxruntime at ORT_DISABLE_ALL (conftest.assert_same_outputs); float32
+tolerance rtol=1e-4, atol=1e-5 (conftest.RTOL/ATOL: the fold reorders float arithmetic); float16 rtol=atol=1e-2
+(B' and C' are rounded to float16, about 5e-4 relative each, and each output sums K=5 products).
+Shapes: A is [M=3, K=5] ([K, M] with transA), B is [K, N=4] ([N, K] with transB), Y is [3, 4].
+"""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from onnxfuse.passes import Reason
+from tests.builders import GraphBuilder, tensor, with_output_shapes
+from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, op_counts
+from tests.conftest import assert_skipped as check_skipped
+
+PASS = "gemm_batchnorm"
+M, K, N = 3, 5, 4
+FP16_TOL = 1e-2
+
+
+def gemm_bn(trans_a=False, dtype=np.float32, **gemm_args):
+    b = GraphBuilder(dtype=dtype)
+    x = b.input("x", [K, M] if trans_a else [M, K])
+    if trans_a:
+        gemm_args["transA"] = 1
+    return b, b.bn(b.gemm(x, K, N, **gemm_args), N)
+
+
+def the_gemm(model):
+    (node,) = [n for n in model.graph.node if n.op_type == "Gemm"]
+    return node
+
+
+def assert_skipped(result, model, reason):
+    return check_skipped(result, model, reason, PASS)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Positives
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_folds_every_transpose_combination(fuse, trans_a, trans_b, bias):
+    b, y = gemm_bn(trans_a=trans_a, trans_b=trans_b, bias=bias)
+    model = b.build(y)
+    result = fuse(model, target="onnx")
+    assert op_counts(result.model) == {"Gemm": 1}
+    gemm = the_gemm(result.model)
+    assert len(gemm.input) == 3  # a C appears when the Gemm had none
+    assert attr(gemm, "transA") == (1 if trans_a else None) and attr(gemm, "transB") == (1 if trans_b else None)
+    assert [f.pass_name for f in result.fusions] == [PASS]
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(("alpha", "beta"), [(0.5, 1.0), (1.0, 2.5), (-1.5, 0.25), (2.0, 0.0)])
+def test_alpha_and_beta_are_honoured(fuse, alpha, beta):
+    b, y = gemm_bn(trans_b=True, alpha=alpha, beta=beta)
+    model = b.build(y)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Gemm": 1}
+    gemm = the_gemm(result.model)
+    assert attr(gemm, "alpha") == pytest.approx(alpha)  # alpha stays, beta is folded into C
+    assert attr(gemm, "beta") == 1.0
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("c_shape", [(N,), (1, N), (1,), (), (M, N), (M, 1)])
+def test_every_c_shape(fuse, c_shape):
+    b, y = gemm_bn(c_shape=c_shape)
+    model = b.build(y)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Gemm": 1}
+    new_c = tensor(result.model, the_gemm(result.model).input[2])
+    assert new_c.shape == ((M, N) if c_shape and c_shape[0] == M else (N,))
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_weight_shared_with_another_gemm_is_not_edited(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [M, K])
+    w = b.const(b.rand(K, N))
+    model = b.build([b.bn(b.gemm(x, K, N, weight=w), N), b.gemm(x, K, N, weight=w)])
+    result = fuse(model)
+    assert op_counts(result.model) == {"Gemm": 2}
+    assert sum(1 for n in result.model.graph.node if w in n.input) == 1
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_float16_folds_and_stays_float16(fuse):
+    b, y = gemm_bn(dtype=np.float16, trans_b=True)
+    model = b.build(y)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Gemm": 1}
+    gemm = the_gemm(result.model)
+    assert tensor(result.model, gemm.input[1]).dtype == np.float16
+    assert tensor(result.model, gemm.input[2]).dtype == np.float16
+    assert_same_outputs(model, result.model, rtol=FP16_TOL, atol=FP16_TOL)
+
+
+def test_opset_9_gemm_bn(fuse):
+    b, y = gemm_bn(trans_b=True)
+    model = b.build(y, opset=9)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Gemm": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_bn_then_relu_becomes_one_fused_gemm_on_cpu(fuse):
+    b, y = gemm_bn(trans_b=True)
+    model = b.build(b.op("Relu", [y]))
+    result = fuse(model, target="cpu")
+    assert op_counts(result.model) == {"FusedGemm": 1}
+    assert [f.pass_name for f in result.fusions] == [PASS, "gemm_activation"]
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Skips: one test per reason in GemmBatchNorm.reasons
+
+
+def test_skip_intermediate_has_other_consumers(fuse):
+    b = GraphBuilder()
+    g = b.gemm(b.input("x", [M, K]), K, N)
+    model = b.build([b.bn(g, N), b.op("Relu", [g])])
+    assert_skipped(fuse(model), model, Reason.NOT_PRIVATE)
+
+
+def test_skip_intermediate_is_graph_output(fuse):
+    b = GraphBuilder()
+    g = b.gemm(b.input("x", [M, K]), K, N)
+    model = b.build([b.bn(g, N), g])
+    assert_skipped(fuse(model), model, Reason.GRAPH_OUTPUT)
+
+
+def test_skip_weights_not_constant(fuse):
+    b = GraphBuilder()
+    model = b.build(b.bn(b.gemm(b.input("x", [M, K]), K, N, weight=b.input("w", [K, N])), N))
+    s = assert_skipped(fuse(model), model, Reason.WEIGHTS_NOT_CONSTANT)
+    assert "weight w is not a constant" in s.detail
+
+
+def test_skip_initializer_is_graph_input(fuse):
+    b, y = gemm_bn()
+    model = b.build(y, initializers_as_inputs=True, ir_version=3, opset=8)
+    assert_skipped(fuse(model), model, Reason.INITIALIZER_IS_INPUT)
+
+
+def test_skip_parameters_not_constant(fuse):
+    # the running mean is computed at run time: a BN whose statistics are not constant
+    b = GraphBuilder()
+    g = b.gemm(b.input("x", [M, K]), K, N)
+    mean = b.op("Identity", [b.input("mean", [N])])
+    params = [b.const(np.full(N, 1.0, np.float32)), b.const(np.zeros(N, np.float32)), mean,
+              b.const(np.full(N, 1.0, np.float32))]
+    model = b.build(b.op("BatchNormalization", [g, *params]))
+    s = assert_skipped(fuse(model), model, Reason.PARAMS_NOT_CONSTANT)
+    assert "not a constant" in s.detail
+
+
+def test_skip_batchnorm_training_mode(fuse):
+    b = GraphBuilder()
+    g = b.gemm(b.input("x", [M, K]), K, N)
+    params = [b.const(np.full(N, v, np.float32)) for v in (1.0, 0.0, 0.0, 1.0)]
+    y, _, _ = b.op("BatchNormalization", [g, *params], outputs=3, training_mode=1)
+    model = b.build(y, opset=15)
+    s = assert_skipped(fuse(model), model, Reason.TRAINING_MODE)
+    assert "training mode" in s.detail
+
+
+def test_skip_parameter_shape_mismatch(fuse):
+    # 5 BN values for 4 features: onnx.checker accepts it (shape inference is not run).
+    b = GraphBuilder()
+    model = b.model(b.bn(b.gemm(b.input("x", [M, K]), K, N), N + 1))
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [M, N]))
+    s = assert_skipped(fuse(model), model, Reason.PARAM_SHAPE)
+    assert "4 values" in s.detail
+
+
+def test_skip_dtype_not_foldable(fuse):
+    # Gemm-13 and BatchNormalization-15 accept bfloat16; numpy has no bfloat16, so the pass does not fold it.
+    b = GraphBuilder()
+    b.inputs.append(helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [M, K]))
+    b.inits.append(helper.make_tensor("w", TensorProto.BFLOAT16, [K, N], np.ones(K * N).tolist()))
+    y = b.bn(b.op("Gemm", ["x", "w"]), N, param_dtype=np.float32)
+    model = b.model(y, opset=15)
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.BFLOAT16
+    model = with_output_shapes(model)
+    s = assert_skipped(fuse(model), model, Reason.DTYPE_NOT_FOLDABLE)
+    assert "bfloat16" in s.detail
+
+
+def test_skip_fold_not_finite(fuse):
+    # var + epsilon = 0: the scale is inf
+    b = GraphBuilder()
+    g = b.gemm(b.input("x", [M, K]), K, N)
+    params = [b.const(np.full(N, v, np.float32)) for v in (1.0, 0.0, 0.0, 0.0)]
+    model = b.build(b.op("BatchNormalization", [g, *params], epsilon=0.0))
+    assert_skipped(fuse(model), model, Reason.FOLD_NOT_FINITE)
+
+
+def test_skip_quantized_conv(fuse):
+    b = GraphBuilder()
+    model = b.build(b.bn(b.gemm(b.dequantized(b.input("x", [M, K])), K, N), N))
+    s = assert_skipped(fuse(model), model, Reason.QDQ)
+    assert "Gemm" in s.detail
