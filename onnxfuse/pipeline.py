@@ -228,19 +228,23 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
 
 
 def _target_warnings(model: onnx.ModelProto, target_name: str) -> list[str]:
-    """FusedConv nodes in ``model`` (already in the input, or made for another target) that ``target_name``
-    cannot run."""
+    """FusedConv and FusedGemm nodes in ``model`` (already in the input, or made for another target) that
+    ``target_name`` cannot run."""
     target = get_target(target_name)
     bad: Counter = Counter()
     for graph, _ in g.proto_graphs(model.graph):
         for node in graph.node:
-            if node.op_type == "FusedConv" and node.domain == g.MS_DOMAIN:
-                act = next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
-                if not target.fused_conv or (act is None and not target.plain_fused_conv) or (
-                        act is not None and act not in target.activations):
-                    bad[act or "no activation"] += 1
-    return [f"the model holds {n} FusedConv node(s) with {act} that target {target_name} cannot run "
-            "(they were in the input; onnxfuse does not unfuse)" for act, n in sorted(bad.items())]
+            if node.domain != g.MS_DOMAIN or node.op_type not in ("FusedConv", "FusedGemm"):
+                continue
+            act = next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
+            if node.op_type == "FusedConv":
+                runs = target.fused_conv and (target.plain_fused_conv if act is None else act in target.activations)
+            else:
+                runs = act in target.fused_gemm
+            if not runs:
+                bad[(node.op_type, act or "no activation")] += 1
+    return [f"the model holds {n} {op} node(s) with {act} that target {target_name} cannot run "
+            "(they were in the input; onnxfuse does not unfuse)" for (op, act), n in sorted(bad.items())]
 
 
 def _op_counts(graph: onnx.GraphProto) -> dict[str, int]:

@@ -95,9 +95,10 @@ class Fusion:
     Attributes:
         pass_name: the pass that made it.
         node: name of the node that now computes the chain.
-        op: that node's op type after the rewrite (``Conv``, ``ConvTranspose`` or ``FusedConv``).
+        op: that node's op type after the rewrite (``Conv``, ``ConvTranspose``, ``FusedConv``, ``Gemm`` or
+            ``FusedGemm``).
         replaced: ``(name, op_type, first output name)`` of every original node, Conv first.
-        activation: FusedConv ``activation`` (None for folds and plain FusedConv).
+        activation: FusedConv/FusedGemm ``activation`` (None for folds and plain FusedConv).
         output: name of the tensor the fused node writes.
     """
 

@@ -219,3 +219,16 @@ def test_skip_quantized_conv(fuse):
                                             b.const(np.float32(0.05)), b.const(np.uint8(128))]),
                     output_dtype=np.uint8)
     assert_skipped(fuse(model), model, Reason.QDQ)
+
+
+def test_unfused_row_would_save_the_bn_traffic(fuse):
+    # traffic.fused_estimate for BN -> Flatten -> Gemm: the Flatten stays, so what a fold would save is the BN's
+    # own traffic (the Flatten and the Gemm read tensors of the same sizes either way)
+    b = GraphBuilder()
+    y = b.op("Flatten", [b.bn(b.input("x", [M, C, 2, 3]), C)])
+    model = b.build(b.gemm(y, 6 * C, N, weight=b.input("w", [6 * C, N])))
+    result = fuse(model)
+    assert_skipped(result, model, Reason.WEIGHTS_NOT_CONSTANT)
+    (row,) = result.report.unfused
+    bn = next(r for r in result.report.nodes["before"] if r["op"] == "BatchNormalization")
+    assert row["bytes"] == bn["read_bytes"] + bn["written_bytes"]

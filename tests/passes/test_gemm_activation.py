@@ -145,3 +145,10 @@ def test_skip_quantized_conv(fuse):
     b = GraphBuilder()
     model = b.build(b.op("Relu", [b.gemm(b.dequantized(b.input("x", [M, K])), K, N)]))
     assert_skipped(fuse(model), model, Reason.QDQ)
+
+
+def test_reoptimizing_a_fused_gemm_for_another_target_warns(fuse):
+    fused = fuse(gemm_act("Relu"), target="cpu").model
+    assert fuse(fused, target="cpu").report.warnings == []
+    (warning,) = fuse(fused, target="cpu+cuda").report.warnings
+    assert warning.startswith("the model holds 1 FusedGemm node(s) with Relu that target cpu+cuda cannot run")
