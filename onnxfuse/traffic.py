@@ -187,16 +187,16 @@ class ModelIndex:
 WEIGHT_OPS = ("Conv", "ConvTranspose", "FusedConv", "Gemm", "MatMul", "FusedGemm")
 
 #: Ops that a fold leaves in place inside a chain (BatchNormalization -> Flatten -> Gemm keeps the Flatten).
-KEPT_OPS = ("Flatten",)
+KEPT_OPS = ("Flatten", "Reshape")
 
 
 def fused_estimate(index: ModelIndex, keys: list[str], output: str, sizes: Sizes) -> int | None:
     """Bytes the nodes left after fusing the chain of nodes ``keys`` ending in ``output`` would move: one fused
     node that reads the weight node's (Conv, Gemm, MatMul) first three inputs that the chain does not compute
     (X, W, B) and every run-time tensor the chain reads from outside (a residual Z, the input of a BN that feeds
-    the Gemm), and writes ``output`` once; plus a Flatten in the chain, which stays (it reads and writes its own
-    tensors). Constants a fold would absorb (BN parameters, Clip bounds) are not read. None when a size is
-    unknown."""
+    the Gemm), and writes ``output`` once; plus a Flatten or Reshape in the chain, which stays (it reads and
+    writes its own tensors). Constants a fold would absorb (BN parameters, Clip bounds) are not read. None when a
+    size is unknown."""
     nodes = [index.nodes.get(k) for k in keys]
     if any(n is None for n in nodes):
         return None
@@ -208,7 +208,7 @@ def fused_estimate(index: ModelIndex, keys: list[str], output: str, sizes: Sizes
         if n is main:
             continue
         if n.op_type in KEPT_OPS:
-            kept.extend([n.input[0], n.output[0]])
+            kept.extend(dict.fromkeys([*(i for i in n.input if i), *(o for o in n.output if o)]))
             continue
         reads.extend(i for i in n.input
                      if i and i not in produced and i not in index.constants and i not in reads)

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from onnxfuse.passes import Reason
 from tests.builders import GraphBuilder, tensor, with_output_shapes
-from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, op_counts
+from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, op_counts, run
 from tests.conftest import assert_skipped as check_skipped
 
 PASS = "batchnorm_gemm"
@@ -65,6 +65,26 @@ def test_flatten_at_axis_1_keeps_it(fuse, x_shape, axis):
     assert result.model.graph.node[0].input[0] == "x"  # the Flatten now reads the BN's input
     assert [op for _, op, _ in result.fusions[0].replaced] == ["BatchNormalization", "Gemm"]
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(("x_shape", "target", "allowzero"), [
+    ((M, C, 2, 3), [0, -1], 0),           # x.view(x.size(0), -1) as the TorchScript exporter writes it
+    ((M, C, 1, 1), [-1, C], 1),           # x.flatten(1) as torch's dynamo exporter writes it
+    (("batch", C, 1, 1), [-1, C], 1),     # the same with a symbolic batch dim
+    ((M, C, 1, 1), [M, -1], 0),           # shape inference shows axis 0 kept
+])
+def test_reshape_that_keeps_axis_0_keeps_it(fuse, x_shape, target, allowzero):
+    b = GraphBuilder()
+    y = b.op("Reshape", [b.bn(b.input("x", list(x_shape)), C), b.const(np.array(target, np.int64))],
+             allowzero=allowzero)
+    k = int(np.prod(x_shape[1:]))
+    model = b.build(b.gemm(y, k, N, trans_b=True), opset=14)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Reshape": 1, "Gemm": 1}
+    assert result.model.graph.node[0].input[0] == "x"
+    for batch in (1, 2) if x_shape[0] == "batch" else (M,):
+        feeds = {"x": np.random.default_rng(batch).standard_normal((batch, *x_shape[1:])).astype(np.float32)}
+        np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize(("alpha", "beta"), [(0.5, 1.0), (2.0, 0.5), (-1.0, 0.0)])
@@ -152,6 +172,15 @@ def test_skip_flatten_reorders_features_when_a_negative_axis_has_unknown_rank(fu
     model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, ["a", N]))
     s = assert_skipped(fuse(model), model, Reason.FLATTEN_REORDERS)
     assert "unknown rank" in s.detail
+
+
+def test_skip_flatten_reorders_features_for_a_reshape_that_moves_axis_0(fuse):
+    # [3, 5, 2, 1] -> [-1, 5]: rows are (sample, position) pairs, features of one sample span two rows
+    b = GraphBuilder()
+    y = b.op("Reshape", [b.bn(b.input("x", [M, C, 2, 1]), C), b.const(np.array([-1, C], np.int64))])
+    model = b.build(b.gemm(y, C, N))
+    s = assert_skipped(fuse(model), model, Reason.FLATTEN_REORDERS)
+    assert "[-1, 5]" in s.detail
 
 
 def test_skip_weights_not_constant(fuse):
