@@ -194,8 +194,9 @@ def fused_estimate(index: ModelIndex, keys: list[str], output: str, sizes: Sizes
     """Bytes the nodes left after fusing the chain of nodes ``keys`` ending in ``output`` would move: one fused
     node that reads the weight node's (Conv, Gemm, MatMul) first three inputs that the chain does not compute
     (X, W, B) and every run-time tensor the chain reads from outside (a residual Z, the input of a BN that feeds
-    the Gemm), and writes ``output`` once; plus a Flatten or Reshape in the chain, which stays (it reads and
-    writes its own tensors). Constants a fold would absorb (BN parameters, Clip bounds) are not read. None when a
+    the Gemm, the bias of a MatMul's Add, which becomes Gemm's C), and writes ``output`` once; plus a Flatten or
+    Reshape in the chain, which stays (it reads and writes its own tensors). Constants a fold would absorb (BN
+    parameters, Clip bounds) are not read. None when a
     size is unknown."""
     nodes = [index.nodes.get(k) for k in keys]
     if any(n is None for n in nodes):
@@ -210,8 +211,9 @@ def fused_estimate(index: ModelIndex, keys: list[str], output: str, sizes: Sizes
         if n.op_type in KEPT_OPS:
             kept.extend(dict.fromkeys([*(i for i in n.input if i), *(o for o in n.output if o)]))
             continue
+        bias = main.op_type == "MatMul" and n.op_type == "Add"  # its constant becomes Gemm's C, which is read
         reads.extend(i for i in n.input
-                     if i and i not in produced and i not in index.constants and i not in reads)
+                     if i and i not in produced and (bias or i not in index.constants) and i not in reads)
     total = 0
     for name in [*reads, output, *kept]:
         b = sizes.bytes(name)

@@ -178,3 +178,14 @@ def test_skip_quantized_conv(fuse):
     mm = b.op("MatMul", [b.dequantized(b.input("x", [M, K])), b.const(b.rand(K, N))])
     model = b.build(b.op("Add", [mm, b.const(b.rand(N))]))
     assert_skipped(fuse(model), model, Reason.QDQ)
+
+
+def test_unfused_row_would_save_the_intermediate_tensor(fuse):
+    # traffic.fused_estimate for MatMul -> Add: a Gemm reads X, W and b (its C) and writes Y, so what is saved is
+    # the MatMul output written once and read once
+    b, y = matmul_add(x_shape=(2, M, K))
+    model = b.build(y)
+    result = fuse(model)
+    assert_skipped(result, model, Reason.MATMUL_NOT_2D)
+    (row,) = result.report.unfused
+    assert row["bytes"] == 2 * (2 * M * N * 4)
