@@ -97,8 +97,8 @@ def gemm_parts(gemm: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Ten
     """``(B, C or None, None)`` as constant arrays for a fold into ``gemm``, or ``(None, None, Skip)``.
 
     Skips: weights-not-constant (B or C computed at run time), initializer-is-graph-input, dtype-not-foldable (B
-    is not float16/float32/float64), or the shape of B is not 2-D (weights-not-constant is not right for that,
-    so :attr:`Reason.PARAM_SHAPE`).
+    is not float16/float32/float64), parameter-shape-mismatch (B is not 2-D, or C cannot broadcast to [M, N]:
+    invalid models that onnx.checker without shape inference lets through).
     """
     b, why = ctx.constant(gemm.inputs[1])
     if b is None:
@@ -116,8 +116,10 @@ def gemm_parts(gemm: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Ten
             reason = why if why == Reason.INITIALIZER_IS_INPUT else Reason.WEIGHTS_NOT_CONSTANT
             return None, None, skip(reason, f"Gemm input C {gemm.inputs[2].name} is not a constant", nodes,
                                     output)
-        if c.ndim > 2:
-            return None, None, skip(Reason.PARAM_SHAPE, f"Gemm C has shape {list(c.shape)}", nodes, output)
+        n = out_features(b, GemmAttrs.of(gemm).trans_b)
+        if c.ndim > 2 or (c.ndim and c.shape[-1] not in (1, n)):
+            return None, None, skip(Reason.PARAM_SHAPE, f"Gemm C has shape {list(c.shape)}, which does not "
+                                    f"broadcast to [M, {n}]", nodes, output)
     return b, c, None
 
 

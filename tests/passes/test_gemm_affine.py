@@ -180,10 +180,11 @@ def test_skip_zero_in_divisor(fuse):
     assert_skipped(fuse(model), model, Reason.ZERO_DIVISOR)
 
 
-def test_skip_parameter_shape_mismatch(fuse):
-    # a rank-3 C is not unidirectionally broadcastable to [M, N]; onnx.checker (no shape inference) accepts it
+@pytest.mark.parametrize("c_shape", [(1, 1, N), (N + 1,)])
+def test_skip_parameter_shape_mismatch(fuse, c_shape):
+    # a C that is not unidirectionally broadcastable to [M, N]; onnx.checker (no shape inference) accepts it
     b = GraphBuilder()
-    g = b.gemm(b.input("x", [M, K]), K, N, c_shape=(1, 1, N))
+    g = b.gemm(b.input("x", [M, K]), K, N, c_shape=c_shape)
     model = b.model(b.op("Mul", [g, b.const(np.ones(N, np.float32))]))
     model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [M, N]))
     assert_skipped(fuse(model), model, Reason.PARAM_SHAPE)
