@@ -44,3 +44,4 @@ def test_mlp_head_is_folded_for_onnx_and_fused_for_cpu():
         # what stays unfused on onnx is each Relu, which only a contrib op could take
         assert {row["reason"] for row in report.unfused} == ({"target-allows-no-contrib-ops"} if target == "onnx"
                                                              else set())
+        assert not onnxfuse.optimize(result.model, target=target).changed  # optimizing its own output: no-op
