@@ -1,9 +1,20 @@
-"""Shared fixtures and helpers: run onnxfuse on an in-memory model and compare it with the original in
-onnxruntime at ORT_DISABLE_ALL (both sides), so that onnxruntime's own fusions cannot hide a broken rewrite."""
+"""Shared fixtures and helpers for the test suite.
+
+Models built in memory: run onnxfuse on them and compare with the original in onnxruntime at ORT_DISABLE_ALL
+(both sides), so that onnxruntime's own fusions cannot hide a broken rewrite (``fuse``, ``assert_same_outputs``).
+
+Real models made by other people (``../shared/models`` beside the clone, or the folder in ``ONNXFUSE_MODELS_DIR``)
+are not in the repository, so a fresh clone has none. A test that needs them takes the ``shared_models`` fixture
+(the folder, as a Path) or calls ``shared_model("name")`` (one file); a whole module can say
+``pytestmark = pytest.mark.usefixtures("shared_models")``. When the folder is missing these tests skip, all under
+one summary line that names the folder and ``ONNXFUSE_MODELS_DIR``; when ``ONNXFUSE_MODELS_DIR`` or ``CI`` is set
+(``.ci/run`` sets both in CI) they are required, and a missing folder or file fails them instead.
+"""
 
 from __future__ import annotations
 
 import collections
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +26,45 @@ from onnxfuse.graph import proto_graphs
 from onnxfuse.verification import session
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: Real models made by other people: ``$ONNXFUSE_MODELS_DIR``, else ``../shared/models`` beside the clone.
+MODELS_DIR = Path(os.environ.get("ONNXFUSE_MODELS_DIR") or REPO.parent / "shared" / "models")
+
+
+def shared_models_required() -> bool:
+    """True when the real models must be present: ``ONNXFUSE_MODELS_DIR`` is set, or ``CI`` is set (to anything
+    but empty, ``0`` or ``false``)."""
+    ci = os.environ.get("CI", "").strip().lower()
+    return bool(os.environ.get("ONNXFUSE_MODELS_DIR")) or ci not in ("", "0", "false")
+
+
+def _shared_models_folder() -> Path:
+    """``MODELS_DIR`` when it holds .onnx files; otherwise skip the calling test (fail it when required)."""
+    if MODELS_DIR.is_dir() and any(MODELS_DIR.glob("*.onnx")):
+        return MODELS_DIR
+    if shared_models_required():
+        pytest.fail(f"the real models folder {MODELS_DIR} is missing or has no .onnx file, and ONNXFUSE_MODELS_DIR "
+                    f"or CI is set, so the tests that need it are required", pytrace=False)
+    pytest.skip(f"no real models folder {MODELS_DIR}: put the shared models in ../shared/models beside the clone or "
+                f"set ONNXFUSE_MODELS_DIR (with it, or CI, set these tests are required)")
+
+
+@pytest.fixture(scope="session")
+def shared_models() -> Path:
+    """The folder of real models (``MODELS_DIR``). Skips the test when it is missing, fails it when
+    ``ONNXFUSE_MODELS_DIR`` or ``CI`` is set."""
+    return _shared_models_folder()
+
+
+def shared_model(name: str) -> Path:
+    """Path of ``MODELS_DIR/<name>.onnx`` (``name`` without the extension). Skips the test when the folder is
+    missing (fails it when ``ONNXFUSE_MODELS_DIR`` or ``CI`` is set); fails it when the folder is there but this
+    file is not."""
+    path = _shared_models_folder() / f"{name}.onnx"
+    if not path.is_file():
+        pytest.fail(f"real model {path} is missing from {MODELS_DIR}", pytrace=False)
+    return path
+
 
 #: Tolerance for float32 comparisons in tests: folds reorder arithmetic, so outputs differ in the last bits.
 RTOL, ATOL = 1e-4, 1e-5

@@ -1,4 +1,5 @@
-"""Acceptance tests on real models made by other people (``../shared/models``, or ``ONNXFUSE_MODELS_DIR``).
+"""Acceptance tests on real models made by other people (``../shared/models``, or ``ONNXFUSE_MODELS_DIR``; they
+skip on a clone without that folder unless ``ONNXFUSE_MODELS_DIR`` or ``CI`` is set, see tests/conftest.py).
 
 For each model and target: optimize with verification ``passed``; the output passes onnx.checker's full check,
 loads in onnxruntime, and re-optimizing it changes nothing (byte for byte); ``cpu`` has at least as many FusedConv
@@ -9,7 +10,6 @@ has only Relu FusedConv; ``onnx`` has no contrib op; the report has no unknown s
 from __future__ import annotations
 
 import functools
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -20,9 +20,7 @@ import pytest
 from onnxfuse import model_io, pipeline
 from onnxfuse.graph import proto_graphs
 from onnxfuse.verification import VerifyOptions, session
-from tests.conftest import REPO
-
-MODELS_DIR = Path(os.environ.get("ONNXFUSE_MODELS_DIR", REPO.parent / "shared" / "models"))
+from tests.conftest import shared_model
 
 #: The shapes the models' own applications feed (shared/models/README.md).
 INPUT_SHAPES = {
@@ -38,17 +36,8 @@ FIXED_INPUTS = {"silero_vad_16k_op15": {"sr": np.array(16000, dtype=np.int64)}}
 TARGETS = ("cpu+cuda", "cpu", "onnx")
 
 
-def model_path(name: str) -> Path:
-    path = MODELS_DIR / f"{name}.onnx"
-    if not path.exists():
-        pytest.fail(f"real model {path} is missing: the acceptance tests need ../shared/models "
-                    f"(or set ONNXFUSE_MODELS_DIR)", pytrace=False)
-    return path
-
-
-def test_models_folder_is_present():
-    assert MODELS_DIR.is_dir(), f"{MODELS_DIR} is missing: set ONNXFUSE_MODELS_DIR"
-    assert {p.stem for p in MODELS_DIR.glob("*.onnx")} >= set(INPUT_SHAPES)
+def test_models_folder_is_present(shared_models):
+    assert {p.stem for p in shared_models.glob("*.onnx")} >= set(INPUT_SHAPES)
 
 
 def signature(model: onnx.ModelProto) -> tuple[list, list]:
@@ -80,7 +69,7 @@ def ort_extended_fused_count(name: str, tmp: str) -> int:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     opts.optimized_model_filepath = str(out)
     opts.log_severity_level = 3
-    ort.InferenceSession(str(model_path(name)), sess_options=opts, providers=["CPUExecutionProvider"])
+    ort.InferenceSession(str(shared_model(name)), sess_options=opts, providers=["CPUExecutionProvider"])
     return sum(count_fused(onnx.load(str(out))).values())
 
 
@@ -92,7 +81,7 @@ def ort_dir(tmp_path_factory):
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", sorted(INPUT_SHAPES))
 def test_real_model(name, target, tmp_path, ort_dir):
-    src = model_path(name)
+    src = shared_model(name)
     options = pipeline.Options(target=target, input_shapes=INPUT_SHAPES[name])
     input_data = None
     if name in FIXED_INPUTS:
