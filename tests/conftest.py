@@ -4,11 +4,12 @@ Models built in memory: run onnxfuse on them and compare with the original in on
 (both sides), so that onnxruntime's own fusions cannot hide a broken rewrite (``fuse``, ``assert_same_outputs``).
 
 Real models made by other people (``../shared/models`` beside the clone, or the folder in ``ONNXFUSE_MODELS_DIR``)
-are not in the repository, so a fresh clone has none. A test that needs them takes the ``shared_models`` fixture
-(the folder, as a Path) or calls ``shared_model("name")`` (one file); a whole module can say
-``pytestmark = pytest.mark.usefixtures("shared_models")``. When the folder is missing these tests skip, all under
-one summary line that names the folder and ``ONNXFUSE_MODELS_DIR``; when ``ONNXFUSE_MODELS_DIR`` or ``CI`` is set
-(``.ci/run`` sets both in CI) they are required, and a missing folder or file fails them instead.
+are not in the repository, so a fresh clone has none. A test that needs them either takes the ``shared_models``
+fixture (the folder, as a Path) or carries the ``requires_shared_models`` marker (a whole module:
+``pytestmark = pytest.mark.requires_shared_models``) and gets each file with ``shared_model("name")``. When the
+folder is missing these tests skip before they start, all under one summary line that names the folder and
+``ONNXFUSE_MODELS_DIR``; when ``ONNXFUSE_MODELS_DIR`` or ``CI`` is set (``.ci/run`` sets both in CI) they are
+required, and a missing folder or file fails them instead.
 """
 
 from __future__ import annotations
@@ -47,6 +48,18 @@ def _shared_models_folder() -> Path:
                     f"or CI is set, so the tests that need it are required", pytrace=False)
     pytest.skip(f"no real models folder {MODELS_DIR}: put the shared models in ../shared/models beside the clone or "
                 f"set ONNXFUSE_MODELS_DIR (with it, or CI, set these tests are required)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "requires_shared_models: the test reads real models from MODELS_DIR "
+                                       "(../shared/models or ONNXFUSE_MODELS_DIR); see tests/conftest.py")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip (or fail, when required) a test that needs the real models before its fixtures run. Raised here rather
+    than in the fixture so that pytest reports every such skip at one location, as one summary line."""
+    if "shared_models" in getattr(item, "fixturenames", ()) or item.get_closest_marker("requires_shared_models"):
+        _shared_models_folder()
 
 
 @pytest.fixture(scope="session")

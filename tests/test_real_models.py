@@ -22,6 +22,8 @@ from onnxfuse.graph import proto_graphs
 from onnxfuse.verification import VerifyOptions, session
 from tests.conftest import shared_model
 
+pytestmark = pytest.mark.requires_shared_models
+
 #: The shapes the models' own applications feed (shared/models/README.md).
 INPUT_SHAPES = {
     "rapidocr_det_ppocrv4": {"x": (1, 3, 640, 640)},
