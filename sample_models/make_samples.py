@@ -11,6 +11,8 @@ Models (float32, NCHW, opset 17 unless noted):
     mlp_head.onnx              a small conv backbone (Conv->BN->Relu x2, GlobalAveragePool) and a classifier head
                                BN -> Flatten -> Gemm -> BN -> Relu -> Gemm (weights [out, in], transB=1, as
                                torch.nn.Linear exports): the Gemm folds and FusedGemm
+
+silero_vad_16k_op15.onnx in this folder is not made here: it is a third-party model (see README.md).
 """
 
 from __future__ import annotations
