@@ -2,14 +2,20 @@
 
 Exit codes: 0 success; 1 the optimized model failed verification (or ``--require-verify`` and verification
 was skipped), nothing written; 2 usage error, an input model that cannot be read or is invalid, or an output
-that cannot be written.
-Results go to stdout, diagnostics and progress to stderr.
+that cannot be written; 130 interrupted (Ctrl-C, SIGINT), no partly written file left.
+
+Results (the optimize summary, a report, bench tables, the pass list) go to stdout; everything else (errors,
+warnings, hints, "wrote FILE", progress, ``-v`` detail) goes to stderr. Diagnostics go through :mod:`logging`: the
+library's modules log to ``logging.getLogger(__name__)`` (children of the ``onnxfuse`` logger) and this module
+gives the ``onnxfuse`` logger one stderr handler whose level follows ``-q`` (errors only: nothing on success),
+the default (INFO) and ``-v`` (DEBUG).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import os
 import sys
@@ -27,26 +33,64 @@ from onnxfuse.shapes import parse_input_shape
 
 EXIT_CODES_HELP = """\b
 Exit codes:
-  0  success
-  1  the optimized model failed verification, or --require-verify and
-     verification was skipped (nothing written)
-  2  usage error, an input model that cannot be read or is invalid,
-     or an OUTPUT that cannot be written"""
+  0    success
+  1    the optimized model failed verification, or --require-verify and
+       verification was skipped (nothing written)
+  2    usage error, an input model that cannot be read or is invalid,
+       or an OUTPUT that cannot be written
+  130  interrupted (Ctrl-C); no partly written file is left"""
 
 READ_ONLY_EXIT_CODES_HELP = """\b
 Exit codes:
-  0  success
-  2  usage error, or a model that cannot be read or is invalid"""
+  0    success
+  2    usage error, or a model that cannot be read or is invalid
+  130  interrupted (Ctrl-C)"""
+
+#: Exit code after SIGINT (Ctrl-C): 128 + signal number 2, the shell convention. Not 1, which means "verification
+#: failed".
+EXIT_INTERRUPTED = 130
+
+#: The package's root logger: the CLI's own messages, and the parent of every library module's logger.
+log = logging.getLogger("onnxfuse")
+
+
+class _StderrHandler(logging.Handler):
+    """Writes each record to the current ``sys.stderr`` through click (looked up at each record, so that click's
+    test runner captures it), a ``warning: `` prefix on warnings, no other decoration."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = self.format(record)
+            if record.levelno == logging.WARNING:
+                message = f"warning: {message}"
+            click.echo(message, err=True)
+        except Exception:
+            self.handleError(record)
+
+
+def _configure_logging(verbosity: int) -> None:
+    """One stderr handler on the ``onnxfuse`` logger: -q (verbosity < 0) ERROR, default INFO, -v DEBUG.
+    Replaces the handler of an earlier call (each command line configures it afresh)."""
+    level = logging.ERROR if verbosity < 0 else logging.INFO if verbosity == 0 else logging.DEBUG
+    for handler in [h for h in log.handlers if isinstance(h, _StderrHandler)]:
+        log.removeHandler(handler)
+    log.addHandler(_StderrHandler())
+    log.setLevel(level)
 
 
 def _fail_cleanly(fn):
-    """Turn an OnnxFuseError into a one-line ``error: ...`` on stderr and its exit code; bugs keep their
-    traceback."""
+    """Turn an OnnxFuseError into a one-line ``error: ...`` on stderr and its exit code, and Ctrl-C into one line
+    and exit code 130 (click's own handling would exit 1, the code for a failed verification); bugs keep their
+    traceback. Files are written whole or not at all (temporary file, then rename), so an interrupt leaves no
+    partly written file."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted; no partly written file was left", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         except OnnxFuseError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
@@ -78,13 +122,6 @@ def _verbosity(ctx: click.Context) -> int:
     return ctx.find_root().obj.get("verbosity", 0)
 
 
-def _log(ctx: click.Context, message: str, level: int = 0) -> None:
-    """Diagnostics to stderr: level 0 unless --quiet, level 1 only with --verbose."""
-    verbosity = _verbosity(ctx)
-    if verbosity >= level and verbosity >= 0:
-        click.echo(message, err=True)
-
-
 def _set_verbosity(ctx: click.Context, param: click.Parameter, value) -> None:
     root = ctx.find_root()
     root.ensure_object(dict)
@@ -92,6 +129,7 @@ def _set_verbosity(ctx: click.Context, param: click.Parameter, value) -> None:
         root.obj["verbosity"] = -1
     elif param.name == "verbose" and value and root.obj.get("verbosity", 0) >= 0:
         root.obj["verbosity"] = root.obj.get("verbosity", 0) + value
+    _configure_logging(root.obj.get("verbosity", 0))
 
 
 def verbosity_options(fn):
@@ -153,6 +191,7 @@ def main(ctx: click.Context) -> None:
       onnxfuse passes
     """
     ctx.ensure_object(dict)
+    _configure_logging(_verbosity(ctx))
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -206,6 +245,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
         _check_folder(report_path, "--report")
     options = _options(target, only, skip, input_shape, constant_initializer_inputs)
     verify_options = None if no_verify else VerifyOptions(options.input_shapes, input_data, rtol=rtol, atol=atol)
+    log.debug("optimizing %s for target %s", input_path, target)
     with _progress(ctx, f"optimizing {input_path}"):
         result = pipeline.optimize(input_path, options, verify_options)
     report = result.report
@@ -217,9 +257,9 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
         _write_text(report_path, rep.render(report, fmt, show_all=True))
     if verification.status == "failed":
         for o in verification.failed_outputs:
-            _log(ctx, f"  output {o.name}: max abs error {o.max_abs_error:.3g}, max rel error "
-                      f"{o.max_rel_error:.3g}, tolerance atol {o.atol:g} rtol {o.rtol:g} "
-                      f"(would pass with --atol {o.needed_atol:.3g})")
+            log.error("  output %s: max abs error %.3g, max rel error %.3g, tolerance atol %g rtol %g "
+                      "(would pass with --atol %.3g)", o.name, o.max_abs_error, o.max_rel_error, o.atol, o.rtol,
+                      o.needed_atol)
         raise VerificationError(f"{input_path}: the optimized model does not match the original "
                                 f"({verification.reason}); {output_path} was not written")
     if verification.status == "skipped" and require_verify:
@@ -229,12 +269,14 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
         raise InputError(f"{output_path}: OUTPUT is an external data file of INPUT; choose another name")
     replacing_input = output_path.exists() and model_io.same_file(input_path, output_path)  # --overwrite
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
-                           protected=() if replacing_input else result.loaded.data_files)
-    for line in rep.summary_lines(report):
-        click.echo(line)
+                                  protected=() if replacing_input else result.loaded.data_files)
+    if _verbosity(ctx) >= 0:  # the results; -q prints nothing on success
+        for line in rep.summary_lines(report, hints=False):
+            click.echo(line)
+    _hints(report)
     if not result.changed:
-        click.echo(f"no pattern was fused: {output_path} is the input model with onnxfuse metadata added")
-    click.echo(f"wrote {', '.join(str(p) for p in written)}")
+        log.info("no pattern was fused: %s is the input model with onnxfuse metadata added", output_path)
+    log.info("wrote %s", ", ".join(str(p) for p in written))
 
 
 def _check_folder(path: Path, what: str) -> None:
@@ -254,14 +296,21 @@ def _check_folder(path: Path, what: str) -> None:
 def _diagnostics(ctx: click.Context, report: rep.Report) -> None:
     """Warnings on stderr; with -v also the pass statistics and every pattern left unfused."""
     for warning in report.warnings or []:
-        _log(ctx, f"warning: {warning}")
+        log.warning("%s", warning)
     for s in report.pass_stats:
         skipped = ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "none skipped"
-        _log(ctx, f"pass {s['name']}: {s['applied']} rewrites; {skipped}", level=1)
+        log.debug("pass %s: %s rewrites; %s", s["name"], s["applied"], skipped)
     for u in report.unfused:
         chain = " -> ".join(n["op"] for n in u["nodes"])
-        _log(ctx, f"unfused {u['nodes'][0]['name'] or u['nodes'][0]['output']} ({chain}): {u['reason']}: "
-                  f"{u['detail']}", level=1)
+        log.debug("unfused %s (%s): %s: %s", u["nodes"][0]["name"] or u["nodes"][0]["output"], chain, u["reason"],
+                  u["detail"])
+
+
+def _hints(report: rep.Report) -> None:
+    """What the user could do to get a fuller result (stderr, INFO)."""
+    hint = rep.unknown_shapes_hint(report)
+    if hint:
+        log.info("%s", hint)
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -272,6 +321,7 @@ def _write_text(path: Path, text: str) -> None:
     _check_folder(path, "report")
     folder = path.resolve().parent
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    replaced = False
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -279,10 +329,13 @@ def _write_text(path: Path, text: str) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
+        replaced = True
     except OSError as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
         raise InputError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
+    finally:  # also on Ctrl-C
+        if not replaced:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 @main.command(epilog=READ_ONLY_EXIT_CODES_HELP)
@@ -322,7 +375,7 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
     text = rep.render(result.report, fmt, show_all, width=_text_width(output))
     if output is not None:
         _write_text(output, text)
-        _log(ctx, f"wrote {output}")
+        log.info("wrote %s", output)
     else:
         click.echo(text, nl=False)
 

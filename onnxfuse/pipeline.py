@@ -1,4 +1,5 @@
-"""load -> passes to a fixpoint -> (verify) -> Report. The library entry points; nothing here prints.
+"""load -> passes to a fixpoint -> (verify) -> Report. The library entry points; nothing here prints (progress goes
+to ``logging.getLogger(__name__)`` at DEBUG; the CLI shows it with -v).
 
 :func:`analyse` is what ``onnxfuse report`` runs; :func:`optimize` is what ``onnxfuse optimize`` runs (the CLI
 writes the model it returns).
@@ -6,6 +7,7 @@ writes the model it returns).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,6 +22,8 @@ from onnxfuse._version import __version__
 from onnxfuse.errors import InputError
 from onnxfuse.passes import Context, Fusion, Match, Pass, Skip
 from onnxfuse.providers import DEFAULT_TARGET, TARGETS, get_target
+
+log = logging.getLogger(__name__)
 
 #: Upper bound on rounds of the pass list per graph. Each round that changes nothing ends the loop; a chain
 #: needs one round per fold that has to happen before the next can match (Conv -> Add -> BN -> Relu: 3), so
@@ -148,6 +152,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     selected = _check_options(options)
     loaded = loaded or model_io.load_model(path)
     model = loaded.model
+    log.debug("loaded %s: %d nodes in the main graph", loaded.label, len(model.graph.node))
     skel = shapes.skeleton(model)
     info, elem_types = shapes.infer(skel)  # the model's own (symbolic) shapes: what the passes may rely on
     input_shapes = shapes.complete_input_shapes(model, options.input_shapes) if options.input_shapes else {}
@@ -181,6 +186,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
             graph = g.to_graph(model)
             ctx = Context(get_target(options.target), overridable, info, namer=g.Namer(graph))
             fusions, skips = run_passes(graph, selected, ctx)
+            log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
             out = g.to_model(graph, model) if fusions else model
         except InputError as exc:
             raise InputError(f"{loaded.label}: {exc}") from None
@@ -221,6 +227,7 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     if verify_options is not None:
         # the shapes analyse() used: the given ones plus those their named dims complete
         verify_options.input_shapes = {k: tuple(v) for k, v in result.report.input_shapes.items()}
+        log.debug("verifying the optimized model against the original in onnxruntime")
         result.report.verification = verify.verify(result.loaded.ort_source(), result.model, verify_options)
     else:
         result.report.verification = verify.Verification.skipped_by_user()

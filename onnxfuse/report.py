@@ -274,8 +274,9 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def summary_lines(report: Report) -> list[str]:
-    """The short summary ``optimize`` prints: totals, fusion count, unfused count, verification, warnings."""
+def summary_lines(report: Report, hints: bool = True) -> list[str]:
+    """The short summary ``optimize`` prints: totals, fusion count, unfused count, verification, and (when
+    ``hints``) :func:`unknown_shapes_hint`."""
     t = report.totals
     before, after = t["before"], t["after"]
     scope = ""
@@ -294,10 +295,19 @@ def summary_lines(report: Report) -> list[str]:
         b = report.bandwidth
         lines.append(f"estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate): "
                      f"{b['before_ms']:.3f} ms -> {b['after_ms']:.3f} ms")
-    if report.unknown_shapes:
-        lines.append("unknown shapes: give --input-shape for " + ", ".join(
-            f"{u['input']} {u['shape']}" for u in report.unknown_shapes))
+    hint = unknown_shapes_hint(report) if hints else None
+    if hint:
+        lines.append(hint)
     return lines
+
+
+def unknown_shapes_hint(report: Report) -> str | None:
+    """``unknown shapes: give --input-shape for ...`` naming each graph input whose symbolic dims left sizes
+    unknown, or None when there is none."""
+    if not report.unknown_shapes:
+        return None
+    return "unknown shapes: give --input-shape for " + ", ".join(
+        f"{u['input']} {u['shape']}" for u in report.unknown_shapes)
 
 
 def _label(node: dict) -> str:
