@@ -1,4 +1,39 @@
-"""``python -m onnxfuse``: the same as the ``onnxfuse`` command."""
-from onnxfuse.cli import main
+"""``python -m onnxfuse``: the same as the ``onnxfuse`` command.
 
-main()
+``python -m`` puts the current folder first on ``sys.path``. Run from the folder above a clone of this repository
+(a folder named ``onnxfuse`` that holds the package in ``onnxfuse/onnxfuse``), Python imports that outer folder as
+a namespace package ``onnxfuse`` (it has no ``__init__.py``) and, through an editable install's import hook, this
+file from the installed package: a mix that fails with an ImportError naming neither. So before importing anything
+else, a namespace ``onnxfuse`` is replaced by the package this file belongs to (the installed one). Without an
+installed package Python stops before this file runs ("No module named onnxfuse.__main__"); README.md says to run
+``python -m onnxfuse`` from the repository root or after installing.
+"""
+
+import importlib.util
+import os
+import sys
+
+
+def _use_this_package() -> None:
+    """Make ``sys.modules["onnxfuse"]`` the package in this file's folder when it is a namespace package."""
+    found = sys.modules.get("onnxfuse")
+    if found is None or getattr(found, "__file__", None) is not None:
+        return  # a regular package: the one this file was found in
+    for name in [m for m in sys.modules if m == "onnxfuse" or m.startswith("onnxfuse.")]:
+        del sys.modules[name]
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("onnxfuse", os.path.join(here, "__init__.py"),
+                                                  submodule_search_locations=[here])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["onnxfuse"] = module
+    spec.loader.exec_module(module)
+
+
+if __name__ == "__main__":
+    _use_this_package()
+    try:
+        from onnxfuse.cli import main
+    except KeyboardInterrupt:  # Ctrl-C while the libraries load: the CLI's own handling is not in place yet
+        sys.stderr.write("error: interrupted\n")
+        sys.exit(130)
+    main()

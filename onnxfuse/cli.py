@@ -70,12 +70,18 @@ class _StderrHandler(logging.Handler):
 
 def _configure_logging(verbosity: int) -> None:
     """One stderr handler on the ``onnxfuse`` logger: -q (verbosity < 0) ERROR, default INFO, -v DEBUG.
-    Replaces the handler of an earlier call (each command line configures it afresh)."""
-    level = logging.ERROR if verbosity < 0 else logging.INFO if verbosity == 0 else logging.DEBUG
+    Replaces the handler of an earlier call (-v/-q after the command name configure it again)."""
+    _unconfigure_logging()
+    log.addHandler(_StderrHandler())
+    log.setLevel(logging.ERROR if verbosity < 0 else logging.INFO if verbosity == 0 else logging.DEBUG)
+
+
+def _unconfigure_logging() -> None:
+    """Remove the CLI's handler and level, so that a process that runs the CLI in-process (tests, scripts) keeps
+    its own logging set-up afterwards."""
     for handler in [h for h in log.handlers if isinstance(h, _StderrHandler)]:
         log.removeHandler(handler)
-    log.addHandler(_StderrHandler())
-    log.setLevel(level)
+    log.setLevel(logging.NOTSET)
 
 
 def _fail_cleanly(fn):
@@ -192,6 +198,7 @@ def main(ctx: click.Context) -> None:
     """
     ctx.ensure_object(dict)
     _configure_logging(_verbosity(ctx))
+    ctx.call_on_close(_unconfigure_logging)
 
 
 @main.command(epilog=EXIT_CODES_HELP)

@@ -4,9 +4,12 @@ never modified, the output written atomically or not at all."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -414,3 +417,249 @@ def test_models_graphsurgeon_would_corrupt_are_written_unchanged(tmp_path):
     assert result.exit_code == 0, result.output
     assert "the model was not rewritten: subgraph tensor 'k' shadows" in result.output
     assert "FusedConv" not in {n.op_type for n in onnx.load(str(tmp_path / "o.onnx")).graph.node}
+
+
+# --- Streams, -q, logging, Ctrl-C, python -m (issue 12, section 4) ---------------------------------------------
+
+def run_cli(*args: str):
+    """Invoke the CLI in-process with stdout and stderr captured apart (``result.stdout``, ``result.stderr``)."""
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_quiet_prints_nothing_on_success(tmp_path):
+    cpu = tmp_path / "cpu.onnx"
+    assert run_cli("optimize", REPO / "sample_models" / "conv_sigmoid.onnx", cpu, "--target", "cpu").exit_code == 0
+    symbolic = tmp_path / "symbolic.onnx"
+    b = GraphBuilder()
+    model = b.build(b.op("Relu", [b.conv(b.input("x", ["N", 4, 8, 8]), 4, 4)]))
+    onnx.save(model, str(symbolic))
+    commands = [
+        ["optimize", SAMPLE, tmp_path / "a.onnx", "-q"],
+        ["-q", "optimize", SAMPLE, tmp_path / "b.onnx", "--report", tmp_path / "b.json", "--bandwidth", "100"],
+        ["optimize", cpu, tmp_path / "c.onnx", "-q"],  # would warn: FusedConv(Sigmoid) that cpu+cuda cannot run
+        ["optimize", REPO / "sample_models" / "refuse_graph_output.onnx", tmp_path / "d.onnx", "-q"],  # unchanged
+        ["optimize", symbolic, tmp_path / "e.onnx", "-q", "-v"],  # would hint at --input-shape
+        ["report", SAMPLE, "-o", tmp_path / "r.txt", "-q"],
+        ["report", cpu, "--format", "json", "-o", tmp_path / "r.json", "-q"],
+    ]
+    for args in commands:
+        result = run_cli(*args)
+        assert result.exit_code == 0, (args, result.output)
+        assert (result.stdout, result.stderr) == ("", ""), args
+    assert (tmp_path / "b.json").stat().st_size and (tmp_path / "r.txt").stat().st_size
+    # the unquietened runs did print: -q is what silenced them
+    assert "warning: " in run_cli("optimize", cpu, tmp_path / "c.onnx").stderr
+    assert "unknown shapes" in run_cli("optimize", symbolic, tmp_path / "e.onnx").stderr
+
+
+def test_quiet_still_prints_requested_results_and_errors(tmp_path):
+    result = run_cli("report", SAMPLE, "-q")
+    assert result.exit_code == 0 and "memory-traffic report" in result.stdout and result.stderr == ""
+    result = run_cli("report", tmp_path / "missing.onnx", "-q")
+    assert result.exit_code == 2 and result.stdout == "" and result.stderr.startswith("error: ")
+
+
+def test_quiet_is_silent_in_a_real_process(tmp_path):
+    """Nothing from Python warnings, onnxruntime's own logging or the libraries reaches the terminal either."""
+    for args in (["optimize", SAMPLE, tmp_path / "o.onnx", "--target", "cpu", "-q"],
+                 ["report", SAMPLE, "-q", "-o", tmp_path / "r.md"]):
+        out = subprocess.run([sys.executable, "-m", "onnxfuse", *map(str, args)], capture_output=True, text=True,
+                             env=_env(), cwd=REPO)
+        assert (out.returncode, out.stdout, out.stderr) == (0, "", ""), args
+
+
+def _env() -> dict[str, str]:
+    """The environment for a subprocess that imports this checkout's onnxfuse."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_results_go_to_stdout_and_diagnostics_to_stderr(tmp_path):
+    out = tmp_path / "o.onnx"
+    result = run_cli("optimize", SAMPLE, out, "--target", "cpu")
+    assert [line.split(":")[0] for line in result.stdout.splitlines()] == ["traffic", "fusions", "verification"]
+    assert result.stderr == f"wrote {out}\n"
+
+    verbose = run_cli("-v", "optimize", SAMPLE, out, "--overwrite", "--target", "cpu")
+    assert verbose.stdout.splitlines()[1:] == result.stdout.splitlines()[1:]
+    assert "pass conv_batchnorm: 2 rewrites" in verbose.stderr
+    assert "verifying the optimized model" in verbose.stderr  # a library module's logger (onnxfuse.pipeline)
+
+    result = run_cli("optimize", REPO / "sample_models" / "refuse_graph_output.onnx", tmp_path / "u.onnx")
+    assert "no pattern was fused" in result.stderr and "no pattern" not in result.stdout
+    result = run_cli("-v", "report", REPO / "sample_models" / "refuse_two_consumers.onnx")
+    assert "unfused conv (Conv -> Relu): intermediate-has-other-consumers" in result.stderr
+    assert "memory-traffic report" in result.stdout and "pass conv_activation" not in result.stdout
+
+    cpu = tmp_path / "cpu.onnx"
+    run_cli("optimize", REPO / "sample_models" / "conv_sigmoid.onnx", cpu, "--target", "cpu")
+    result = run_cli("optimize", cpu, tmp_path / "again.onnx")
+    assert result.stderr.startswith("warning: the model holds 1 FusedConv") and "warning" not in result.stdout
+
+    result = run_cli("report", SAMPLE, "--format", "json")
+    assert json.loads(result.stdout)["target"] == "cpu+cuda" and result.stderr == ""
+    result = run_cli("report", SAMPLE, "--format", "json", "-o", tmp_path / "r.json")
+    assert result.stdout == "" and result.stderr == f"wrote {tmp_path / 'r.json'}\n"
+
+    result = run_cli("optimize", SAMPLE, tmp_path / "f.onnx", "--rtol", "0", "--atol", "0")  # fails verification
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.splitlines()[0].startswith("  output ") and result.stderr.splitlines()[-1].startswith(
+        "error: ")
+    result = run_cli("optimize", tmp_path / "missing.onnx", tmp_path / "g.onnx")
+    assert result.exit_code == 2 and result.stdout == "" and result.stderr.startswith("error: ")
+
+    for args in (["passes"], ["--version"]):
+        result = run_cli(*args)
+        assert result.exit_code == 0 and result.stdout and result.stderr == "", args
+
+
+def test_bench_results_go_to_stdout():
+    result = run_cli("bench", SAMPLE, "--runs", "1", "--warmup", "0", "--level", "disable", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["levels"] and "{" not in result.stderr
+
+
+def test_each_command_line_configures_logging_afresh_and_removes_it_after():
+    import logging
+
+    from onnxfuse import cli
+
+    sample = REPO / "sample_models" / "refuse_two_consumers.onnx"
+    for args in (["-v", "report", sample], ["-q", "report", sample], ["report", sample, "-v"]):
+        result = run_cli(*args)
+        assert result.stderr.count("pass conv_activation: 0 rewrites") == (0 if "-q" in args else 1), args
+        assert not [h for h in logging.getLogger("onnxfuse").handlers if isinstance(h, cli._StderrHandler)]
+        assert logging.getLogger("onnxfuse").level == logging.NOTSET
+
+
+def test_the_library_does_not_print(tmp_path, capsys, caplog):
+    import logging
+
+    from onnxfuse import pipeline
+    from onnxfuse.verify import VerifyOptions
+
+    with caplog.at_level(logging.DEBUG, logger="onnxfuse"):
+        result = pipeline.optimize(SAMPLE, pipeline.Options(target="cpu"), VerifyOptions({}))
+    assert result.report.verification.status == "passed"
+    assert capsys.readouterr() == ("", "")
+    assert {r.name for r in caplog.records} >= {"onnxfuse.pipeline"}
+
+
+def test_ctrl_c_in_the_library_exits_130_with_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    from onnxfuse import pipeline
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "optimize", interrupted)
+    monkeypatch.setattr(pipeline, "analyse", interrupted)
+    for args in (["optimize", SAMPLE, tmp_path / "o.onnx", "--report", tmp_path / "r.json"],
+                 ["report", SAMPLE, "-o", tmp_path / "r.txt"], ["report", SAMPLE]):
+        result = run_cli(*args)
+        assert result.exit_code == 130, args
+        assert result.stdout == "" and result.stderr == "error: interrupted; no partly written file was left\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_writing_leaves_the_old_output_and_no_temporary_file(tmp_path, monkeypatch):
+    out = tmp_path / "out.onnx"
+    out.write_bytes(b"old model")
+
+    def interrupted_write(path, data):
+        with open(path, "wb") as fh:
+            fh.write(data[:10])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model_io, "_write_bytes", interrupted_write)
+    result = run_cli("optimize", SAMPLE, out)
+    assert result.exit_code == 130 and len(result.stderr.splitlines()) == 1
+    assert out.read_bytes() == b"old model"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.onnx"]
+
+
+def test_ctrl_c_while_writing_the_report_leaves_no_temporary_file(tmp_path, monkeypatch):
+    def interrupted_replace(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted_replace)
+    result = run_cli("report", SAMPLE, "-o", tmp_path / "r.txt")
+    assert result.exit_code == 130 and len(result.stderr.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def _slow_model(path: Path, layers: int = 600) -> None:
+    """A float32 chain of ``layers`` Conv -> BatchNormalization -> Relu: a few seconds to optimize and verify."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 8, 32, 32])
+    for _ in range(layers):
+        x = b.op("Relu", [b.bn(b.conv(x, 8, 8), 8)])
+    onnx.save(b.build(x), str(path))
+
+
+def test_sigint_exits_130_with_one_line_and_leaves_nothing(tmp_path):
+    src, out_dir = tmp_path / "big.onnx", tmp_path / "out"
+    _slow_model(src)
+    out_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "onnxfuse", "-v", "optimize", str(src), str(out_dir / "o.onnx"),
+                             "--report", str(out_dir / "r.json")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    before = []
+    try:
+        for line in proc.stderr:  # wait until the work has started (-v says so), so that the libraries are loaded
+            before.append(line)
+            if line.startswith("optimizing "):
+                break
+        time.sleep(0.5)
+        assert proc.poll() is None, "the model was optimized before the interrupt: make it slower"
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, [*before, stderr]
+    assert stdout == ""
+    lines = stderr.splitlines()
+    assert lines[-1] == "error: interrupted; no partly written file was left", lines
+    # before it, at most the -v progress lines of the library (never a traceback or click's "Aborted!")
+    assert all(line.startswith(("loaded ", "passes done", "verifying ")) for line in lines[:-1]), lines
+    assert list(out_dir.iterdir()) == []
+
+
+def test_python_dash_m_from_the_folder_above_a_clone_runs_the_installed_package(tmp_path):
+    """``python -m`` puts the current folder first on sys.path: from the folder above a clone named ``onnxfuse``,
+    that folder is a namespace package ``onnxfuse``. With an editable install's import hook (setuptools' finder,
+    consulted after the path), ``onnxfuse.__main__`` came from the installed package but ``onnxfuse`` was the empty
+    namespace, and the command failed with an ImportError."""
+    (tmp_path / "onnxfuse").mkdir()  # the clone: no __init__.py at its top
+    (tmp_path / "onnxfuse" / "README.md").write_text("a clone\n")
+    package = REPO / "onnxfuse"
+    code = f"""
+import os, runpy, sys
+from importlib.machinery import PathFinder
+from importlib.util import spec_from_file_location
+
+class EditableFinder:  # what setuptools' editable install adds to sys.meta_path, after PathFinder
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname == "onnxfuse":
+            return spec_from_file_location(fullname, {str(package / "__init__.py")!r})
+        if fullname.rpartition(".")[0] == "onnxfuse":
+            return PathFinder.find_spec(fullname, path=[{str(package)!r}])
+        return None
+
+sys.path[0] = os.getcwd()  # what python -m does
+sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, EditableFinder)
+sys.argv = ["onnxfuse", "passes"]
+try:
+    runpy.run_module("onnxfuse", run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    print("exit", exc.code, sys.modules["onnxfuse"].__file__)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert "conv_batchnorm" in out.stdout
+    assert out.stdout.splitlines()[-1] == f"exit 0 {package / '__init__.py'}"
+
+
+def test_readme_says_where_to_run_python_dash_m():
+    readme = (REPO / "README.md").read_text()
+    assert "python -m onnxfuse" in readme and "folder above a clone" in readme
