@@ -35,7 +35,7 @@ def main() -> int:
     args = parser.parse_args()
     results = []
     for name, shapes in SHAPES.items():
-        model = MODELS / f"{name}.onnx"
+        model = os.path.relpath(MODELS / f"{name}.onnx", REPO)  # run from REPO; results hold no absolute path
         extra = []
         if name == "silero_vad_16k_op15":
             import numpy as np
@@ -45,13 +45,13 @@ def main() -> int:
             rng = np.random.default_rng(0)
             np.savez(npz, input=rng.standard_normal((1, 512)).astype(np.float32),
                      state=np.zeros((2, 1, 128), np.float32), sr=np.array(16000, np.int64))
-            extra = ["--input-data", str(npz)]
+            extra = ["--input-data", os.path.relpath(npz, REPO)]
         for target in args.targets:
-            cmd = [sys.executable, "-m", "onnxfuse", "bench", str(model), "--target", target, "--runs",
+            cmd = [sys.executable, "-m", "onnxfuse", "bench", model, "--target", target, "--runs",
                    str(args.runs), "--warmup", str(args.warmup), "--threads", "1", "--format", "json", *extra]
             for s in shapes:
                 cmd += ["--input-shape", s]
-            out = subprocess.run(cmd, capture_output=True, text=True)
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
             if out.returncode != 0:
                 print(f"{name} {target}: failed: {out.stderr.strip()}", file=sys.stderr)
                 continue

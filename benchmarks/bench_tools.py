@@ -186,6 +186,15 @@ class Model:
     external: bool = False
 
 
+def shown_path(model: Model) -> str:
+    """The model's path as results record it: relative to the repository root for real models
+    (``../shared/models/...``), the bare file name for models made in a temporary folder; never an absolute path
+    of this machine."""
+    if model.kind == "shared":
+        return os.path.relpath(model.path, REPO)
+    return model.path.name
+
+
 def model_size(path: Path) -> tuple[int, bool]:
     """File size plus the external data files it refers to."""
     import onnx
@@ -653,7 +662,7 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] 
         "baseline": {"cmd": " ".join(BASELINE_CMD), "median_maxrss_mib": _r(baseline_mb, 1),
                      "median_wall_s": _r(baseline_s, 3),
                      "samples": [{"wall_s": round(s.wall_s, 4), "maxrss_kb": s.maxrss_kb} for s in base]},
-        "models": {m.name: {"path": str(m.path), "kind": m.kind, "size_bytes": m.size_bytes, "external_data": m.external,
+        "models": {m.name: {"path": shown_path(m), "kind": m.kind, "size_bytes": m.size_bytes, "external_data": m.external,
                             "nodes": m.nodes, "onnxfuse_input_shapes": INPUT_SHAPES.get(m.name, []),
                             "tools": {t: r.to_json() for t, r in all_results[m.name].items()}} for m in models},
         "targets": verdicts,

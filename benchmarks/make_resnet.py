@@ -9,12 +9,12 @@ arguments always give the same bytes. Weights are He-scaled and the residual bra
 activations stay finite and moderate through hundreds of blocks (mean |output| about 0.8 after 50 blocks and
 about 37 after 400), so onnxruntime can run and verify the model.
 
-Examples::
+Examples (from the repository root; ``benchmarks/out/`` is git-ignored, ``mkdir -p benchmarks/out`` first)::
 
-    python benchmarks/make_resnet.py --blocks 50 -o /tmp/resnet50.onnx
-    python benchmarks/make_resnet.py --blocks 400 -o /tmp/resnet400.onnx
+    python benchmarks/make_resnet.py --blocks 50 -o benchmarks/out/resnet50.onnx
+    python benchmarks/make_resnet.py --blocks 400 -o benchmarks/out/resnet400.onnx
     # > 2 GB model, weights in an external data file (about 2.3 GB on disk; slow to make, see BENCHMARKS.md):
-    python benchmarks/make_resnet.py --blocks 60 --channels 1024 --hw 7 --external -o /tmp/resnet_big.onnx
+    python benchmarks/make_resnet.py --blocks 60 --channels 1024 --hw 7 --external -o benchmarks/out/resnet_big.onnx
 
 Sizes: one 3x3 Conv of C channels has 36 * C * C bytes of float32 weights (C=64: 147 KB, so 50 blocks make a
 7.5 MB file and 400 blocks a 59 MB file; C=1024: 37.7 MB, so 60 blocks make 2.26 GB).

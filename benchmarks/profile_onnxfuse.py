@@ -7,7 +7,7 @@ functions with the largest inclusive share (time with the function anywhere on t
 share (time in the function's own code, the innermost frame).
 
     python benchmarks/profile_onnxfuse.py MODEL.onnx [onnxfuse optimize options ...] [--top 25] [--rate 500]
-    python benchmarks/profile_onnxfuse.py /tmp/resnet400.onnx --no-verify
+    python benchmarks/profile_onnxfuse.py benchmarks/out/resnet400.onnx --no-verify
 
 Needs py-spy (benchmarks/requirements.txt) and permission to ptrace the child (root, or ptrace_scope 0).
 """
