@@ -534,11 +534,10 @@ def test_each_command_line_configures_logging_afresh_and_removes_it_after():
 def test_the_library_does_not_print(tmp_path, capsys, caplog):
     import logging
 
-    from onnxfuse import pipeline
-    from onnxfuse.verify import VerifyOptions
+    import onnxfuse
 
     with caplog.at_level(logging.DEBUG, logger="onnxfuse"):
-        result = pipeline.optimize(SAMPLE, pipeline.Options(target="cpu"), VerifyOptions({}))
+        result = onnxfuse.optimize(SAMPLE, target="cpu")
     assert result.report.verification.status == "passed"
     assert capsys.readouterr() == ("", "")
     assert {r.name for r in caplog.records} >= {"onnxfuse.pipeline"}
