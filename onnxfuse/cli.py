@@ -141,7 +141,8 @@ def _set_verbosity(ctx: click.Context, param: click.Parameter, value) -> None:
 def verbosity_options(fn):
     """-v/--verbose and -q/--quiet, accepted before or after the command name."""
     fn = click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=_set_verbosity,
-                      help="No diagnostics on stderr, only errors.")(fn)
+                      help="Print nothing on success, only errors (report and bench still print their "
+                           "results).")(fn)
     return click.option("-v", "--verbose", count=True, expose_value=False, callback=_set_verbosity,
                         help="More diagnostics on stderr (pass statistics, every pattern left unfused).")(fn)
 
@@ -258,7 +259,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
     report = result.report
     if bandwidth:
         report.set_bandwidth(bandwidth)
-    _diagnostics(ctx, report)
+    _diagnostics(report)
     verification = report.verification
     if report_path is not None:
         _write_text(report_path, rep.render(report, fmt, show_all=True))
@@ -300,7 +301,7 @@ def _check_folder(path: Path, what: str) -> None:
         raise InputError(f"{what} {path}: the folder {folder} is not writable")
 
 
-def _diagnostics(ctx: click.Context, report: rep.Report) -> None:
+def _diagnostics(report: rep.Report) -> None:
     """Warnings on stderr; with -v also the pass statistics and every pattern left unfused."""
     for warning in report.warnings or []:
         log.warning("%s", warning)
@@ -378,7 +379,7 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
         result = pipeline.analyse(model_path, options)
     if bandwidth:
         result.report.set_bandwidth(bandwidth)
-    _diagnostics(ctx, result.report)
+    _diagnostics(result.report)
     text = rep.render(result.report, fmt, show_all, width=_text_width(output))
     if output is not None:
         _write_text(output, text)
