@@ -3,7 +3,8 @@
 ``python -m`` puts the current folder first on ``sys.path``. Run from the folder above a clone of this repository
 (a folder named ``onnxfuse`` that holds the package in ``onnxfuse/onnxfuse``), Python imports that outer folder as
 a namespace package ``onnxfuse`` (it has no ``__init__.py``) and, through an editable install's import hook, this
-file from the installed package: a mix that fails with an ImportError naming neither. So before importing anything
+file from the installed package: a mix in which the package's ``__init__`` never ran (an ImportError naming
+neither, or code running on a half-imported package). So before importing anything
 else, a namespace ``onnxfuse`` is replaced by the package this file belongs to (the installed one). Without an
 installed package Python stops before this file runs ("No module named onnxfuse.__main__"); README.md says to run
 ``python -m onnxfuse`` from the repository root or after installing.

@@ -626,7 +626,7 @@ def test_python_dash_m_from_the_folder_above_a_clone_runs_the_installed_package(
     """``python -m`` puts the current folder first on sys.path: from the folder above a clone named ``onnxfuse``,
     that folder is a namespace package ``onnxfuse``. With an editable install's import hook (setuptools' finder,
     consulted after the path), ``onnxfuse.__main__`` came from the installed package but ``onnxfuse`` was the empty
-    namespace, and the command failed with an ImportError."""
+    namespace whose ``__init__`` never ran: an ImportError, or a command that ran on a half-imported package."""
     (tmp_path / "onnxfuse").mkdir()  # the clone: no __init__.py at its top
     (tmp_path / "onnxfuse" / "README.md").write_text("a clone\n")
     package = REPO / "onnxfuse"
