@@ -27,7 +27,7 @@ from onnxfuse import model_io, pipeline
 from onnxfuse import report as rep
 from onnxfuse._version import __version__
 from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
-from onnxfuse.passes import DEFAULT_PASSES, PASS_NAMES
+from onnxfuse.passes import ALL_PASSES, PASS_NAMES
 from onnxfuse.providers import DEFAULT_TARGET, TARGETS
 from onnxfuse.shapes import parse_input_shape
 
@@ -449,7 +449,7 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, constant_in
 @main.command()
 def passes():
     """List the passes in the order they run, and the reasons a pass can decline a pattern."""
-    for p in DEFAULT_PASSES:
+    for p in ALL_PASSES:
         click.echo(f"{p.name:<16} {p.summary}")
         click.echo(f"{'':<16} declines: {', '.join(r.value for r in p.reasons)}")
 

@@ -227,6 +227,10 @@ def constant_value(tensor: gs.Tensor, overridable: frozenset[str] = frozenset())
             values = np.array(node.attrs["value_float"], dtype=np.float32)
         elif "value_floats" in node.attrs:
             values = np.array(node.attrs["value_floats"], dtype=np.float32)
+        elif "value_int" in node.attrs:
+            values = np.array(node.attrs["value_int"], dtype=np.int64)
+        elif "value_ints" in node.attrs:
+            values = np.array(node.attrs["value_ints"], dtype=np.int64)
         else:
             return None
     try:
@@ -316,6 +320,12 @@ class NodeOrder:
         self.slots[target] = keep
         self.position[id(keep)] = target
 
+    def delete(self, nodes: list[gs.Node]) -> None:
+        """Empty the slots of ``nodes`` (those already deleted are ignored)."""
+        for node in nodes:
+            if id(node) in self.position:
+                self.slots[self.position.pop(id(node))] = None
+
     def compact(self) -> None:
         """Give the graph its node list back, in slot order."""
         self.graph.nodes = [n for n in self.slots if n is not None]
@@ -358,3 +368,36 @@ def remove_unused_constant_nodes(graph: gs.Graph) -> int:
         keep.append(node)
     graph.nodes = keep
     return dropped
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Edge surgery for the canonicalization passes (onnxfuse.passes.CANONICALIZE)
+
+
+def fold_to_constants(order: NodeOrder, node: gs.Node, values: list[np.ndarray | None]) -> None:
+    """Replace ``node`` by its computed outputs: output i becomes a constant (an initializer when exported) that
+    keeps its name and holds ``values[i]``; the node is deleted. Outputs with no name, or whose value is None,
+    are dropped. Every reader of an output now reads the constant (graphsurgeon converts the tensor in place).
+    """
+    outs = list(node.outputs)
+    node.inputs.clear()
+    node.outputs.clear()
+    for tensor, value in zip(outs, values, strict=True):
+        if tensor.name and value is not None:
+            tensor.to_constant(np.array(value, order="C"))  # ascontiguousarray would make a scalar 1-D
+    order.delete([node])
+
+
+def bypass(order: NodeOrder, node: gs.Node, source: gs.Tensor, removed: list[gs.Node] | None = None) -> None:
+    """Make every reader of ``node``'s first output read ``source`` instead, then delete ``node`` and the
+    ``removed`` nodes (whose outputs must by then be unread). ``source`` must hold the same values as that
+    output (an Identity's input, a cancelled Transpose pair's input). The output must be no graph output."""
+    out = node.outputs[0]
+    for reader in list(out.outputs):
+        for i, t in enumerate(reader.inputs):
+            if t is out:
+                reader.inputs[i] = source
+    for n in [node, *(removed or [])]:
+        n.inputs.clear()
+        n.outputs.clear()
+    order.delete([node, *(removed or [])])

@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
+from onnxfuse import hygiene
 from onnxfuse.errors import InputError, one_line
 
 #: Oldest IR version and default-domain opset that onnxfuse accepts. Opset 7 is where Conv, BatchNormalization
@@ -120,8 +121,11 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
                 raise InputError(f"{p}: external data file {info.location!r} of tensor {t.name!r} is missing")
             locations.add(info.location)
         file_bytes += sum((base / loc).stat().st_size for loc in locations)
+    if rejected is not None and hygiene.sort_topologically(model):  # onnxruntime sorts too; the checker does not
+        rejected = _recheck(model)
     if rejected is not None:
         raise InputError(f"{p}: onnx.checker rejected the model: {one_line(rejected)}")
+    hygiene.negative_dims_to_symbolic(model)
     if has_external:
         try:
             onnx.load_external_data_for_model(model, str(base))
@@ -167,14 +171,25 @@ def load_proto(model: onnx.ModelProto) -> LoadedModel:
     except Exception as exc:
         raise InputError(f"{label}: it cannot be serialized ({one_line(exc)}); models over 2 GiB must be "
                          "passed as a path with external data") from None
-    try:
-        onnx.checker.check_model(data)
-    except onnx.checker.ValidationError as exc:
-        raise InputError(f"{label}: onnx.checker rejected the model: {one_line(exc)}") from None
     copy = onnx.ModelProto()
     copy.ParseFromString(data)
+    rejected = _recheck(data)
+    if rejected is not None and hygiene.sort_topologically(copy):
+        rejected = _recheck(copy)
+    if rejected is not None:
+        raise InputError(f"{label}: onnx.checker rejected the model: {one_line(rejected)}") from None
+    hygiene.negative_dims_to_symbolic(copy)
     overridable = frozenset({t.name for t in copy.graph.initializer} & {i.name for i in copy.graph.input})
     return LoadedModel(copy, None, hashlib.sha256(data).hexdigest(), len(data), False, overridable, (), model)
+
+
+def _recheck(model: onnx.ModelProto | bytes) -> Exception | None:
+    """onnx.checker's verdict on an in-memory model: None when it passes, else the error."""
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        return exc
+    return None
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:

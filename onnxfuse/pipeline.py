@@ -88,32 +88,41 @@ def _check_options(options: Options) -> tuple[Pass, ...]:
 
 
 def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fusion], list[Skip]]:
-    """Run ``selected`` over ``graph`` and every subgraph until nothing changes (at most MAX_ROUNDS rounds each).
+    """Run ``selected`` over ``graph`` and every subgraph: first the canonicalization passes among them
+    (``passes.CANONICALIZE``) until nothing changes, then the fusion passes until nothing changes (at most
+    MAX_ROUNDS rounds per stage and graph).
 
-    Returns the fusions in the order applied and the skips seen in each graph's last (unchanged) round.
+    Returns the rewrites in the order applied and the skips seen in each stage's last (unchanged) round.
     """
+    stages = [tuple(p for p in selected if p.name in passes_mod.CANONICALIZE_NAMES),
+              tuple(p for p in selected if p.name not in passes_mod.CANONICALIZE_NAMES)]
     fusions: list[Fusion] = []
     skips: list[Skip] = []
     for sub in list(g.all_graphs(graph)):
         ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, g.NodeOrder(sub)
-        for _ in range(MAX_ROUNDS):
-            changed, round_skips = False, []
-            for p in selected:
-                for node in list(sub.nodes):
-                    if not node.outputs:
-                        continue  # removed by an earlier rewrite of this round
-                    found = p.match(node, ctx)
-                    if isinstance(found, Match):
-                        fusions.append(p.rewrite(found, ctx))
-                        changed = True
-                    elif isinstance(found, Skip):
-                        round_skips.append(_with_pass(found, p.name))
-                ctx.order.compact()
-            if not changed:
-                skips.extend(_longest_per_conv(round_skips))
-                break
+        for stage in stages:
+            _run_stage(sub, stage, ctx, fusions, skips)
         g.remove_unused_constant_nodes(sub)
     return fusions, skips
+
+
+def _run_stage(sub, stage: tuple[Pass, ...], ctx: Context, fusions: list[Fusion], skips: list[Skip]) -> None:
+    for _ in range(MAX_ROUNDS if stage else 0):
+        changed, round_skips = False, []
+        for p in stage:
+            for node in list(sub.nodes):
+                if not node.outputs:
+                    continue  # removed by an earlier rewrite of this round
+                found = p.match(node, ctx)
+                if isinstance(found, Match):
+                    fusions.append(p.rewrite(found, ctx))
+                    changed = True
+                elif isinstance(found, Skip):
+                    round_skips.append(_with_pass(found, p.name))
+            ctx.order.compact()
+        if not changed:
+            skips.extend(_longest_per_conv(round_skips))
+            break
 
 
 def _longest_per_conv(skips: list[Skip]) -> list[Skip]:

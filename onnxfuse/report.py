@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from onnxfuse._version import __version__
-from onnxfuse.passes import Fusion, Skip
+from onnxfuse.passes import CANONICALIZE_NAMES, Fusion, Skip
 from onnxfuse.traffic import ModelIndex, NodeTraffic, Sizes, chain_bytes, fused_estimate, totals
 
 SCHEMA_VERSION = 1
@@ -150,6 +150,12 @@ def _node_row(r: NodeTraffic) -> dict:
             "written_bytes": r.written_bytes, "subgraph": r.subgraph}
 
 
+def removed_outputs(f: Fusion) -> list[str]:
+    """First-output names (in the input model) of the nodes a canonicalization rewrite ``f`` deleted: every
+    replaced node except the one that still computes the result (``f.node``; empty when none does)."""
+    return [key for name, op, key in f.replaced if not (f.node and name == f.node and op == f.op)]
+
+
 def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing: list[dict], measured: bool,
           before_rows: list[NodeTraffic], after_rows: list[NodeTraffic], before_ops: dict, after_ops: dict,
           fusions: list[Fusion], skips: list[Skip], after_index: ModelIndex, after_sizes: Sizes,
@@ -166,6 +172,8 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
     # lineage: current first-output name of a node -> the original nodes it now computes
     lineage: dict[str, dict] = {}
     for f in fusions:
+        if f.pass_name in CANONICALIZE_NAMES:
+            continue  # canonicalization removes nodes; it is reported per pass below, not as a fused node
         originals, passes_used, activation = [], [], None
         for name, op, key in f.replaced:
             prev = lineage.pop(key, None)
@@ -192,6 +200,8 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         })
     unfused_rows = []
     for s in skips:
+        if s.pass_name in CANONICALIZE_NAMES:
+            continue  # not a fusion pattern: counted per pass (pass_stats); conv_unfused lists broken conv chains
         keys = [k for _, _, k in s.nodes]
         chain = chain_bytes(after, keys)
         fused = fused_estimate(after_index, keys, s.output, after_sizes)
@@ -209,7 +219,12 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         for s in skips:
             if s.pass_name == name:
                 reasons[str(s.reason)] = reasons.get(str(s.reason), 0) + 1
-        stats.append({"name": name, "applied": applied, "skipped": dict(sorted(reasons.items()))})
+        row = {"name": name, "applied": applied, "skipped": dict(sorted(reasons.items()))}
+        if name in CANONICALIZE_NAMES:
+            keys = [k for f in fusions if f.pass_name == name for k in removed_outputs(f)]
+            row["removed_nodes"] = len(keys)
+            row["removed_bytes"] = chain_bytes(before, keys) if keys else 0
+        stats.append(row)
     return Report(
         model={"path": loaded.label, "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,
                "external_data": loaded.external_data},
@@ -373,9 +388,11 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
     console.print(tab)
     if hidden:
         console.print(f"... {hidden} more patterns (use --all to show every row)")
-    tab = table("Passes", [("pass", {}), ("rewrites", right), ("skipped by reason", fold)])
+    tab = table("Passes", [("pass", {}), ("rewrites", right), ("nodes removed", right), ("skipped by reason", fold)])
     for s in report.pass_stats:
-        tab.add_row(s["name"], str(s["applied"]), ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "-")
+        removed = (f"{s['removed_nodes']} ({human_bytes(s['removed_bytes'])})" if "removed_nodes" in s else "")
+        tab.add_row(s["name"], str(s["applied"]), removed,
+                    ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "-")
     console.print()
     console.print(tab)
     ops = report.op_counts

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from onnxfuse import __version__, model_io
 from onnxfuse.cli import main
-from onnxfuse.passes import DEFAULT_PASSES, PASS_NAMES
+from onnxfuse.passes import ALL_PASSES, PASS_NAMES
 from tests.builders import GraphBuilder
 from tests.conftest import REPO
 
@@ -53,8 +53,9 @@ def test_passes_lists_every_pass_in_order():
     result = invoke("passes")
     names = [line.split()[0] for line in result.output.splitlines() if line and not line[0].isspace()]
     assert names == list(PASS_NAMES)
-    assert names[:5] == ["conv_batchnorm", "conv_affine", "conv_residual", "conv_hardswish", "conv_activation"]
-    for p in DEFAULT_PASSES:  # each pass's line is followed by the reasons it can give
+    assert names[:3] == ["constant_fold", "remove_redundant", "pad_conv"]  # canonicalization runs first
+    assert names[3:8] == ["conv_batchnorm", "conv_affine", "conv_residual", "conv_hardswish", "conv_activation"]
+    for p in ALL_PASSES:  # each pass's line is followed by the reasons it can give
         block = result.output.split(p.name, 1)[1].splitlines()[1]
         assert block.split("declines: ")[1].split(", ") == [r.value for r in p.reasons]
 

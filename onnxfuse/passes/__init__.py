@@ -1,7 +1,8 @@
-"""The passes, in the order they run (repeated to a fixpoint by ``onnxfuse.pipeline``).
+"""The passes, in the order they run: the canonicalization stage (:data:`CANONICALIZE`), then the fusion passes
+(:data:`DEFAULT_PASSES`); ``onnxfuse.pipeline`` repeats each stage to a fixpoint.
 
-To add a fusion: one module here (its docstring: before => after, the math, "Skipped when:"), one test module
-``tests/passes/test_<name>.py`` with a test named after each of its ``reasons``, one line in :data:`DEFAULT_PASSES`.
+To add a pass: one module here (its docstring: before => after, the math, "Skipped when:"), one test module
+``tests/passes/test_<name>.py`` with a test named after each of its ``reasons``, one line in one of the tuples.
 The contract is in :mod:`onnxfuse.passes.base`; shared checks in ``_checks.py``, shared fold math in ``_fold.py``.
 """
 
@@ -9,15 +10,30 @@ from __future__ import annotations
 
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 from onnxfuse.passes.batchnorm_gemm import BatchNormGemm
+from onnxfuse.passes.constant_fold import ConstantFold
 from onnxfuse.passes.conv_activation import ConvActivation
 from onnxfuse.passes.conv_affine import ConvAffine
 from onnxfuse.passes.conv_batchnorm import ConvBatchNorm
 from onnxfuse.passes.conv_hardswish import ConvHardSwish
 from onnxfuse.passes.conv_residual import ConvResidual
+from onnxfuse.passes.conv_unfused import ConvUnfused
 from onnxfuse.passes.gemm_activation import GemmActivation
 from onnxfuse.passes.gemm_affine import GemmAffine
 from onnxfuse.passes.gemm_batchnorm import GemmBatchNorm
 from onnxfuse.passes.matmul_add import MatMulAdd
+from onnxfuse.passes.pad_conv import PadConv
+from onnxfuse.passes.remove_redundant import RemoveRedundant
+
+#: Canonicalization: put exported graphs into the shape the fusion passes match, before any of them runs.
+CANONICALIZE: tuple[Pass, ...] = (
+    # Constants first: a bias computed as Reshape(Constant, Constant) becomes the plain constant conv_affine
+    # folds, and a Transpose/Cast of a constant disappears before remove_redundant looks at it.
+    ConstantFold(),
+    # Identity/Dropout/Cast/Transpose pairs between a Conv and its activation break the chains matched below.
+    RemoveRedundant(),
+    # After remove_redundant: an Identity between Pad and Conv would hide the pair.
+    PadConv(),
+)
 
 DEFAULT_PASSES: tuple[Pass, ...] = (
     # Folds first: they keep the node a plain Conv, so the fusions below see the conv with its BN/affine
@@ -39,13 +55,18 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     GemmAffine(),
     BatchNormGemm(),
     GemmActivation(),
+    # Last, and never rewrites: names every Conv chain left that no pass above explains.
+    ConvUnfused(),
 )
 
-PASS_NAMES: tuple[str, ...] = tuple(p.name for p in DEFAULT_PASSES)
+#: Every pass in the order it runs.
+ALL_PASSES: tuple[Pass, ...] = CANONICALIZE + DEFAULT_PASSES
+PASS_NAMES: tuple[str, ...] = tuple(p.name for p in ALL_PASSES)
+CANONICALIZE_NAMES: frozenset[str] = frozenset(p.name for p in CANONICALIZE)
 
 
 def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Pass, ...]:
-    """The passes of :data:`DEFAULT_PASSES` named in ``only`` (all when empty) minus those in ``skip``, in the
+    """The passes of :data:`ALL_PASSES` named in ``only`` (all when empty) minus those in ``skip``, in the
     default order.
 
     Raises:
@@ -54,7 +75,8 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Pass
     for name in (*only, *skip):
         if name not in PASS_NAMES:
             raise KeyError(f"no pass named {name!r}; passes: {', '.join(PASS_NAMES)}")
-    return tuple(p for p in DEFAULT_PASSES if (not only or p.name in only) and p.name not in skip)
+    return tuple(p for p in ALL_PASSES if (not only or p.name in only) and p.name not in skip)
 
 
-__all__ = ["DEFAULT_PASSES", "PASS_NAMES", "Context", "Fusion", "Match", "Pass", "Reason", "Skip", "select"]
+__all__ = ["ALL_PASSES", "CANONICALIZE", "CANONICALIZE_NAMES", "DEFAULT_PASSES", "PASS_NAMES", "Context", "Fusion",
+           "Match", "Pass", "Reason", "Skip", "select"]

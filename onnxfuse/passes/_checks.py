@@ -43,6 +43,27 @@ def private_check(intermediates: list[gs.Tensor], inside: list[gs.Node], ctx: Co
     return None
 
 
+def computed_from_constants(tensor: gs.Tensor, ctx: Context, limit: int = 64) -> bool:
+    """True when ``tensor`` is not itself a constant but every path back from it ends at constants: it is
+    computed by at most ``limit`` default-domain nodes from initializers and ``Constant`` nodes only (no graph
+    input, no overridable initializer). Such a value is one ``constant_fold`` would have folded."""
+    if ctx.constant(tensor)[0] is not None:
+        return False
+    seen, todo = set(), [tensor]
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if ctx.constant(t)[0] is not None:
+            continue
+        node = g.producer(t)
+        if node is None or node.domain not in ONNX_DOMAINS or len(seen) > limit:
+            return False
+        todo.extend(i for i in node.inputs if i.name)
+    return True
+
+
 def qdq_check(conv: gs.Node, output: gs.Tensor, nodes: list[gs.Node]) -> Skip | None:
     """Skip patterns that sit inside a QuantizeLinear/DequantizeLinear pair, which onnxruntime's QDQ fusions need
     to see as a plain Conv."""

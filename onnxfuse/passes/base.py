@@ -49,6 +49,22 @@ class Reason(str, Enum):
     GEMM_TRANS_A = "gemm-input-transposed"
     FLATTEN_REORDERS = "flatten-reorders-features"
     DTYPE_NO_FUSED_GEMM = "dtype-has-no-fusedgemm-kernel"
+    BN_SPATIAL = "batchnorm-spatial-0"
+    CONSTANT_NOT_FOLDED = "constant-not-folded"
+    NO_FUSEDCONV_FORM = "op-has-no-fusedconv-form"
+    CHAIN_BROKEN = "chain-broken-by-op"
+    # canonicalization (onnxfuse.passes.CANONICALIZE)
+    FOLD_GROWS = "fold-grows-model"
+    RANDOM_OP = "random-op"
+    QDQ_NODE = "quantize-dequantize-node"
+    EVALUATION_FAILED = "evaluation-failed"
+    DROPOUT_TRAINING = "dropout-training-mode"
+    DROPOUT_MASK = "dropout-mask-used"
+    PAD_MODE = "pad-mode-not-constant"
+    PAD_VALUE = "pad-value-not-zero"
+    PAD_AXES = "pad-on-batch-or-channel"
+    PAD_NEGATIVE = "negative-pads"
+    AUTO_PAD = "conv-auto-pad-set"
 
     def __str__(self) -> str:
         return self.value

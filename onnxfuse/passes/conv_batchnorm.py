@@ -19,7 +19,8 @@ Skipped when:
     weights-not-constant               W or B is computed at run time
     initializer-is-graph-input         W, B or a BN parameter is an overridable initializer (IR < 4 style)
     parameters-not-constant            a BN parameter is computed at run time
-    batchnorm-training-mode            training_mode=1, spatial=0, or the running-statistics outputs are used
+    batchnorm-training-mode            training_mode=1, or the running-statistics outputs are used
+    batchnorm-spatial-0                spatial=0 (opset < 9): statistics per element, not per channel
     parameter-shape-mismatch           a BN parameter does not have one value per output channel
     dtype-not-foldable                 W is not float16/float32/float64
     fold-not-finite                    W' or B' would hold inf/NaN or overflow W's dtype (var + epsilon = 0)
@@ -44,7 +45,7 @@ class ConvBatchNorm(Pass[FoldMatch]):
     summary = "fold BatchNormalization (inference mode) into the preceding Conv or ConvTranspose"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
-               Reason.FOLD_NOT_FINITE, Reason.QDQ)
+               Reason.FOLD_NOT_FINITE, Reason.QDQ, Reason.BN_SPATIAL)
 
     def match(self, node: gs.Node, ctx: Context) -> FoldMatch | Skip | None:
         if not is_op(node, "BatchNormalization"):
@@ -55,7 +56,7 @@ class ConvBatchNorm(Pass[FoldMatch]):
         nodes, out = [conv, node], node.outputs[0]
         extra = [t for t in node.outputs[1:] if t.name]
         if int(node.attrs.get("spatial", 1)) == 0:
-            return skip(Reason.TRAINING_MODE, "BatchNormalization has spatial=0 (per-element statistics)",
+            return skip(Reason.BN_SPATIAL, "BatchNormalization has spatial=0 (per-element statistics)",
                         nodes, out)
         if int(node.attrs.get("training_mode", 0)) or any(
             t.outputs or g.is_graph_output(t, ctx.graph) for t in extra

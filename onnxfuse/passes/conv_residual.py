@@ -15,6 +15,7 @@ Skipped when:
     intermediate-has-other-consumers   the conv output is read by another node too
     intermediate-is-graph-output       the conv output is a graph output
     residual-shape-mismatch            Z's static shape is unknown or differs from the conv output's
+    constant-not-folded                Z is computed from constants only (a per-channel bias left unfolded)
     target-allows-no-contrib-ops       target onnx
     dtype-has-no-fusedconv-kernel      the conv is not float32
     activation-not-supported-by-target the target has no such activation and no FusedConv without one
@@ -26,7 +27,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes._checks import describe, is_op, private_check, qdq_check, replaced, skip
+from onnxfuse.passes._checks import computed_from_constants, describe, is_op, private_check, qdq_check, replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
 from onnxfuse.passes.conv_activation import ACTIVATIONS, activation_params
 from onnxfuse.passes.fusedconv import FusedConvMatch, target_check, to_fused_conv
@@ -49,7 +50,7 @@ class ConvResidual(Pass[FusedConvMatch]):
     name = "conv_residual"
     summary = "fuse Conv + residual Add (+ activation) into FusedConv with the Z input"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.RESIDUAL_SHAPE, Reason.NO_CONTRIB_OPS,
-               Reason.DTYPE_NO_KERNEL, Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ)
+               Reason.DTYPE_NO_KERNEL, Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.CONSTANT_NOT_FOLDED)
 
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:
         if not is_op(node, "Add") or len(node.inputs) != 2:
@@ -61,6 +62,11 @@ class ConvResidual(Pass[FusedConvMatch]):
                 continue
             if ctx.constant(z)[0] is not None or isinstance(z, gs.Constant):
                 return None  # a constant operand: conv_affine's pattern
+            if computed_from_constants(z, ctx):
+                nodes = [conv, node]
+                return skip(Reason.CONSTANT_NOT_FOLDED, f"{z.name} is computed from constants only but was not "
+                            "folded (constant_fold skipped or refused it), so it is no constant conv_affine can "
+                            "fold", nodes, node.outputs[0])
             result = self._match_side(conv, node, z, ctx)
             if isinstance(result, FusedConvMatch):
                 return result

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxfuse.passes import DEFAULT_PASSES, Reason
+from onnxfuse.passes import ALL_PASSES, Reason
 from onnxfuse.passes.base import Match, Pass
 
 HERE = Path(__file__).parent
@@ -18,7 +18,7 @@ def _test_names(pass_name: str) -> list[str]:
     return [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
 
 
-@pytest.mark.parametrize("p", DEFAULT_PASSES, ids=lambda p: p.name)
+@pytest.mark.parametrize("p", ALL_PASSES, ids=lambda p: p.name)
 def test_every_declared_reason_has_a_named_test(p: Pass):
     assert p.reasons, f"{p.name} declares no reasons"
     assert all(isinstance(r, Reason) for r in p.reasons)
@@ -27,7 +27,7 @@ def test_every_declared_reason_has_a_named_test(p: Pass):
     assert not missing, f"tests/passes/test_{p.name}.py has no test named after {missing}"
 
 
-@pytest.mark.parametrize("p", DEFAULT_PASSES, ids=lambda p: p.name)
+@pytest.mark.parametrize("p", ALL_PASSES, ids=lambda p: p.name)
 def test_pass_has_name_summary_and_a_docstring_with_skips(p: Pass):
     import inspect
 
@@ -50,7 +50,7 @@ def test_reason_is_its_code_in_text_and_json():
 def test_match_is_typed_per_pass():
     import typing
 
-    for p in DEFAULT_PASSES:
+    for p in ALL_PASSES:
         (base,) = [b for b in type(p).__orig_bases__ if typing.get_origin(b) is Pass]
         (match_type,) = typing.get_args(base)
         assert issubclass(match_type, Match) and match_type is not Match, p.name

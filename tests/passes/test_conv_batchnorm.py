@@ -304,7 +304,8 @@ def running_mean_used_bn():
 @pytest.mark.parametrize("make", [training_mode_bn, spatial_0_bn, running_mean_used_bn])
 def test_skip_batchnorm_training_mode(fuse, make):
     model = make()
-    s = assert_skipped(fuse(model), model, Reason.TRAINING_MODE)
+    reason = Reason.BN_SPATIAL if make is spatial_0_bn else Reason.TRAINING_MODE
+    s = assert_skipped(fuse(model), model, reason)
     expected = "spatial=0" if make is spatial_0_bn else "training mode"
     assert expected in s.detail
 
@@ -356,3 +357,9 @@ def test_skip_fold_that_overflows_float16(fuse):
     params = [b.const(np.full(4, v, np.float16)) for v in (100.0, 0.0, 0.0, 0.0)]
     model = b.build(b.op("BatchNormalization", [b.conv(x, 3, 4), *params], epsilon=1e-9))
     assert_skipped(fuse(model), model, Reason.FOLD_NOT_FINITE)
+
+
+def test_skip_batchnorm_spatial_0(fuse):
+    model = spatial_0_bn()
+    s = assert_skipped(fuse(model), model, Reason.BN_SPATIAL)
+    assert "spatial=0" in s.detail

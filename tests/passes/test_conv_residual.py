@@ -204,3 +204,13 @@ def test_skip_quantized_conv(fuse):
     dq = b.dequantized(x)
     model = b.build(b.op("Relu", [b.op("Add", [b.conv(dq, 3, 4), z])]))
     assert_skipped(fuse(model), model, Reason.QDQ)
+
+
+def test_skip_constant_not_folded(fuse):
+    # Z = Reshape(Constant, Constant) with constant_fold skipped: named for what it is, not residual-shape-mismatch.
+    b = GraphBuilder(constants="node")
+    x = b.input("x", [1, 3, 6, 6])
+    bias = b.op("Reshape", [b.const(b.rand(4)), b.const(np.array([1, 4, 1, 1], np.int64))])
+    model = b.build(b.op("Add", [b.conv(x, 3, 4), bias]), opset=14)
+    s = assert_skipped(fuse(model, target="cpu", skip=("constant_fold",)), model, Reason.CONSTANT_NOT_FOLDED)
+    assert "constant_fold" in s.detail

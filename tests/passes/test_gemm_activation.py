@@ -78,7 +78,7 @@ def test_weights_computed_at_run_time_still_fuse(fuse):
     b = GraphBuilder()
     g = b.gemm(b.input("x", [M, K]), K, N, weight=b.op("Identity", [b.const(b.rand(K, N))]))
     model = b.build(b.op("Tanh", [g]))
-    result = fuse(model)
+    result = fuse(model, skip=("constant_fold", "remove_redundant"))  # they would make the weight a constant
     assert op_counts(result.model) == {"FusedGemm": 1, "Identity": 1}
     assert_same(model, result.model)
 

@@ -1,0 +1,100 @@
+"""Input hygiene applied when a model is loaded: what exporters write that onnxruntime accepts but onnx.checker or
+onnxfuse's own shape handling would refuse. Each function edits the ModelProto in place and says what it did.
+
+* :func:`sort_topologically`: nodes listed out of execution order (onnx.checker: "Nodes in a graph must be
+  topologically sorted"; onnxruntime sorts them itself at load).
+* :func:`negative_dims_to_symbolic`: a dim stored as ``dim_value: -1`` (paddle2onnx writes dynamic dims this
+  way). ONNX IR.md says a dim is a non-negative ``dim_value`` or a ``dim_param``; onnxruntime treats -1 as
+  dynamic, and so does onnxfuse: the dim becomes unknown, and ``--input-shape`` can fix it.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import onnx
+
+
+def _subgraphs(node: onnx.NodeProto):
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def _free_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from enclosing scopes (used by its nodes or nested bodies, defined nowhere in it)."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        defined.update(o for o in node.output if o)
+        used.update(i for i in node.input if i)
+        for sub in _subgraphs(node):
+            used |= _free_names(sub)
+    used.update(o.name for o in graph.output)
+    return used - defined
+
+
+def _sort_graph(graph: onnx.GraphProto) -> int:
+    """Stable topological sort of one graph's nodes (Kahn's algorithm, lowest original index first, so a sorted
+    graph keeps its order). Returns how many nodes changed position. Nodes in a cycle keep their relative order
+    at the end (onnx.checker then still rejects the model)."""
+    nodes = list(graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    deps: list[set[int]] = []
+    for i, n in enumerate(nodes):
+        names = {x for x in n.input if x}
+        for sub in _subgraphs(n):
+            names |= _free_names(sub)
+        deps.append({producer[x] for x in names if x in producer and producer[x] != i})
+    readers: list[list[int]] = [[] for _ in nodes]
+    for i, d in enumerate(deps):
+        for j in d:
+            readers[j].append(i)
+    waiting = [len(d) for d in deps]
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for r in readers[i]:
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    placed = set(order)
+    order += [i for i in range(len(nodes)) if i not in placed]
+    moved = sum(1 for pos, i in enumerate(order) if pos != i)
+    if moved:
+        del graph.node[:]
+        graph.node.extend(nodes[i] for i in order)
+    return moved
+
+
+def sort_topologically(model: onnx.ModelProto) -> int:
+    """Sort the nodes of every graph of ``model`` (subgraph bodies included) into execution order in place;
+    return how many nodes moved (0: already sorted, the proto is untouched)."""
+    moved = 0
+    todo = [model.graph]
+    while todo:
+        graph = todo.pop()
+        moved += _sort_graph(graph)
+        for node in graph.node:
+            todo.extend(_subgraphs(node))
+    return moved
+
+
+def negative_dims_to_symbolic(model: onnx.ModelProto) -> int:
+    """Make every dim stored as a negative ``dim_value`` in the main graph's inputs, outputs and value_info an
+    unknown dim; return how many changed."""
+    changed = 0
+    g = model.graph
+    for vi in (*g.input, *g.output, *g.value_info):
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.ClearField("dim_value")
+                changed += 1
+    return changed

@@ -1,0 +1,196 @@
+"""Fold every node whose inputs are all constants into the constant it computes.
+
+Before => after::
+
+    Reshape(Constant b, Constant shape) -> Add(conv, .)   =>   Add(conv, initializer b')
+    Unsqueeze(Constant scale) -> BatchNormalization        =>   BatchNormalization(initializer scale')
+
+Exporters write per-channel constants as small computations on constants (paddle2onnx 3: the conv bias is
+``Reshape(Constant, Constant)``; caffe2-era graphs: BN parameters via ``Unsqueeze(Constant)``, weights via
+``ConstantOfShape``); the fusion passes need them as plain constants. The value is computed by onnxruntime (CPU
+execution provider, ``ORT_DISABLE_ALL``) running the node alone in a one-node model of the graph's opset, never
+by op semantics written here. The folded tensor keeps its name, so graph outputs, readers and other tensors'
+names are unchanged. Nodes in If/Loop/Scan bodies fold too (the pipeline runs every pass on every subgraph);
+an If/Loop/Scan node itself is never folded (its body may read run-time tensors).
+
+Skipped when:
+    initializer-is-graph-input     an input is an initializer also listed as a graph input (a caller may feed
+                                   it; pass --constant-initializer-inputs if nobody does)
+    random-op                      RandomNormal/RandomUniform(Like), Multinomial, Bernoulli: a new value per run
+    quantize-dequantize-node       QuantizeLinear/DequantizeLinear: onnxruntime's QDQ fusions need them as nodes
+    intermediate-is-graph-output   an output is a graph output (its producer stays, the graph is unchanged)
+    fold-grows-model               the outputs would exceed the constant inputs by more than
+                                   FOLD_GROWTH_LIMIT_BYTES (Expand, Tile, ConstantOfShape of a large shape), or
+                                   the constant inputs that this node alone reads (the others stay) by more than
+                                   SHARED_COPY_LIMIT_BYTES
+    dtype-not-foldable             an input has a dtype numpy cannot hold (bfloat16, float8, string)
+    evaluation-failed              onnxruntime could not run the node, or an output is not a tensor
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxfuse import graph as g
+from onnxfuse.passes._checks import ONNX_DOMAINS, replaced, skip
+from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.verification import session
+
+#: A fold may make the model at most this much larger than the constant inputs it reads (bytes, 1 MiB).
+FOLD_GROWTH_LIMIT_BYTES = 1 << 20
+#: A fold whose constant inputs stay in the model (other nodes read them) adds its whole output: allowed up to this
+#: many bytes more than the inputs it frees (4 KiB: shapes, scalars, per-channel vectors). Without it, slices of
+#: an LSTM weight read in both branches of an If (silero-vad) were copied into each branch, growing the file 40%.
+SHARED_COPY_LIMIT_BYTES = 1 << 12
+
+RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli")
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
+
+
+@dataclass
+class FoldMatch(Match):
+    """A node to replace by its outputs' values (one array per output; None for an unnamed output)."""
+
+    values: list[np.ndarray | None] = field(default_factory=list)
+
+
+def _has_subgraph(node: gs.Node) -> bool:
+    return any(isinstance(v, gs.Graph) or (isinstance(v, (list, tuple)) and any(isinstance(s, gs.Graph) for s in v))
+               for v in node.attrs.values())
+
+
+def _itemsize(dtype) -> int | None:
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        return None
+
+
+def predicted_bytes(node: gs.Node, inputs: list[np.ndarray | None], ctx: Context) -> int | None:
+    """Bytes of ``node``'s outputs known before running it, or None: from the shape-producing input of
+    ConstantOfShape / Expand / Tile (the ops that make large tensors from small ones), else from static shape
+    inference."""
+    if node.op == "ConstantOfShape" and inputs and inputs[0] is not None:
+        value = node.attrs.get("value")
+        itemsize = _itemsize(value.values.dtype) if isinstance(value, gs.Constant) else 4  # default float32 0
+        return int(np.prod(inputs[0].astype(np.int64), dtype=np.int64)) * (itemsize or 1)
+    if node.op == "Expand" and len(inputs) == 2 and all(v is not None for v in inputs):
+        try:
+            shape = np.broadcast_shapes(inputs[0].shape, tuple(int(d) for d in inputs[1].reshape(-1)))
+        except ValueError:
+            return None
+        return int(np.prod(shape, dtype=np.int64)) * inputs[0].itemsize
+    if node.op == "Tile" and len(inputs) == 2 and all(v is not None for v in inputs):
+        return inputs[0].nbytes * int(np.prod(inputs[1].astype(np.int64), dtype=np.int64))
+    total = 0
+    for t in node.outputs:
+        if not t.name:
+            continue
+        shape, dtype = ctx.shape(t), ctx.dtype(t)
+        if shape is None or dtype is None or not all(isinstance(d, int) and d >= 0 for d in shape):
+            return None
+        total += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return total
+
+
+def evaluate(node: gs.Node, inputs: list[np.ndarray | None], opset: int) -> list:
+    """Run ``node`` alone in onnxruntime (CPU, ORT_DISABLE_ALL) on ``inputs`` (None for an omitted optional
+    input) and return its outputs (None for unnamed ones).
+
+    Raises:
+        Exception: whatever onnxruntime raises for a node it cannot run (bad attributes, an op it lacks).
+    """
+    proto = gs.exporters.onnx_exporter.OnnxExporter.export_node(node)
+    feeds, graph_inputs = {}, []
+    for t, value in zip(node.inputs, inputs, strict=True):
+        if t.name and t.name not in feeds:
+            feeds[t.name] = value
+            elem = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+            graph_inputs.append(onnx.helper.make_tensor_value_info(t.name, elem, list(value.shape)))
+    named = [t.name for t in node.outputs if t.name]
+    graph = onnx.helper.make_graph([proto], "fold", graph_inputs, [onnx.ValueInfoProto(name=n) for n in named])
+    opsets = [onnx.helper.make_opsetid("", opset)]
+    model = onnx.helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = onnx.helper.find_min_ir_version_for(opsets, ignore_unknown=True)
+    got = dict(zip(named, session(model.SerializeToString(), threads=1).run(named, feeds), strict=True))
+    return [got.get(t.name) if t.name else None for t in node.outputs]
+
+
+class ConstantFold(Pass[FoldMatch]):
+    """Node with constant inputs => the constant it computes (onnxruntime evaluates it)."""
+
+    name = "constant_fold"
+    summary = "replace nodes whose inputs are all constants by their values (computed by onnxruntime)"
+    reasons = (Reason.INITIALIZER_IS_INPUT, Reason.RANDOM_OP, Reason.QDQ_NODE, Reason.GRAPH_OUTPUT,
+               Reason.FOLD_GROWS, Reason.DTYPE_NOT_FOLDABLE, Reason.EVALUATION_FAILED)
+
+    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+        if node.op == "Constant" or node.domain not in ONNX_DOMAINS or _has_subgraph(node) or not node.outputs:
+            return None
+        if not node.inputs and node.op not in RANDOM_OPS:
+            return None  # EyeLike-style sources without inputs do not exist in ONNX; nothing to fold
+        values, overridable = [], []
+        for t in node.inputs:
+            if not t.name:
+                values.append(None)
+                continue
+            value, why = ctx.constant(t)
+            if value is None:
+                if why != Reason.INITIALIZER_IS_INPUT:
+                    return None  # a run-time input: not a fold candidate
+                overridable.append(t.name)
+            values.append(value)
+        nodes, out = [node], node.outputs[0]
+        if overridable:
+            return skip(Reason.INITIALIZER_IS_INPUT, f"{overridable[0]} is an initializer listed as a graph input "
+                        "(overridable); pass --constant-initializer-inputs if it never changes", nodes, out)
+        if node.op in RANDOM_OPS:
+            return skip(Reason.RANDOM_OP, f"{node.op} draws new values on every run", nodes, out)
+        if node.op in QDQ_OPS:
+            return skip(Reason.QDQ_NODE, f"{node.op} stays a node for onnxruntime's QDQ fusions", nodes, out)
+        for t in node.outputs:
+            if g.is_graph_output(t, ctx.graph):
+                return skip(Reason.GRAPH_OUTPUT, f"{t.name} is a graph output", nodes, out)
+        for t, v in zip(node.inputs, values, strict=True):
+            if v is not None and (v.dtype.kind not in "biuf" or _itemsize(v.dtype) is None):
+                return skip(Reason.DTYPE_NOT_FOLDABLE, f"input {t.name} has dtype {v.dtype}", nodes, out)
+        distinct = {id(t): (t, v) for t, v in zip(node.inputs, values, strict=True) if v is not None}
+        in_bytes = sum(v.nbytes for _, v in distinct.values())
+        freed = sum(v.nbytes for t, v in distinct.values() if all(r is node for r in g.consumers(t)))
+        grows = self._grows(predicted_bytes(node, values, ctx), in_bytes, freed, nodes, out)
+        if grows:
+            return grows
+        try:
+            results = evaluate(node, values, int(ctx.graph.opset))
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument/NotImplemented types
+            return skip(Reason.EVALUATION_FAILED, f"onnxruntime could not run {node.op}: "
+                        f"{' '.join(str(exc).split())[:200]}", nodes, out)
+        if any(t.name and not isinstance(r, np.ndarray) for t, r in zip(node.outputs, results, strict=True)):
+            return skip(Reason.EVALUATION_FAILED, f"an output of {node.op} is not a tensor", nodes, out)
+        grows = self._grows(sum(r.nbytes for r in results if r is not None), in_bytes, freed, nodes, out)
+        return grows or FoldMatch(nodes, values=results)
+
+    @staticmethod
+    def _grows(out_bytes: int | None, in_bytes: int, freed: int, nodes: list[gs.Node], out: gs.Tensor
+               ) -> Skip | None:
+        """Skip when the fold would grow the model too much (bytes: ``in_bytes`` of distinct constant inputs, of
+        which ``freed`` are read by this node only and leave the model with it)."""
+        if out_bytes is None:
+            return None
+        if out_bytes > in_bytes + FOLD_GROWTH_LIMIT_BYTES:
+            return skip(Reason.FOLD_GROWS, f"the folded value would hold {out_bytes} bytes from {in_bytes} bytes "
+                        f"of constant inputs (limit: inputs + {FOLD_GROWTH_LIMIT_BYTES})", nodes, out)
+        if out_bytes > freed + SHARED_COPY_LIMIT_BYTES:
+            return skip(Reason.FOLD_GROWS, f"the folded value ({out_bytes} bytes) would be a copy: its constant "
+                        f"inputs stay for their other readers (limit: {SHARED_COPY_LIMIT_BYTES} bytes)", nodes, out)
+        return None
+
+    def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
+        node = match.nodes[0]
+        original = replaced(match.nodes)
+        g.fold_to_constants(ctx.order, node, match.values)
+        return Fusion(self.name, "", "", original, None, original[0][2])  # node and op: nothing computes it now

@@ -1,0 +1,267 @@
+"""constant_fold: a node whose inputs are all constants => the constant onnxruntime computes for it.
+
+Positives are the shapes exporters write (paddle2onnx 3: conv bias as Reshape(Constant, Constant); caffe2-era
+graphs: BN parameters via Unsqueeze(Constant), weights via ConstantOfShape): after the fold, the fusion passes see
+plain constants. Numerics: original and optimized run in onnxruntime at ORT_DISABLE_ALL
+(conftest.assert_same_outputs) with rtol=1e-4, atol=1e-5 (conftest.RTOL/ATOL).
+"""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnxfuse import pipeline
+from onnxfuse.passes import Reason
+from onnxfuse.passes.constant_fold import FOLD_GROWTH_LIMIT_BYTES
+from tests.builders import GraphBuilder, skip_of, subgraph
+from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, attr, op_counts
+
+PASS = "constant_fold"
+
+
+def reshape_bias(op="Relu", constants="node"):
+    """x -> Conv(3 -> 4, no bias) -> Add(conv, Reshape(Constant b[4], Constant [1, 4, 1, 1])) -> op."""
+    b = GraphBuilder(constants=constants)
+    x = b.input("x", [1, 3, 6, 6])
+    bias = b.op("Reshape", [b.const(b.rand(4, scale=0.5)), b.const(np.array([1, 4, 1, 1], np.int64))])
+    y = b.op("Add", [b.conv(x, 3, 4, bias=False), bias])
+    return b.build(b.op(op, [y]) if op else y, opset=14)
+
+
+def compute_ops(model):
+    """Op counts without Constant nodes (weights the builder stored as nodes stay nodes)."""
+    counts = op_counts(model)
+    counts.pop("Constant", None)
+    return counts
+
+
+def assert_skipped(result, model, reason):
+    s = skip_of(result, PASS)
+    assert s.reason == reason
+    assert op_counts(result.model) == op_counts(model)
+    return s
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Positives
+
+
+@pytest.mark.parametrize("constants", ["node", "initializer"])
+def test_reshape_of_constants_bias_becomes_fused_conv(fuse, constants):
+    model = reshape_bias(constants=constants)
+    result = fuse(model, target="cpu+cuda")
+    assert compute_ops(result.model) == {"FusedConv": 1}
+    assert [f.pass_name for f in result.fusions][:1] == [PASS]
+    stats = {s["name"]: s for s in result.report.pass_stats}
+    assert stats[PASS]["applied"] == 1 and stats[PASS]["removed_nodes"] == 1
+    assert stats[PASS]["removed_bytes"] > 0  # the Reshape read 16 + 32 bytes and wrote 16
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_unsqueeze_bn_parameters_opset9_fold_into_conv(fuse):
+    # caffe2-era: BN parameters arrive as Unsqueeze(Constant) (axes attribute before opset 13), then Squeeze.
+    b = GraphBuilder(constants="node")
+    x = b.input("x", [1, 3, 6, 6])
+    conv = b.conv(x, 3, 4)
+    params = []
+    for values in (b.rng.uniform(0.5, 1.5, 4), b.rng.standard_normal(4) * 0.1, b.rng.standard_normal(4) * 0.1,
+                   b.rng.uniform(0.5, 1.5, 4)):
+        params.append(b.op("Squeeze", [b.op("Unsqueeze", [b.const(values.astype(np.float32))], axes=[0])],
+                           axes=[0]))
+    model = b.build(b.op("Relu", [b.op("BatchNormalization", [conv, *params])]), opset=9, ir_version=4)
+    result = fuse(model, target="cpu+cuda")
+    assert op_counts(result.model) == {"FusedConv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_constant_of_shape_weight_becomes_initializer(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    w = b.op("ConstantOfShape", [b.const(np.array([4, 3, 3, 3], np.int64))],
+             value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.1]))
+    model = b.build(b.op("Relu", [b.conv(x, 3, 4, weight=w)]), opset=11)
+    result = fuse(model, target="cpu+cuda")
+    assert op_counts(result.model) == {"FusedConv": 1}
+    (weight,) = [t for t in result.model.graph.initializer if t.name == w]  # the folded tensor keeps its name
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(weight), np.full((4, 3, 3, 3), 0.1, np.float32))
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_chain_of_constant_nodes_folds_in_one_run(fuse):
+    # Shape -> Gather -> Unsqueeze -> Concat -> Reshape, all on constants: every node folds.
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 6, 6])
+    c = b.const(b.rand(4, 1, 1))
+    dim = b.op("Gather", [b.op("Shape", [c]), b.const(np.array(0, np.int64))], axis=0)
+    shape = b.op("Concat", [b.const(np.array([1], np.int64)), b.op("Unsqueeze", [dim, b.const(np.array([0]))]),
+                            b.const(np.array([1, 1], np.int64))], axis=0)
+    model = b.model(b.op("Mul", [x, b.op("Reshape", [c, shape])]), opset=13)
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [1, 4, 6, 6]))
+    result = fuse(model)
+    assert op_counts(result.model) == {"Mul": 1}
+    assert sum(f.pass_name == PASS for f in result.fusions) == 5
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_folds_inside_if_branches(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    cond = b.input("cond", [], dtype=np.bool_)
+    branches = []
+    for prefix in ("then_", "else_"):
+        sb = GraphBuilder(seed=len(prefix), prefix=prefix, constants="node")
+        sb.input("x", [1, 3, 6, 6])
+        bias = sb.op("Reshape", [sb.const(sb.rand(4)), sb.const(np.array([1, 4, 1, 1], np.int64))])
+        branches.append(subgraph(sb, sb.op("Relu", [sb.op("Add", [sb.conv(x, 3, 4, bias=False), bias])])))
+    model = b.build(b.op("If", [cond], then_branch=branches[0], else_branch=branches[1]), opset=14)
+    result = fuse(model, target="cpu+cuda")
+    assert compute_ops(result.model) == {"If": 1, "FusedConv": 2}
+    (if_node,) = result.model.graph.node
+    for branch in ("then_branch", "else_branch"):
+        assert [n.op_type for n in attr(if_node, branch).node if n.op_type != "Constant"] == ["FusedConv"]
+    assert_if_branches_match(model, result.model)
+
+
+def test_initializer_input_folds_when_declared_constant(fuse):
+    model = reshape_bias(constants="initializer")
+    model.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in model.graph.initializer if t.data_type == TensorProto.INT64)
+    result = fuse(model, target="cpu+cuda", constant_initializer_inputs=True)
+    assert op_counts(result.model) == {"FusedConv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_idempotent_and_deterministic(tmp_path, fuse):
+    model = reshape_bias()
+    first, second = fuse(model, target="cpu"), fuse(model, target="cpu")
+    data = first.model.SerializeToString(deterministic=True)
+    assert data == second.model.SerializeToString(deterministic=True)
+    again = fuse(first.model, target="cpu")
+    assert not again.changed
+    assert again.model.SerializeToString(deterministic=True) == data
+
+
+def test_skip_runs_no_fold(fuse):
+    model = reshape_bias()
+    result = fuse(model, skip=(PASS,))
+    assert "Reshape" in op_counts(result.model)
+    assert not any(f.pass_name == PASS for f in result.fusions)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Refusals
+
+
+def big_value_model(op):
+    """x [1, 64, 128, 128] + a 4 MiB float32 value made from a few bytes by ``op``."""
+    shape = [1, 64, 128, 128]
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    if op == "ConstantOfShape":
+        big = b.op(op, [b.const(np.array(shape, np.int64))],
+                   value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5]))
+    elif op == "Expand":
+        big = b.op(op, [b.const(np.float32([0.5])), b.const(np.array(shape, np.int64))])
+    else:
+        big = b.op(op, [b.const(np.full((1, 1, 1, 1), 0.5, np.float32)), b.const(np.array(shape, np.int64))])
+    return b.build(b.op("Add", [x, big]), opset=13)
+
+
+@pytest.mark.parametrize("op", ["ConstantOfShape", "Expand", "Tile"])
+def test_skip_fold_grows_model(fuse, op):
+    model = big_value_model(op)
+    s = assert_skipped(fuse(model), model, Reason.FOLD_GROWS)
+    assert str(FOLD_GROWTH_LIMIT_BYTES) in s.detail
+    assert 64 * 128 * 128 * 4 > FOLD_GROWTH_LIMIT_BYTES  # the case really is over the limit
+
+
+def test_skip_fold_grows_model_copy_of_a_shared_constant(fuse):
+    # Two Slices of one 256 KiB weight: folding either would add a copy while the weight stays for the other.
+    b = GraphBuilder()
+    x = b.input("x", [256, 128])
+    w = b.const(b.rand(512, 128))
+    outs = [b.op("Add", [x, b.op("Slice", [w, b.const(np.array([s], np.int64)), b.const(np.array([s + 256]))])])
+            for s in (0, 256)]
+    model = b.build(b.op("Add", outs), opset=13)
+    result = fuse(model)
+    skips = [s for s in result.skips if s.pass_name == PASS]
+    assert [s.reason for s in skips] == [Reason.FOLD_GROWS, Reason.FOLD_GROWS]
+    assert "copy" in skips[0].detail
+    assert op_counts(result.model) == op_counts(model)
+
+
+def test_skip_initializer_is_graph_input(fuse):
+    model = reshape_bias(op=None, constants="initializer")
+    model.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in model.graph.initializer if t.data_type == TensorProto.INT64)
+    s = assert_skipped(fuse(model), model, Reason.INITIALIZER_IS_INPUT)
+    assert "--constant-initializer-inputs" in s.detail
+
+
+def test_skip_random_op(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4])
+    noise = b.op("RandomUniform", [], shape=[1, 4], dtype=TensorProto.FLOAT)
+    model = b.build(b.op("Add", [x, noise]), opset=13)
+    assert_skipped(fuse(model), model, Reason.RANDOM_OP)
+
+
+def test_skip_quantize_dequantize_node(fuse):
+    # A QDQ weight: DequantizeLinear(int8 constant) stays a node for onnxruntime's QDQ Conv fusion.
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    w = b.op("DequantizeLinear", [b.const(np.ones((4, 3, 3, 3), np.int8)), b.const(np.float32(0.02)),
+                                  b.const(np.int8(0))])
+    model = b.build(b.conv(x, 3, 4, weight=w), opset=13)
+    result = fuse(model)
+    assert skip_of(result, PASS).reason == Reason.QDQ_NODE
+    assert op_counts(result.model) == op_counts(model)
+
+
+def test_skip_intermediate_is_graph_output(fuse):
+    b = GraphBuilder(constants="node")
+    x = b.input("x", [1, 4])
+    shaped = b.op("Reshape", [b.const(b.rand(4)), b.const(np.array([1, 4], np.int64))])
+    model = b.build([b.op("Add", [x, shaped]), shaped], opset=14)
+    result = fuse(model)
+    assert skip_of(result, PASS).reason == Reason.GRAPH_OUTPUT
+    assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
+    assert op_counts(result.model) == op_counts(model)
+
+
+def test_skip_dtype_not_foldable(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1])
+    text = b.const(np.array(["1.5"], dtype=object))
+    model = b.build(b.op("Add", [x, b.op("Cast", [text], to=TensorProto.FLOAT)]), opset=13)
+    assert_skipped(fuse(model), model, Reason.DTYPE_NOT_FOLDABLE)
+
+
+def test_skip_evaluation_failed(fuse):
+    # 5 values into shape [1, 4]: onnx.checker accepts the model, onnxruntime refuses the Reshape.
+    b = GraphBuilder()
+    x = b.input("x", [1, 4])
+    bad = b.op("Reshape", [b.const(b.rand(5)), b.const(np.array([1, 4], np.int64))])
+    model = b.model(b.op("Add", [x, bad]), opset=14)
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [1, 4]))
+    s = assert_skipped(fuse(model), model, Reason.EVALUATION_FAILED)
+    assert "onnxruntime" in s.detail
+
+
+def test_graph_inputs_and_outputs_unchanged(fuse):
+    model = reshape_bias()
+    result = fuse(model)
+    assert [i.name for i in result.model.graph.input] == ["x"]
+    assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
+
+
+def test_report_counts_refusals_per_pass_not_as_unfused_patterns(tmp_path):
+    model = big_value_model("Tile")
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    report = pipeline.analyse(path, pipeline.Options(target="cpu")).report
+    stats = {s["name"]: s for s in report.pass_stats}
+    assert stats[PASS]["skipped"] == {Reason.FOLD_GROWS: 1}
+    assert stats[PASS]["removed_nodes"] == 0
+    assert report.unfused == []
