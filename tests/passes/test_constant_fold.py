@@ -265,3 +265,22 @@ def test_report_counts_refusals_per_pass_not_as_unfused_patterns(tmp_path):
     assert stats[PASS]["skipped"] == {Reason.FOLD_GROWS: 1}
     assert stats[PASS]["removed_nodes"] == 0
     assert report.unfused == []
+
+
+def test_caffe2_era_ir3_graph_folds_and_stays_idempotent(fuse):
+    # opset 9, IR 3 (every initializer is a graph input): weights from ConstantOfShape, BN parameters from
+    # Unsqueeze(Constant). The folded values are new initializers, listed as inputs as IR 3 requires.
+    b = GraphBuilder(constants="node")
+    x = b.input("x", [1, 3, 6, 6])
+    w = b.op("ConstantOfShape", [b.const(np.array([4, 3, 3, 3], np.int64))],
+             value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.05]))
+    params = [b.op("Squeeze", [b.op("Unsqueeze", [b.const(np.full(4, v, np.float32))], axes=[0])], axes=[0])
+              for v in (1.5, 0.1, 0.2, 0.9)]
+    y = b.op("Relu", [b.op("BatchNormalization", [b.conv(x, 3, 4, weight=w, bias=False), *params])])
+    model = b.build(y, opset=9, ir_version=3)
+    result = fuse(model, target="cpu+cuda")
+    assert compute_ops(result.model) == {"FusedConv": 1}
+    assert result.model.graph.input[0].name == "x"
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+    again = fuse(result.model, target="cpu+cuda")
+    assert not again.changed
