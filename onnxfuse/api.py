@@ -85,6 +85,8 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
 def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DEFAULT_TARGET,
              input_shapes: Mapping[str, Iterable[int]] | None = None, verify: bool = True,
              require_verify: bool = False, input_data: str | os.PathLike[str] | None = None,
+             input_values: Mapping[str, float] | None = None,
+             input_ranges: Mapping[str, tuple[float, float]] | None = None, input_sets: int = 1,
              rtol: float | None = None, atol: float | None = None, only: Iterable[str] = (),
              skip: Iterable[str] = (), constant_initializer_inputs: bool = False) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
@@ -99,7 +101,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
         require_verify: raise :class:`VerificationError` when verification was skipped (say, onnxruntime
             cannot run the original on generated inputs).
         input_data: an ``.npz`` with one array per graph input name, used instead of random inputs.
-        rtol / atol: tolerance overrides for every output (default: per dtype; see README, "Verification").
+        input_values / input_ranges / input_sets: a fill value or a ``(low, high)`` range per input name (say
+            ``{"sr": 16000}``), and how many seeded input sets to compare on (see README, "Verification").
+        rtol / atol: elementwise tolerances that replace the noise-floor rule (see README, "Verification").
 
     Returns:
         A :class:`onnxfuse.pipeline.Result`: ``model`` (the optimized ``ModelProto``), ``report`` (the
@@ -116,6 +120,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs)
     loaded = _load(model)
     verify_options = VerifyOptions(options.input_shapes, None if input_data is None else str(input_data),
+                                   dict(input_values or {}), dict(input_ranges or {}), input_sets,
                                    rtol=rtol, atol=atol) if verify else None
     result = pipeline.optimize(loaded.path, options, verify_options, loaded=loaded)
     verification = result.report.verification
@@ -130,24 +135,27 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
 
 def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.ModelProto | str | os.PathLike[str],
            *, input_shapes: Mapping[str, Iterable[int]] | None = None,
-           input_data: str | os.PathLike[str] | None = None, rtol: float | None = None,
-           atol: float | None = None) -> Verification:
+           input_data: str | os.PathLike[str] | None = None, input_values: Mapping[str, float] | None = None,
+           input_ranges: Mapping[str, tuple[float, float]] | None = None, input_sets: int = 1,
+           rtol: float | None = None, atol: float | None = None) -> Verification:
     """Compare ``candidate`` with ``original`` in onnxruntime (graph optimizations disabled on both), on the
     same generated (or ``input_data``) inputs; any pair of models, e.g. another optimizer's output.
 
+    Arguments after ``candidate`` are as :func:`optimize`'s; the rule is README's "Verification"
+    (:func:`onnxfuse.verification.verify_models`).
+
     Returns:
         An ``onnxfuse.verification.Verification``: ``status`` is ``passed``, ``failed`` or ``skipped`` (with
-        ``reason``); ``outputs`` has the error of each output and the tolerance applied. It does not raise on
-        ``failed``: check ``status``.
+        ``reason``); ``outputs`` has the error of each output, onnxruntime's noise floor and the tolerance
+        applied. It does not raise on ``failed``: check ``status``.
 
     Raises:
         InputError: an unreadable or invalid model, unreadable ``input_data``.
     """
-    from onnxfuse.verification import VerifyOptions
-    from onnxfuse.verification import verify as run
+    from onnxfuse.verification import VerifyOptions, verify_models
 
     ref = _load(original)
     cand = _load(candidate)
     opts = VerifyOptions(_shapes(input_shapes), None if input_data is None else str(input_data),
-                         rtol=rtol, atol=atol)
-    return run(ref.ort_source(), cand.model, opts)
+                         dict(input_values or {}), dict(input_ranges or {}), input_sets, rtol=rtol, atol=atol)
+    return verify_models(ref.ort_source(), cand.model, opts)

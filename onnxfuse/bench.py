@@ -32,6 +32,7 @@ class BenchOptions:
         levels: graph optimization levels, from :data:`LEVELS`.
         input_shapes: graph input name -> dims for symbolic dims.
         input_data: optional ``.npz`` of real inputs.
+        input_values / input_ranges: fill values and ranges per input (:class:`onnxfuse.runtime.InputSpec`).
     """
 
     runs: int = 20
@@ -40,6 +41,8 @@ class BenchOptions:
     levels: tuple[str, ...] = LEVELS
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     input_data: str | None = None
+    input_values: dict[str, float] = field(default_factory=dict)
+    input_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def _stats(times_s: list[float]) -> dict[str, float]:
@@ -66,9 +69,10 @@ def bench(original: str, optimized: str, opts: BenchOptions) -> dict[str, Any]:
     Raises:
         RuntimeError: onnxruntime cannot load or run one of the models (the message says which).
     """
-    from onnxfuse.verification import _load_npz, _shape_hint, _short, make_inputs, session
+    from onnxfuse.runtime import InputSpec, check_names, load_npz, make_inputs, random_inputs_hint, session, short
 
-    given = _load_npz(opts.input_data) if opts.input_data else None
+    spec = InputSpec(shapes=dict(opts.input_shapes), data=load_npz(opts.input_data) if opts.input_data else {},
+                     values=dict(opts.input_values), ranges=dict(opts.input_ranges))
     models = {"original": original, "optimized": optimized}
     results = []
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
@@ -87,11 +91,12 @@ def bench(original: str, optimized: str, opts: BenchOptions) -> dict[str, Any]:
                     sessions[key] = session(path, level, opts.threads, saved)
                 except Exception as exc:
                     raise RuntimeError(f"onnxruntime cannot load the {key} model at level {level}: "
-                                       f"{_short(exc)}") from None
+                                       f"{short(exc)}") from None
                 sides[key] = {"session_ms": (time.perf_counter() - start) * 1e3,
                               "nodes_after_ort": _node_count(saved) if Path(saved).exists() else None}
             if feeds is None:
-                feeds = make_inputs(sessions["original"], opts.input_shapes, seed=0, given=given)
+                check_names(sessions["original"], spec)
+                feeds = make_inputs(sessions["original"], spec, seed=0)
             times: dict[str, list[float]] = {"original": [], "optimized": []}
             for key, sess in sessions.items():
                 try:
@@ -99,7 +104,7 @@ def bench(original: str, optimized: str, opts: BenchOptions) -> dict[str, Any]:
                 except Exception as exc:
                     shapes = {k: list(v.shape) for k, v in feeds.items()}
                     raise RuntimeError(f"onnxruntime cannot run the {key} model on inputs {shapes}: "
-                                       f"{_short(exc)}{_shape_hint(sess, opts.input_shapes)}") from None
+                                       f"{short(exc)}{random_inputs_hint(sess, spec)}") from None
                 for _ in range(opts.warmup):
                     sess.run(None, feeds)
             for i in range(opts.runs):

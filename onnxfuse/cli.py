@@ -117,6 +117,56 @@ def _shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _pairs(values: tuple[str, ...], parse, option: str) -> dict:
+    out = {}
+    for text in values:
+        name, value = parse(text)
+        if name in out:
+            raise InputError(f"{option} {name} is given twice")
+        out[name] = value
+    return out
+
+
+def input_value_options(fn):
+    """--input-value and --input-range, for every command that runs onnxruntime."""
+    fn = click.option("--input-range", multiple=True, metavar="NAME=LOW,HIGH",
+                      help="Seeded uniform values in [LOW, HIGH) for a float input, integers in [LOW, HIGH] for an "
+                           "integer one (repeatable).")(fn)
+    return click.option("--input-value", multiple=True, metavar="NAME=V",
+                        help="Feed this value to an input (a scalar, or a fill value for the input's shape), e.g. "
+                             "sr=16000 (repeatable).")(fn)
+
+
+def verify_options(fn):
+    """The options of ``optimize`` and ``verify`` that say how to compare."""
+    decorators = [
+        click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
+                     help="Real inputs for verification: an .npz with one array per graph input name."),
+        input_value_options,
+        click.option("--input-sets", type=click.IntRange(1), default=1, show_default=True,
+                     help="Seeded random input sets to compare on (each costs one more onnxruntime run per model)."),
+        click.option("--rtol", type=click.FloatRange(min=0),
+                     help="Use elementwise |got - ref| <= atol + rtol * |ref| instead of the noise-floor rule "
+                          "(a missing one is 0)."),
+        click.option("--atol", type=click.FloatRange(min=0),
+                     help="Absolute tolerance of that elementwise rule (see --rtol)."),
+    ]
+    for deco in reversed(decorators):
+        fn = deco(fn)
+    return fn
+
+
+def _verify_options(input_shapes, input_data, input_value, input_range, input_sets, rtol, atol):
+    from onnxfuse.runtime import parse_input_range, parse_input_value
+    from onnxfuse.verification import VerifyOptions
+
+    for name, value in (("--rtol", rtol), ("--atol", atol)):
+        if value is not None and not math.isfinite(value):
+            raise InputError(f"{name} must be a finite number")
+    return VerifyOptions(input_shapes, input_data, _pairs(input_value, parse_input_value, "--input-value"),
+                         _pairs(input_range, parse_input_range, "--input-range"), input_sets, rtol, atol)
+
+
 def _options(target, only, skip, input_shape, constant_initializer_inputs) -> pipeline.Options:
     if only and set(only) <= set(skip):
         raise InputError("--only and --skip leave no pass to run")
@@ -208,10 +258,7 @@ def main(ctx: click.Context) -> None:
 @pass_options
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison (the report says so).")
 @click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped (strict CI).")
-@click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
-              help="Real inputs for verification: an .npz with one array per graph input name.")
-@click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance for every output (default per dtype).")
-@click.option("--atol", type=click.FloatRange(min=0), help="Absolute tolerance for every output (default per dtype).")
+@verify_options
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the full report here (.json, .md or .txt).")
 @click.option("--report-format", type=click.Choice(["text", "json", "markdown"]),
@@ -223,7 +270,8 @@ def main(ctx: click.Context) -> None:
 @click.pass_context
 @_fail_cleanly
 def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, constant_initializer_inputs,
-             no_verify, require_verify, input_data, rtol, atol, report_path, report_format, bandwidth, overwrite):
+             no_verify, require_verify, input_data, input_value, input_range, input_sets, rtol, atol, report_path,
+             report_format, bandwidth, overwrite):
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
     \b
@@ -234,14 +282,11 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
       onnxfuse optimize m.onnx m.fused.onnx --report traffic.json \\
           --require-verify
     """
-    from onnxfuse.verification import VerifyOptions
-
     output_path = Path(output_arg)
     if output_path.is_dir() or output_arg.endswith(("/", os.sep)):
         raise InputError(f"{output_path}: OUTPUT is a directory; give a file name")
-    for name, value in (("--rtol", rtol), ("--atol", atol), ("--bandwidth", bandwidth)):
-        if value is not None and not math.isfinite(value):
-            raise InputError(f"{name} must be a finite number")
+    if bandwidth is not None and not math.isfinite(bandwidth):
+        raise InputError("--bandwidth must be a finite number")
     if model_io.same_file(input_path, output_path) and not overwrite:
         raise InputError(f"{output_path}: OUTPUT is the same file as INPUT; pass --overwrite to replace it")
     _check_folder(output_path, "OUTPUT")
@@ -252,7 +297,8 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
             raise InputError(f"--report {report_path}: give a .json, .md or .txt name, or --report-format")
         _check_folder(report_path, "--report")
     options = _options(target, only, skip, input_shape, constant_initializer_inputs)
-    verify_options = None if no_verify else VerifyOptions(options.input_shapes, input_data, rtol=rtol, atol=atol)
+    checked = _verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol)
+    verify_options = None if no_verify else checked
     log.debug("optimizing %s for target %s", input_path, target)
     with _progress(ctx, f"optimizing {input_path}"):
         result = pipeline.optimize(input_path, options, verify_options)
@@ -264,12 +310,12 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
     if report_path is not None:
         _write_text(report_path, rep.render(report, fmt, show_all=True))
     if verification.status == "failed":
-        for o in verification.failed_outputs:
-            log.error("  output %s: max abs error %.3g, max rel error %.3g, tolerance atol %g rtol %g "
-                      "(would pass with --atol %.3g)", o.name, o.max_abs_error, o.max_rel_error, o.atol, o.rtol,
-                      o.needed_atol)
-        raise VerificationError(f"{input_path}: the optimized model does not match the original "
-                                f"({verification.reason}); {output_path} was not written")
+        failed = verification.failed_outputs
+        for o in failed:
+            log.error("  %s", o.describe(verification.floor_multiple))
+        why = f"{len(failed)} of {len(verification.outputs)} outputs differ, above" if failed else verification.reason
+        raise VerificationError(f"{input_path}: the optimized model does not match the original ({why}); "
+                                f"{output_path} was not written")
     if verification.status == "skipped" and require_verify:
         raise VerificationError(f"{input_path}: verification was skipped ({verification.reason}) and "
                                 f"--require-verify was given; {output_path} was not written")
@@ -399,12 +445,13 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
               help="Graph optimization level to time (repeatable; default all four).")
 @click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
               help="Real inputs: an .npz with one array per graph input name.")
+@input_value_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
 def bench(ctx, original, optimized, target, only, skip, input_shape, constant_initializer_inputs, runs, warmup,
-          threads, levels, input_data, fmt):
+          threads, levels, input_data, input_value, input_range, fmt):
     """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
     options as `optimize` when not given) at each graph optimization level, alternating the two run by run.
 
@@ -422,6 +469,8 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, constant_in
     bench_options = bench_mod.BenchOptions(runs=runs, warmup=warmup, threads=threads,
                                            levels=tuple(levels) or bench_mod.LEVELS,
                                            input_shapes=options.input_shapes, input_data=input_data)
+    checked = _verify_options({}, None, input_value, input_range, 1, None, None)
+    bench_options.input_values, bench_options.input_ranges = checked.input_values, checked.input_ranges
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
         loaded = model_io.load_model(original)  # a bad ORIGINAL is an input error (exit 2), not an onnxruntime failure
         if optimized is None:
@@ -444,6 +493,82 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, constant_in
         click.echo(json.dumps(data, indent=2, sort_keys=True))
     else:
         click.echo(bench_mod.to_text(data), nl=False)
+
+
+VERIFY_EXIT_CODES_HELP = """\b
+Exit codes:
+  0  passed
+  1  failed: an output differs beyond tolerance, the outputs' names,
+     order or dtypes differ, or onnxruntime cannot run CANDIDATE
+  2  usage error, a model that cannot be read or is invalid, or
+     onnxruntime cannot run ORIGINAL on the inputs (verification skipped)"""
+
+
+@main.command("verify", epilog=VERIFY_EXIT_CODES_HELP)
+@click.argument("original", type=click.Path(path_type=Path))
+@click.argument("candidate", type=click.Path(path_type=Path))
+@click.option("--input-shape", multiple=True, metavar="NAME=DIMS",
+              help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (repeatable).")
+@verify_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@verbosity_options
+@click.pass_context
+@_fail_cleanly
+def verify_command(ctx, original, candidate, input_shape, input_data, input_value, input_range, input_sets, rtol,
+                   atol, fmt):
+    """Check that CANDIDATE computes what ORIGINAL does, in onnxruntime (any pair of models: onnxfuse's output,
+    another optimizer's, a hand-edited graph). See README, "Verification", for the rule.
+
+    \b
+    Examples:
+      onnxfuse verify model.onnx model.fused.onnx
+      onnxfuse verify vad.onnx vad.slim.onnx --input-value sr=16000 \\
+          --input-shape input=1x512
+    """
+    from onnxfuse import verification as verify_mod
+
+    opts = _verify_options(_shapes(input_shape), input_data, input_value, input_range, input_sets, rtol, atol)
+    for path in (original, candidate):
+        model_io.load_model(path)  # unreadable or invalid: an input error (exit 2)
+    with _progress(ctx, "running both models in onnxruntime"):
+        result = verify_mod.verify_models(original, candidate, opts)
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        click.echo(_verification_text(result), nl=False)
+    if result.status == "skipped":
+        raise InputError(f"verification skipped: {result.reason}")
+    if result.status == "failed":
+        raise VerificationError(f"{candidate} does not match {original}")
+
+
+def _verification_text(result) -> str:
+    """The verdict and a table of every output: error, scale, onnxruntime's noise floor, tolerance."""
+    failed = result.failed_outputs
+    detail = f"{len(failed)} of {len(result.outputs)} outputs beyond tolerance" if failed else result.summary
+    lines = [f"verification: {result.status}" + (f" ({detail})" if detail else "")]
+    if result.outputs:
+        if result.rule == "noise-floor":
+            lines.append(f"rule: max abs error <= {result.floor_multiple:g} x max(onnxruntime noise floor, rounding "
+                         "floor, min floor); integer/bool outputs equal; NaN/inf at the same places")
+        else:
+            lines.append("rule: |candidate - original| <= atol + rtol * |original| elementwise (--rtol/--atol)")
+        if result.floor_note:
+            lines.append(f"noise floor {result.floor_note}")
+        rows = [("output", "dtype", "max abs error", "scale", "error/scale", "noise floor", "rounding floor",
+                 "min floor", "tolerance", "result")]
+        for o in result.outputs:
+            tol = f"{o.tolerance:.3g}" if o.tolerance is not None else f"atol {o.atol:g} rtol {o.rtol:g}"
+            rows.append((o.name, o.dtype, f"{o.max_abs_error:.3g}", f"{o.scale:.3g}", f"{o.max_rel_error:.2g}",
+                         "-" if o.floor is None else f"{o.floor:.3g}",
+                         "-" if o.rounding_floor is None else f"{o.rounding_floor:.3g}", f"{o.min_floor:.3g}", tol,
+                         "passed" if o.passed else "FAILED"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        lines += [f"  {o.describe(result.floor_multiple)}" for o in failed]
+    return "\n".join(lines) + "\n"
 
 
 @main.command()

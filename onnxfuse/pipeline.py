@@ -225,7 +225,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
 def optimize(path: str | os.PathLike | None, options: Options, verify_options=None,
              loaded: model_io.LoadedModel | None = None) -> Result:
     """:func:`analyse`, then verify the optimized model against the original in onnxruntime unless
-    ``verify_options`` is None; the verification result goes into ``result.report.verification``.
+    ``verify_options`` is None or nothing was rewritten (status ``unchanged``); the verification result goes
+    into ``result.report.verification``.
 
     Raises:
         InputError: as :func:`analyse`.
@@ -233,13 +234,15 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     from onnxfuse import verification as verify
 
     result = analyse(path, options, loaded)
-    if verify_options is not None:
+    if verify_options is None:
+        result.report.verification = verify.Verification.skipped_by_user()
+    elif not result.changed:  # the output computes exactly what the input does: nothing to run
+        result.report.verification = verify.Verification.unchanged()
+    else:
         # the shapes analyse() used: the given ones plus those their named dims complete
         verify_options.input_shapes = {k: tuple(v) for k, v in result.report.input_shapes.items()}
         log.debug("verifying the optimized model against the original in onnxruntime")
-        result.report.verification = verify.verify(result.loaded.ort_source(), result.model, verify_options)
-    else:
-        result.report.verification = verify.Verification.skipped_by_user()
+        result.report.verification = verify.verify_models(result.loaded.ort_source(), result.model, verify_options)
     return result
 
 

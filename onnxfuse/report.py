@@ -278,7 +278,9 @@ def _chain(nodes: list[dict]) -> str:
 def _verification_line(report: Report) -> str:
     v = report.verification_dict()
     line = f"verification: {v['status']}"
-    if v.get("reason"):
+    if v.get("summary"):
+        line += f" ({v['summary']})"
+    elif v.get("reason"):
         line += f" ({v['reason']})"
     elif v.get("max_abs_error") is not None:
         line += f" (max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g})"

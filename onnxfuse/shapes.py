@@ -222,7 +222,7 @@ def measure(path: str | bytes, model: onnx.ModelProto, input_shapes: dict[str, t
     import json
     import tempfile
 
-    from onnxfuse.verification import make_inputs, session
+    from onnxfuse.runtime import make_inputs, session
 
     by_name: dict[str, list[str]] = {}
     for graph, _ in proto_graphs(model.graph):

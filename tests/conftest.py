@@ -24,7 +24,7 @@ import pytest
 
 from onnxfuse import pipeline
 from onnxfuse.graph import proto_graphs
-from onnxfuse.verification import session
+from onnxfuse.runtime import session
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,0 +1,306 @@
+"""The one place where onnxfuse creates onnxruntime sessions and the inputs it feeds them.
+
+Used by verification (:mod:`onnxfuse.verify`), ``onnxfuse bench`` (:mod:`onnxfuse.bench`) and shape measurement
+(:func:`onnxfuse.shapes.measure`). Every session uses the CPU execution provider and logs only fatal errors.
+
+Generated inputs (:func:`make_inputs`): each graph input gets, in this order of preference, the array of an
+``.npz`` file (``--input-data``), a constant fill value (``--input-value NAME=V``), seeded uniform values in a
+range (``--input-range NAME=LO,HI``), or seeded random values: floats ~ N(0, 1), integers in [0, 4), random
+bools.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnxfuse.errors import InputError
+
+#: Value used for a symbolic dim that neither ``--input-shape`` nor the model fixes: 1 for the first dim
+#: (the batch), 32 elsewhere (large enough for a few stride-2 stages).
+DEFAULT_BATCH_DIM = 1
+DEFAULT_OTHER_DIM = 32
+
+#: Random integers are drawn from [0, RANDOM_INT_HIGH): small enough to be valid indices and counts.
+RANDOM_INT_HIGH = 4
+
+#: onnxruntime log severity for onnxfuse's sessions: fatal only. Its own log lines (coloured, multi-line) would
+#: break the one-line-error and no-colour promises; failures still arrive as exceptions that onnxfuse reports.
+ORT_LOG_FATAL = 4
+
+#: ``--level`` names -> onnxruntime ``GraphOptimizationLevel`` member names.
+LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+          "all": "ORT_ENABLE_ALL"}
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
+}
+
+
+@dataclass
+class InputSpec:
+    """What to feed a model, per graph input name.
+
+    Attributes:
+        shapes: dims for inputs with symbolic dims (``--input-shape``).
+        data: arrays to feed as they are (``--input-data``).
+        values: a constant that fills the input's shape (``--input-value``); a scalar input gets the scalar.
+        ranges: ``(low, high)``: floats uniform in [low, high), integers uniform in [low, high] (``--input-range``).
+    """
+
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    data: dict[str, np.ndarray] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def fixed(self) -> set[str]:
+        """Names of the inputs whose values the user chose (data, value or range)."""
+        return set(self.data) | set(self.values) | set(self.ranges)
+
+
+def session(model: str | os.PathLike | bytes, level: str = "disable", threads: int | None = None,
+            save_to: str | None = None, profile_prefix: str | None = None) -> Any:
+    """An onnxruntime CPU ``InferenceSession`` for a model path or serialized bytes.
+
+    Args:
+        level: graph optimization level, a key of :data:`LEVELS`.
+        threads: intra-op threads (inter-op is then 1); None keeps onnxruntime's default.
+        save_to: write the graph onnxruntime optimized to this path (``optimized_model_filepath``).
+        profile_prefix: turn profiling on, writing the profile under this prefix.
+
+    Raises:
+        whatever onnxruntime raises when it cannot load the model (callers turn it into a reason).
+    """
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
+    opts.log_severity_level = ORT_LOG_FATAL
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    if save_to:
+        opts.optimized_model_filepath = save_to
+    if profile_prefix:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
+    if isinstance(model, os.PathLike):
+        model = str(model)
+    return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+@contextlib.contextmanager
+def loadable(model: str | os.PathLike | bytes | onnx.ModelProto) -> Iterator[str | bytes]:
+    """What :func:`session` accepts for ``model``: a path as a string, serialized bytes as they are, or a
+    ModelProto's serialized bytes; a proto over protobuf's 2 GB limit is written with external data to a
+    temporary folder that lives as long as the context (its weights are read back into the proto afterwards, so
+    the caller's proto is left whole)."""
+    from onnxfuse import model_io
+
+    if isinstance(model, bytes):
+        yield model
+        return
+    if not isinstance(model, onnx.ModelProto):
+        yield str(model)
+        return
+    if not model_io.exceeds_protobuf_limit(model):
+        yield model.SerializeToString()
+        return
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-session-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        model_io.save_model(model, path, external_data=True)
+        try:
+            yield str(path)
+        finally:  # saving moved the weights out of the proto into the file: take them back
+            onnx.load_external_data_for_model(model, tmp)
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file by name.
+
+    Raises:
+        InputError: the file cannot be read as ``.npz`` (pickled object arrays are refused).
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--input-data {path}: cannot read it as .npz ({exc})") from None
+
+
+def _number(text: str, option: str) -> float:
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return 1 if low == "true" else 0
+    try:
+        return int(low)
+    except ValueError:
+        pass
+    try:
+        value = float(low)
+    except ValueError:
+        raise InputError(f"{option}: {text!r} is not a number") from None
+    if not np.isfinite(value):
+        raise InputError(f"{option}: {text!r} is not a finite number")
+    return value
+
+
+def parse_input_value(text: str) -> tuple[str, float]:
+    """Parse ``NAME=V`` (``V`` an integer, a float, ``true`` or ``false``) into ``(name, value)``.
+
+    Raises:
+        InputError: malformed text or a value that is not a finite number.
+    """
+    name, sep, value = text.rpartition("=")
+    if not sep or not name or not value:
+        raise InputError(f"--input-value {text!r}: expected NAME=VALUE, e.g. sr=16000")
+    return name, _number(value, f"--input-value {name}")
+
+
+def parse_input_range(text: str) -> tuple[str, tuple[float, float]]:
+    """Parse ``NAME=LO,HI`` into ``(name, (lo, hi))``.
+
+    Raises:
+        InputError: malformed text, values that are not finite numbers, or LO > HI.
+    """
+    name, sep, rest = text.rpartition("=")
+    parts = rest.split(",")
+    if not sep or not name or len(parts) != 2:
+        raise InputError(f"--input-range {text!r}: expected NAME=LOW,HIGH, e.g. x=0,1")
+    low, high = (_number(p, f"--input-range {name}") for p in parts)
+    if low > high:
+        raise InputError(f"--input-range {text!r}: LOW is greater than HIGH")
+    return name, (low, high)
+
+
+def check_names(sess, spec: InputSpec) -> None:
+    """Every name in ``spec`` is a graph input of ``sess``, and no input is given two ways.
+
+    Raises:
+        InputError: an unknown name, or an input both in ``--input-data`` and ``--input-value/--input-range``.
+    """
+    names = [i.name for i in sess.get_inputs()]
+    for option, given in (("--input-data", spec.data), ("--input-value", spec.values),
+                          ("--input-range", spec.ranges)):
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise InputError(f"{option}: no graph input named {', '.join(unknown)} (inputs: {', '.join(names)})")
+    for a, b in (("data", "values"), ("data", "ranges"), ("values", "ranges")):
+        both = sorted(set(getattr(spec, a)) & set(getattr(spec, b)))
+        if both:
+            raise InputError(f"input {both[0]} is given by two of --input-data, --input-value, --input-range")
+
+
+def _shape(inp, spec: InputSpec, bound: dict[str, int]) -> tuple[int, ...]:
+    if inp.name in spec.shapes:
+        return tuple(spec.shapes[inp.name])
+    return tuple(d if isinstance(d, int) and d > 0
+                 else bound.get(d, DEFAULT_BATCH_DIM if i == 0 else DEFAULT_OTHER_DIM)
+                 for i, d in enumerate(inp.shape))
+
+
+def make_inputs(sess, input_shapes: dict[str, tuple[int, ...]] | InputSpec, seed: int,
+                given: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """One input set for every input of ``sess`` (see the module docstring for where values come from).
+
+    ``input_shapes`` is an :class:`InputSpec` or just its ``shapes``; ``given`` adds arrays to its ``data``. A
+    named symbolic dim gets one value across all inputs: the one a shape entry or a given array fixes, else
+    DEFAULT_BATCH_DIM (first dim) or DEFAULT_OTHER_DIM.
+
+    Raises:
+        ValueError: an input dtype onnxfuse cannot generate.
+        InputError: a given array whose dtype is not the input's; a value or range that does not fit an integer
+            or bool input.
+    """
+    spec = input_shapes if isinstance(input_shapes, InputSpec) else InputSpec(shapes=dict(input_shapes))
+    data = {**spec.data, **(given or {})}
+    rng = np.random.default_rng(seed)
+    inputs = sess.get_inputs()
+    bound: dict[str, int] = {}
+    for inp in inputs:
+        dims = spec.shapes.get(inp.name) or (data[inp.name].shape if inp.name in data else None)
+        if dims is not None and len(dims) == len(inp.shape):
+            for d, v in zip(inp.shape, dims, strict=False):
+                if isinstance(d, str) and d:
+                    bound.setdefault(d, int(v))
+    for inp in inputs:  # a name that is some input's first dim is a batch dim everywhere
+        if inp.shape and isinstance(inp.shape[0], str) and inp.shape[0]:
+            bound.setdefault(inp.shape[0], DEFAULT_BATCH_DIM)
+    feeds = {}
+    for inp in inputs:
+        dtype = _ORT_TYPES.get(inp.type)
+        if inp.name in data:
+            if dtype is not None and data[inp.name].dtype != dtype:
+                raise InputError(f"input data {inp.name}: dtype {data[inp.name].dtype}, the model wants "
+                                 f"{np.dtype(dtype)}")
+            feeds[inp.name] = data[inp.name]
+            continue
+        if dtype is None:
+            raise ValueError(f"input {inp.name} has type {inp.type}, which onnxfuse cannot generate")
+        shape = _shape(inp, spec, bound)
+        exact = not np.issubdtype(dtype, np.floating)
+        if inp.name in spec.values:
+            value = spec.values[inp.name]
+            _check_fits(inp.name, "--input-value", (value,), dtype, exact)
+            feeds[inp.name] = np.full(shape, value, dtype=dtype)
+        elif inp.name in spec.ranges:
+            low, high = spec.ranges[inp.name]
+            _check_fits(inp.name, "--input-range", (low, high), dtype, exact)
+            if exact:
+                feeds[inp.name] = rng.integers(int(low), int(high), shape, endpoint=True).astype(dtype)
+            else:
+                feeds[inp.name] = rng.uniform(low, high, shape).astype(dtype)
+        elif not exact:
+            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[inp.name] = rng.integers(0, 2, shape).astype(np.bool_)
+        else:
+            feeds[inp.name] = rng.integers(0, RANDOM_INT_HIGH, shape).astype(dtype)
+    return feeds
+
+
+def _check_fits(name: str, option: str, values: tuple[float, ...], dtype, exact: bool) -> None:
+    if not exact:
+        return
+    info = (0, 1) if dtype == np.bool_ else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+    for v in values:
+        if v != int(v) or not info[0] <= v <= info[1]:
+            raise InputError(f"{option} {name}: {v:g} does not fit the input's dtype {np.dtype(dtype)}")
+
+
+def random_inputs_hint(sess, spec: InputSpec) -> str:
+    """The sentence that tells the user which generated inputs to set when onnxruntime cannot run a model on
+    them: random integer and bool inputs first (indices, flags, sample rates), else every random input; and
+    ``--input-shape`` for inputs whose symbolic dims got default values. Empty when the user set everything."""
+    generated = [i for i in sess.get_inputs() if i.name not in spec.fixed()]
+    ints = [i.name for i in generated if _ORT_TYPES.get(i.type) is not None
+            and not np.issubdtype(_ORT_TYPES[i.type], np.floating)]
+    hints = []
+    names = ints or [i.name for i in generated]
+    if names:
+        kind = "random integer/bool" if ints else "random"
+        hints.append(f"onnxfuse fed {kind} values to {', '.join(names)}: set them with --input-value NAME=V, "
+                     f"--input-range NAME=LOW,HIGH or --input-data FILE.npz")
+    symbolic = [i.name for i in sess.get_inputs()
+                if i.name not in spec.shapes and i.name not in spec.data
+                and any(not isinstance(d, int) for d in i.shape)]
+    if symbolic:
+        hints.append("give --input-shape for " + ", ".join(symbolic))
+    return "; " + "; ".join(hints) if hints else ""
+
+
+def short(exc: BaseException) -> str:
+    """An exception's message on one line, at most 300 characters."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
