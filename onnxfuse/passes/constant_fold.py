@@ -38,7 +38,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse import graph as g
 from onnxfuse.passes._checks import ONNX_DOMAINS, replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
-from onnxfuse.verification import session
+from onnxfuse.runtime import session
 
 #: A fold may make the model at most this much larger than the constant inputs it reads (bytes, 1 MiB).
 FOLD_GROWTH_LIMIT_BYTES = 1 << 20
