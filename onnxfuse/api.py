@@ -118,6 +118,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     from onnxfuse.verification import VerifyOptions
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs)
+    options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
     loaded = _load(model)
     verify_options = VerifyOptions(options.input_shapes, None if input_data is None else str(input_data),
                                    dict(input_values or {}), dict(input_ranges or {}), input_sets,

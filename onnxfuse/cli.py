@@ -294,9 +294,11 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
     if report_path is not None:
         fmt = report_format or rep.format_for_path(str(report_path))
         if fmt is None:
-            raise InputError(f"--report {report_path}: give a .json, .md or .txt name, or --report-format")
+            raise InputError(f"--report {report_path}: give a {', '.join(rep.REPORT_EXTENSIONS)} name, or "
+                             "--report-format")
         _check_folder(report_path, "--report")
     options = _options(target, only, skip, input_shape, constant_initializer_inputs)
+    options.input_data = input_data  # real inputs fix the report's shapes too
     checked = _verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol)
     verify_options = None if no_verify else checked
     log.debug("optimizing %s for target %s", input_path, target)
@@ -392,35 +394,59 @@ def _write_text(path: Path, text: str) -> None:
                 os.unlink(tmp)
 
 
-@main.command(epilog=READ_ONLY_EXIT_CODES_HELP)
+REPORT_EXIT_CODES_HELP = """\b
+Exit codes:
+  0  success (with --baseline: no regression)
+  1  with --baseline: a fusion was lost or the optimized traffic grew
+  2  usage error, or a model or baseline that cannot be read or is invalid"""
+
+
+@main.command(epilog=REPORT_EXIT_CODES_HELP)
 @click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
 @pass_options
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
-              show_default=True, help="Output format.")
+@click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
+              help="Real inputs: their array shapes fix the input shapes of the report.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
+              help="Output format (default: from the -o extension, else text).")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the report to this file instead of stdout.")
+              help="Write the report to this file instead of stdout (.json, .md or .txt).")
 @click.option("--all", "show_all", is_flag=True, help="Show every row (text and Markdown show the top 20).")
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="GB/S",
               help="Add an estimated memory time at this bandwidth (10^9 bytes/s).")
+@click.option("--baseline", type=click.Path(dir_okay=False, path_type=Path), metavar="OLD.json",
+              help="Compare with an earlier JSON report: print what changed, exit 1 if a fusion was lost or the "
+                   "optimized traffic grew.")
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def report(ctx, model_path, target, only, skip, input_shape, constant_initializer_inputs, fmt, output, show_all,
-           bandwidth):
+def report(ctx, model_path, target, only, skip, input_shape, constant_initializer_inputs, input_data, fmt, output,
+           show_all, bandwidth, baseline):
     """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
+
+    Bytes are expressions in the model's symbolic input dims; --input-shape also gives the numbers at one size.
 
     \b
     Examples:
       onnxfuse report model.onnx
       onnxfuse report det.onnx --target cpu --input-shape x=1x3x640x640 \\
-          --format json -o traffic.json
+          -o traffic.json
       onnxfuse report model.onnx --format markdown >> "$GITHUB_STEP_SUMMARY"
+      onnxfuse report model.onnx --baseline main.json -o new.json
     """
+    from onnxfuse import baseline as baseline_mod
+
     if output is not None:
         _check_folder(output, "--output")
+        if fmt is None:
+            fmt = rep.format_for_path(str(output))
+            if fmt is None:
+                raise InputError(f"-o {output}: give a {', '.join(rep.REPORT_EXTENSIONS)} name, or --format")
+    fmt = fmt or "text"
     if bandwidth is not None and not math.isfinite(bandwidth):
         raise InputError("--bandwidth must be a finite number")
+    old = baseline_mod.load(baseline) if baseline is not None else None
     options = _options(target, only, skip, input_shape, constant_initializer_inputs)
+    options.input_data = input_data
     with _progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)
     if bandwidth:
@@ -430,8 +456,19 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
     if output is not None:
         _write_text(output, text)
         log.info("wrote %s", output)
-    else:
+    elif old is None:
         click.echo(text, nl=False)
+    if old is not None:
+        comparison = baseline_mod.compare(old, result.report.to_dict())
+        if fmt == "json" and output is None:
+            import json
+
+            click.echo(json.dumps(comparison.to_dict(), indent=2, sort_keys=True))
+        else:
+            bullet = "- " if fmt == "markdown" else ""
+            click.echo("\n".join(f"{bullet}{line}" for line in [f"compared with {baseline}:", *comparison.lines()]))
+        if comparison.regressed:
+            sys.exit(1)
 
 
 @main.command(epilog=READ_ONLY_EXIT_CODES_HELP)

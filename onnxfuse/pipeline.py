@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
 from onnxfuse import graph as g
-from onnxfuse import model_io, shapes, traffic
+from onnxfuse import model_io, shapes, symbolic, traffic
 from onnxfuse import passes as passes_mod
 from onnxfuse import report as rep
 from onnxfuse._version import __version__
@@ -44,6 +44,8 @@ class Options:
         input_shapes: graph input name -> concrete dims, used for the traffic report and for verification.
         constant_initializer_inputs: treat initializers that are also graph inputs as constants (the user
             promises that nobody feeds them).
+        input_data: path of an ``.npz`` of real inputs (``--input-data``): its array shapes fix the input shapes
+            of the report too, and must agree with ``input_shapes``.
     """
 
     target: str = DEFAULT_TARGET
@@ -51,6 +53,7 @@ class Options:
     skip: tuple[str, ...] = ()
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     constant_initializer_inputs: bool = False
+    input_data: str | None = None
 
 
 @dataclass
@@ -163,28 +166,21 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     model = loaded.model
     log.debug("loaded %s: %d nodes in the main graph", loaded.label, len(model.graph.node))
     skel = shapes.skeleton(model)
+    given = dict(options.input_shapes)
+    if options.input_data:
+        inits = {t.name for t in model.graph.initializer}
+        given = shapes.merge_input_data_shapes(given, shapes.npz_shapes(options.input_data),
+                                               {vi.name for vi in model.graph.input} - inits, options.input_data)
+    input_shapes = shapes.complete_input_shapes(model, given) if given else {}
     info, elem_types = shapes.infer(skel)  # the model's own (symbolic) shapes: what the passes may rely on
-    input_shapes = shapes.complete_input_shapes(model, options.input_shapes) if options.input_shapes else {}
+    sym = symbolic.infer(skel, info)  # every dim as an expression in the input dims: what the report counts
+    mismatches: list[str] = []
     if input_shapes:
-        shapes.apply_input_shapes(skel, input_shapes)  # rejects unknown names and wrong ranks
-        size_info, size_elems = shapes.infer(skel)  # concrete sizes for the traffic report
-    else:
-        size_info, size_elems = info, elem_types
-    before_sizes = traffic.Sizes(size_info, size_elems).with_model(model)
+        shapes.apply_input_shapes(skel, input_shapes)  # rejects unknown names, wrong ranks and fixed dims
+        mismatches = _cross_check(sym, shapes.infer(skel)[0], sym.table.values(input_shapes))
+    before_sizes = traffic.Sizes(sym.shapes, {**elem_types, **sym.elem_types}, sym.reasons).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
     missing = _missing_shapes(model, input_shapes)
-    measured = False
-    if not missing and any(r.total_bytes is None for r in before_rows):
-        # Static inference left sizes unknown although every input shape is known: measure them in onnxruntime.
-        got_info, got_elems = shapes.measure(loaded.ort_source(), model, input_shapes)
-        unknown = {t for r in before_rows for t in r.unknown}
-        found = {k: v for k, v in got_info.items() if k in unknown}
-        if found:
-            measured = True
-            size_info = {**size_info, **found}
-            size_elems = {**size_elems, **{k: got_elems[k] for k in found}}
-            before_sizes = traffic.Sizes(size_info, size_elems).with_model(model)
-            before_rows = traffic.node_traffic(model, before_sizes)
     before_ops = _op_counts(model.graph)
 
     overridable = frozenset() if options.constant_initializer_inputs else loaded.overridable
@@ -211,12 +207,11 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     after_rows = traffic.node_traffic(out, after_sizes)
     report = rep.build(
         loaded=loaded, target=options.target, passes=[p.name for p in selected], input_shapes=input_shapes,
-        missing=missing, measured=measured, before_rows=before_rows, after_rows=after_rows,
+        missing=missing, symbols=sym, before_rows=before_rows, after_rows=after_rows,
         before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
-        after_index=traffic.ModelIndex(out), after_sizes=after_sizes, size_info=size_info,
-        size_elems=size_elems,
+        after_index=traffic.ModelIndex(out), after_sizes=after_sizes,
     )
-    report.warnings = _target_warnings(out, options.target)
+    report.warnings = _target_warnings(out, options.target) + mismatches
     if blocker is not None:
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
     return Result(out, fusions, skips, bool(fusions), report, loaded)
@@ -233,6 +228,8 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     """
     from onnxfuse import verification as verify
 
+    if verify_options is not None and verify_options.input_data and not options.input_data:
+        options = replace(options, input_data=verify_options.input_data)  # real inputs fix the report's shapes
     result = analyse(path, options, loaded)
     if verify_options is None:
         result.report.verification = verify.Verification.skipped_by_user()
@@ -244,6 +241,29 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
         log.debug("verifying the optimized model against the original in onnxruntime")
         result.report.verification = verify.verify_models(result.loaded.ort_source(), result.model, verify_options)
     return result
+
+
+def _cross_check(sym: symbolic.SymbolicShapes, concrete: dict, values: dict) -> list[str]:
+    """Warnings for tensors whose symbolic shape, evaluated at the given input shapes, differs from what
+    ``onnx.shape_inference`` finds on the model with those shapes fixed (an independent second opinion; the
+    report counts the symbolic one). Empty when they agree wherever both know the shape."""
+    cache: dict = {}
+    bad = []
+    for name, (shape, _) in concrete.items():
+        got = sym.shapes.get(name)
+        if shape is None or got is None or len(got) != len(shape) or not all(isinstance(d, int) for d in shape):
+            continue
+        dims = []
+        for d in got:
+            if d not in cache:
+                cache[d] = symbolic.evaluate(d, values) if d is not None else None
+            dims.append(cache[d])
+        if None not in dims and tuple(dims) != tuple(shape):
+            bad.append(f"{name} {'x'.join(map(str, dims))} (onnx: {'x'.join(map(str, shape))})")
+    if not bad:
+        return []
+    return [f"symbolic shapes at the given input shapes disagree with onnx shape inference for {len(bad)} "
+            f"tensor(s), e.g. {'; '.join(bad[:3])}; the counts follow onnxruntime's symbolic inference"]
 
 
 def _target_warnings(model: onnx.ModelProto, target_name: str) -> list[str]:

@@ -1,7 +1,10 @@
 """The memory-traffic report: data (``Report``) and its renderers (text, JSON, Markdown). Never prints.
 
-The JSON form is documented field by field in ``onnxfuse/report.schema.json`` (``schema_version`` 1); bytes are
-exact integers there, while text and Markdown show KiB/MiB/GiB (powers of 1024).
+The JSON form is documented field by field in ``onnxfuse/report.schema.json`` (``schema_version`` 2). Every
+byte count is a sympy expression in the model's symbolic input dims (``*_expr``, a string ``sympy.sympify``
+parses; names in ``symbols``) and, beside it, an exact integer for the input shapes used (null when a symbol
+has no value or the size is unknown). Text and Markdown show KiB/MiB/GiB (powers of 1024).
+:meth:`Report.to_dict` is the one source every renderer reads.
 """
 
 from __future__ import annotations
@@ -13,15 +16,21 @@ from typing import Any
 
 import numpy as np
 import onnx
+import sympy
 
 from onnxfuse._version import __version__
 from onnxfuse.passes import CANONICALIZE_NAMES, Fusion, Skip
+from onnxfuse.symbolic import SymbolicShapes, evaluate, growth_share, make_symbol, printer
 from onnxfuse.traffic import ModelIndex, NodeTraffic, Sizes, chain_bytes, fused_estimate, totals
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Rows shown per table in text and Markdown unless ``show_all`` (largest byte figures first).
 DEFAULT_TOP_ROWS = 20
+
+#: Report file extension -> format, for ``report -o FILE`` and ``optimize --report FILE``. Add a renderer's
+#: extensions here.
+REPORT_EXTENSIONS = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "text"}
 
 
 @dataclass
@@ -44,6 +53,9 @@ class Report:
     passes: list[str]
     input_shapes: dict[str, list[int]]
     unknown_shapes: list[dict]
+    symbols: dict[str, dict]
+    symbol_values: dict[str, int]
+    shape_assumptions: list[str]
     totals: dict[str, Any]
     op_counts: dict[str, dict[str, int]]
     fusions: list[dict]
@@ -52,7 +64,6 @@ class Report:
     unknown_nodes: list[dict]
     subgraph_nodes: int
     nodes: dict[str, list[dict]]
-    shapes_measured: bool = False
     warnings: list[str] | None = None
     verification: Any = None
     bandwidth: dict | None = None
@@ -86,11 +97,22 @@ class Report:
         return to_text(self, show_all, width)
 
     def set_bandwidth(self, gb_per_s: float) -> None:
-        """Add the estimated memory time at ``gb_per_s`` (10^9 bytes per second): bytes / bandwidth."""
-        before = self.totals["before"]["total_bytes"]
-        after = self.totals["after"]["total_bytes"]
-        self.bandwidth = {"gb_per_s": gb_per_s, "before_ms": before / (gb_per_s * 1e9) * 1e3,
-                          "after_ms": after / (gb_per_s * 1e9) * 1e3, "estimate": True}
+        """Add the estimated memory time at ``gb_per_s`` (10^9 bytes per second): bytes / bandwidth, at the input
+        shapes used, else at batch 1 where the batch is the only symbolic dim; times are None when neither
+        gives a number."""
+        t = self.totals
+        before, after, at = t["before"]["total_bytes"], t["after"]["total_bytes"], "input shapes"
+        if before is None and t["at_batch_1"]:
+            before, after, at = t["at_batch_1"]["before_total_bytes"], t["at_batch_1"]["after_total_bytes"], \
+                "batch 1"
+        if before is None or after is None:
+            at = None
+
+        def ms(n):
+            return None if n is None or at is None else n / (gb_per_s * 1e9) * 1e3
+
+        self.bandwidth = {"gb_per_s": gb_per_s, "before_ms": ms(before), "after_ms": ms(after), "at": at,
+                          "estimate": True}
 
     def verification_dict(self) -> dict[str, Any]:
         """The ``verification`` object of the JSON form (``skipped`` when nothing verified, as in ``report``)."""
@@ -100,7 +122,6 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready dict described by ``report.schema.json``."""
-        verification = self.verification_dict()
         return {
             "schema_version": SCHEMA_VERSION,
             "onnxfuse_version": self.onnxfuse_version,
@@ -109,6 +130,9 @@ class Report:
             "passes": self.passes,
             "input_shapes": self.input_shapes,
             "unknown_shapes": self.unknown_shapes,
+            "symbols": self.symbols,
+            "symbol_values": self.symbol_values,
+            "shape_assumptions": self.shape_assumptions,
             "totals": self.totals,
             "op_counts": self.op_counts,
             "fusions": self.fusions,
@@ -117,18 +141,10 @@ class Report:
             "unknown_nodes": self.unknown_nodes,
             "nodes": self.nodes,
             "subgraph_nodes": self.subgraph_nodes,
-            "shapes_measured": self.shapes_measured,
             "warnings": list(self.warnings or []),
-            "verification": verification,
+            "verification": self.verification_dict(),
             "bandwidth": self.bandwidth,
         }
-
-
-def _shape_of(info: dict, elems: dict, name: str) -> tuple[list | None, str | None]:
-    shape = info.get(name, (None, None))[0]
-    elem = elems.get(name)
-    dtype = dtype_name(elem) if elem else None
-    return (list(shape) if shape is not None else None), dtype
 
 
 def dtype_name(elem_type: int) -> str:
@@ -139,15 +155,37 @@ def dtype_name(elem_type: int) -> str:
         return onnx.helper.tensor_dtype_to_string(elem_type).replace("TensorProto.", "").lower()
 
 
-def _side(rows: list[NodeTraffic]) -> dict[str, int]:
+class _Numbers:
+    """Evaluates byte expressions at the symbol values of the input shapes used (cached per expression) and
+    prints them."""
+
+    def __init__(self, values: dict):
+        self.values = values
+        self.cache: dict = {}
+        self.print = printer()
+
+    def __call__(self, expr) -> int | None:
+        if expr is None:
+            return None
+        if expr not in self.cache:
+            self.cache[expr] = evaluate(expr, self.values)
+        return self.cache[expr]
+
+    def pair(self, name: str, expr) -> dict:
+        """``{name: number, name_expr: expression string}``."""
+        return {name: self(expr), f"{name}_expr": None if expr is None else self.print(expr)}
+
+
+def _side(rows: list[NodeTraffic], num: _Numbers) -> tuple[dict, sympy.Expr]:
     t = totals(rows)
-    return {"read_bytes": t.read_bytes, "written_bytes": t.written_bytes, "total_bytes": t.total_bytes,
-            "nodes": t.nodes, "unknown_nodes": t.unknown_nodes}
+    out = {**num.pair("read_bytes", t.read_bytes), **num.pair("written_bytes", t.written_bytes),
+           **num.pair("total_bytes", t.total_bytes), "nodes": t.nodes, "unknown_nodes": t.unknown_nodes}
+    return out, t.total_bytes
 
 
-def _node_row(r: NodeTraffic) -> dict:
-    return {"name": r.name, "op": r.op, "output": r.key, "read_bytes": r.read_bytes,
-            "written_bytes": r.written_bytes, "subgraph": r.subgraph}
+def _node_row(r: NodeTraffic, num: _Numbers) -> dict:
+    return {"name": r.name, "op": r.op, "output": r.key, **num.pair("read_bytes", r.read_bytes),
+            **num.pair("written_bytes", r.written_bytes), "subgraph": r.subgraph}
 
 
 def removed_outputs(f: Fusion) -> list[str]:
@@ -156,17 +194,40 @@ def removed_outputs(f: Fusion) -> list[str]:
     return [key for name, op, key in f.replaced if not (f.node and name == f.node and op == f.op)]
 
 
-def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing: list[dict], measured: bool,
-          before_rows: list[NodeTraffic], after_rows: list[NodeTraffic], before_ops: dict, after_ops: dict,
-          fusions: list[Fusion], skips: list[Skip], after_index: ModelIndex, after_sizes: Sizes,
-          size_info: dict, size_elems: dict) -> Report:
+def _percent(part: int | None, whole: int | None) -> float | None:
+    if part is None or not whole:
+        return None
+    return round(100.0 * part / whole, 2)
+
+
+def _batch_one(symbols: SymbolicShapes, values: dict, before, after) -> dict | None:
+    """Totals at batch 1 where the batch (axis 0 of an input) is the only symbolic dim and no shape was given."""
+    table = symbols.table.symbols
+    if values or len(table) != 1:
+        return None
+    [(name, where)] = table.items()
+    if where["axis"] != 0:
+        return None
+    one = {make_symbol(name): 1}
+    b, a = evaluate(before, one), evaluate(after, one)
+    return {"symbol": name, "before_total_bytes": b, "after_total_bytes": a,
+            "saved_bytes": None if a is None or b is None else b - a}
+
+
+def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing: list[dict],
+          symbols: SymbolicShapes, before_rows: list[NodeTraffic], after_rows: list[NodeTraffic], before_ops: dict,
+          after_ops: dict, fusions: list[Fusion], skips: list[Skip], after_index: ModelIndex,
+          after_sizes: Sizes) -> Report:
     """Assemble a :class:`Report` from the pipeline's pieces (see ``pipeline.analyse``).
 
     Fusions that built on each other (a BN fold, then the activation) become one row per final node, listing
     every original node; its ``saved_bytes`` = traffic of the original nodes - traffic of the final node.
     An unfused pattern's ``bytes`` = traffic of its nodes - what one fused node would move
-    (``traffic.fused_estimate``). Either is None when a size is unknown.
+    (``traffic.fused_estimate``). Either is None when a size is unknown. Numbers are the expressions evaluated
+    at the symbol values that ``input_shapes`` bind.
     """
+    values = symbols.table.values(input_shapes)
+    num = _Numbers(values)
     before = {r.key: r for r in before_rows}
     after = {r.key: r for r in after_rows}
     # lineage: current first-output name of a node -> the original nodes it now computes
@@ -191,12 +252,16 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         before_b = chain_bytes(before, [o["output"] for o in entry["replaced"]])
         row = after.get(key)
         after_b = row.total_bytes if row is not None else None
-        shape, dtype = _shape_of(size_info, size_elems, key)
+        shape = after_sizes.shapes.get(key)
+        elem = after_sizes.elem_types.get(key)
+        saved = None if before_b is None or after_b is None else before_b - after_b
         fusion_rows.append({
             "node": entry["node"] or key, "op": entry["op"], "replaced": entry["replaced"],
-            "activation": entry["activation"], "passes": entry["passes"], "output": key, "shape": shape,
-            "dtype": dtype, "bytes_before": before_b, "bytes_after": after_b,
-            "saved_bytes": None if before_b is None or after_b is None else before_b - after_b,
+            "activation": entry["activation"], "passes": entry["passes"], "output": key,
+            "shape": None if shape is None else [_dim_json(d) for d in shape],
+            "dtype": dtype_name(elem) if elem else None,
+            **num.pair("bytes_before", before_b), **num.pair("bytes_after", after_b), **num.pair("saved_bytes", saved),
+            "unknown_reason": None if saved is not None else _why(before_rows, entry["replaced"], row),
         })
     unfused_rows = []
     for s in skips:
@@ -208,10 +273,13 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         unfused_rows.append({
             "pass": s.pass_name, "nodes": [{"name": n, "op": op, "output": k} for n, op, k in s.nodes],
             "reason": str(s.reason), "detail": s.detail, "output": s.output,
-            "bytes": None if chain is None or fused is None else chain - fused,
+            **num.pair("bytes", None if chain is None or fused is None else chain - fused),
         })
-    before_t, after_t = _side(before_rows), _side(after_rows)
-    saved = before_t["total_bytes"] - after_t["total_bytes"]
+    before_t, before_total = _side(before_rows, num)
+    after_t, after_total = _side(after_rows, num)
+    saved = before_total - after_total
+    saved_n = num(saved)
+    share = growth_share(saved, before_total)
     stats = []
     for name in passes:
         applied = sum(1 for f in fusions if f.pass_name == name)
@@ -223,34 +291,50 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         if name in CANONICALIZE_NAMES:
             keys = [k for f in fusions if f.pass_name == name for k in removed_outputs(f)]
             row["removed_nodes"] = len(keys)
-            row["removed_bytes"] = chain_bytes(before, keys) if keys else 0
+            row.update(num.pair("removed_bytes", chain_bytes(before, keys) if keys else sympy.Integer(0)))
         stats.append(row)
     return Report(
         model={"path": loaded.label, "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,
                "external_data": loaded.external_data},
         target=target, passes=list(passes), input_shapes={k: list(v) for k, v in input_shapes.items()},
-        unknown_shapes=missing,
-        totals={"before": before_t, "after": after_t, "saved_bytes": saved,
-                "saved_percent": round(100.0 * saved / before_t["total_bytes"], 2) if before_t["total_bytes"]
-                else 0.0},
+        unknown_shapes=missing, symbols=symbols.table.symbols,
+        symbol_values={str(k): int(v) for k, v in values.items()}, shape_assumptions=list(symbols.assumptions),
+        totals={"before": before_t, "after": after_t, "saved_bytes": saved_n, "saved_bytes_expr": num.print(saved),
+                "saved_percent": _percent(saved_n, before_t["total_bytes"]),
+                "saved_percent_as_dims_grow": None if share is None else round(100.0 * share, 2),
+                "at_batch_1": _batch_one(symbols, values, before_total, after_total)},
         op_counts={"before": before_ops, "after": after_ops},
         fusions=fusion_rows, unfused=unfused_rows, pass_stats=stats,
-        unknown_nodes=[{"node": r.name, "op": r.op, "output": r.key, "tensors": list(r.unknown)}
-                       for r in after_rows if r.total_bytes is None],
+        unknown_nodes=[{"node": r.name, "op": r.op, "output": r.key, "tensors": list(r.unknown),
+                        "reason": r.reason} for r in after_rows if r.total_bytes is None],
         subgraph_nodes=sum(1 for r in before_rows if r.subgraph),
-        nodes={"before": [_node_row(r) for r in before_rows], "after": [_node_row(r) for r in after_rows]},
-        shapes_measured=measured,
+        nodes={"before": [_node_row(r, num) for r in before_rows], "after": [_node_row(r, num) for r in after_rows]},
     )
 
 
+def _dim_json(d):
+    if d is None or isinstance(d, int):
+        return d
+    return int(d) if getattr(d, "is_Integer", False) else str(d)
+
+
+def _why(before_rows: list[NodeTraffic], replaced: list[dict], row: NodeTraffic | None) -> str:
+    """The reason a fusion row's bytes are unknown."""
+    keys = {o["output"] for o in replaced}
+    for r in before_rows:
+        if r.key in keys and r.reason:
+            return r.reason
+    return row.reason if row is not None and row.reason else "the size of a tensor it moves is unknown"
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# Renderers
+# Renderers (they read Report.to_dict(), the one source)
 
 
 def human_bytes(n: int | None) -> str:
-    """``n`` bytes as B/KiB/MiB/GiB (powers of 1024) with one decimal; "?" for None."""
+    """``n`` bytes as B/KiB/MiB/GiB (powers of 1024) with one decimal; "unknown" for None."""
     if n is None:
-        return "?"
+        return "unknown"
     sign, v = ("-" if n < 0 else ""), float(abs(n))
     for unit in ("B", "KiB", "MiB", "GiB"):
         if v < 1024 or unit == "GiB":
@@ -259,13 +343,51 @@ def human_bytes(n: int | None) -> str:
     return f"{sign}{v:.1f} TiB"  # pragma: no cover
 
 
+def human_time(ms: float | None) -> str:
+    """A duration given in milliseconds, in ns/µs/ms/s with three significant digits; "unknown" for None."""
+    if ms is None:
+        return "unknown"
+    seconds = ms / 1e3
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def bytes_text(number: int | None, expr: str | None, code: bool = False) -> str:
+    """A byte figure for people: the number when there is one (KiB/MiB...), else the expression in bytes (in a
+    Markdown code span when ``code``: its ``*`` would start emphasis), else "unknown"."""
+    if number is not None:
+        return human_bytes(number)
+    if expr is None:
+        return "unknown"
+    try:
+        return human_bytes(int(expr))
+    except ValueError:
+        return f"`{expr}` B" if code else f"{expr} B"
+
+
 def to_json(report: Report) -> str:
     """The report as JSON (sorted keys, 2-space indent, trailing newline): stable for diffs in CI."""
     return json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
+def _sort_value(row: dict, key: str) -> float:
+    """Rows largest first: by the number, else by the expression with every symbol at 64 (a mid-size dim)."""
+    if row.get(key) is not None:
+        return float(row[key])
+    text = row.get(f"{key}_expr")
+    if text is None:
+        return 0.0
+    try:
+        expr = sympy.sympify(text)
+        return float(expr.xreplace({s: 64 for s in expr.free_symbols}))
+    except (sympy.SympifyError, TypeError, ValueError):
+        return 0.0
+
+
 def _top(rows: list[dict], key: str, show_all: bool) -> tuple[list[dict], int]:
-    ordered = sorted(rows, key=lambda r: -(r.get(key) or 0))
+    ordered = sorted(rows, key=lambda r: -_sort_value(r, key))
     if show_all or len(ordered) <= DEFAULT_TOP_ROWS:
         return ordered, 0
     return ordered[:DEFAULT_TOP_ROWS], len(ordered) - DEFAULT_TOP_ROWS
@@ -275,8 +397,8 @@ def _chain(nodes: list[dict]) -> str:
     return " -> ".join(n["op"] for n in nodes)
 
 
-def _verification_line(report: Report) -> str:
-    v = report.verification_dict()
+def _verification_line(doc: dict) -> str:
+    v = doc["verification"]
     line = f"verification: {v['status']}"
     if v.get("summary"):
         line += f" ({v['summary']})"
@@ -291,40 +413,103 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def summary_lines(report: Report, hints: bool = True) -> list[str]:
-    """The short summary ``optimize`` prints: totals, fusion count, unfused count, verification, and (when
-    ``hints``) :func:`unknown_shapes_hint`."""
-    t = report.totals
+def _shapes_text(doc: dict) -> str:
+    return ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in doc["input_shapes"].items())
+
+
+def _kinds(doc: dict) -> str:
+    fused = sum(1 for f in doc["fusions"] if f["op"] == "FusedConv")
+    return f"{fused} FusedConv, {_plural(len(doc['fusions']) - fused, 'fold')}"
+
+
+def _fused_count(doc: dict) -> str:
+    return f"{_plural(len(doc['fusions']), 'fused node')} ({_kinds(doc)})"
+
+
+def headline(doc: dict, code: bool = False, hints: bool = True) -> list[str]:
+    """The traffic lines of the summary: the before/after/saved expressions, the saved share as the dims grow,
+    and the figures at the input shapes used (or at batch 1, saying so); unknown figures say "unknown" and
+    why. ``code``: expressions in Markdown code spans. ``hints``: also the line that says which
+    ``--input-shape`` would give figures (:func:`unknown_shapes_hint`)."""
+    t = doc["totals"]
     before, after = t["before"], t["after"]
-    scope = ""
+    symbolic = bool(doc["symbols"])
+    unknown_fusions = [f for f in doc["fusions"] if f["saved_bytes_expr"] is None]
+    lines = []
+    if symbolic:
+        lines.append(f"traffic: {bytes_text(None, before['total_bytes_expr'], code)} -> "
+                     f"{bytes_text(None, after['total_bytes_expr'], code)}")
+    if doc["fusions"] and len(unknown_fusions) == len(doc["fusions"]):
+        lines.append(f"saved: unknown ({unknown_fusions[0]['unknown_reason']})")
+    elif symbolic:
+        share = t["saved_percent_as_dims_grow"]
+        lines.append(f"saved: {bytes_text(None, t['saved_bytes_expr'], code)}"
+                     + (f" (about {share:.1f}% of the traffic as the input grows)" if share is not None else ""))
+    at = None
+    if t["saved_bytes"] is not None:
+        at = (f"at {_shapes_text(doc)}" if doc["input_shapes"] else "traffic",
+              before["total_bytes"], after["total_bytes"], t["saved_bytes"], t["saved_percent"])
+    elif t["at_batch_1"] and t["at_batch_1"]["saved_bytes"] is not None:
+        b = t["at_batch_1"]
+        at = (f"at batch 1 ({b['symbol']} is the only symbolic dim)", b["before_total_bytes"],
+              b["after_total_bytes"], b["saved_bytes"], _percent(b["saved_bytes"], b["before_total_bytes"]))
+    if at is not None:
+        pct = f", {at[4]:.1f}%" if at[4] is not None else ""
+        lines.append(f"{at[0]}: {human_bytes(at[1])} -> {human_bytes(at[2])} (saved {human_bytes(at[3])}{pct})")
+    elif symbolic and hints:
+        lines.append(_hint(doc))
+    if unknown_fusions and len(unknown_fusions) < len(doc["fusions"]):
+        lines.append(f"{_plural(len(unknown_fusions), 'fusion')} of unknown size not counted in the saving "
+                     f"({unknown_fusions[0]['unknown_reason']})")
     if before["unknown_nodes"] or after["unknown_nodes"]:
-        scope = (f" (only the {before['nodes'] - before['unknown_nodes']} of {before['nodes']} nodes whose "
-                 "sizes are known)")
-    rewrites = sum(s["applied"] for s in report.pass_stats)
-    lines = [
-        f"traffic{scope}: {human_bytes(before['total_bytes'])} -> {human_bytes(after['total_bytes'])} "
-        f"(saved {human_bytes(t['saved_bytes'])}, {t['saved_percent']:.1f}%)",
-        f"fusions: {_plural(len(report.fusions), 'fused node')} from {_plural(rewrites, 'rewrite')}, "
-        f"{_plural(len(report.unfused), 'pattern')} left unfused (target {report.target})",
-        _verification_line(report),
-    ]
-    if report.bandwidth:
-        b = report.bandwidth
-        lines.append(f"estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate): "
-                     f"{b['before_ms']:.3f} ms -> {b['after_ms']:.3f} ms")
-    hint = unknown_shapes_hint(report) if hints else None
-    if hint:
-        lines.append(hint)
+        first = doc["unknown_nodes"][0]["reason"] if doc["unknown_nodes"] else ""
+        lines.append(f"unknown: {before['unknown_nodes']} of {before['nodes']} nodes before and "
+                     f"{after['unknown_nodes']} of {after['nodes']} after are left out of these totals "
+                     f"({first})")
     return lines
 
 
+def _hint(doc: dict) -> str:
+    return ("give --input-shape for the figures at one input size (symbols: "
+            + ", ".join(f"{k} = {v['input']}[{v['axis']}]" for k, v in doc["symbols"].items()) + ")")
+
+
 def unknown_shapes_hint(report: Report) -> str | None:
-    """``unknown shapes: give --input-shape for ...`` naming each graph input whose symbolic dims left sizes
-    unknown, or None when there is none."""
-    if not report.unknown_shapes:
+    """``give --input-shape for the figures at one input size (symbols: N_ = x[0], ...)`` when the report has
+    symbols, no value for them and no figures at batch 1; else None."""
+    doc = report.to_dict()
+    t = doc["totals"]
+    if not doc["symbols"] or t["saved_bytes"] is not None or (t["at_batch_1"] and
+                                                             t["at_batch_1"]["saved_bytes"] is not None):
         return None
-    return "unknown shapes: give --input-shape for " + ", ".join(
-        f"{u['input']} {u['shape']}" for u in report.unknown_shapes)
+    return _hint(doc)
+
+
+def summary_lines(report: Report, hints: bool = True) -> list[str]:
+    """The short summary ``optimize`` prints: traffic, fusion count, unfused count, verification, bandwidth, and
+    (when ``hints``) :func:`unknown_shapes_hint`."""
+    doc = report.to_dict()
+    rewrites = sum(s["applied"] for s in doc["pass_stats"])
+    lines = [*headline(doc, hints=hints),
+             f"fusions: {_fused_count(doc)} from {_plural(rewrites, 'rewrite')}, "
+             f"{_plural(len(doc['unfused']), 'pattern')} left unfused (target {doc['target']})",
+             _verification_line(doc)]
+    if doc["bandwidth"]:
+        lines.append(_bandwidth_line(doc["bandwidth"]))
+    return lines
+
+
+def _bandwidth_line(b: dict) -> str:
+    if b["at"] is None:
+        return (f"estimated memory time at {b['gb_per_s']:g} GB/s: unknown (no input size: give --input-shape)")
+    at = "" if b["at"] == "input shapes" else f", at {b['at']}"
+    return (f"estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate{at}): "
+            f"{human_time(b['before_ms'])} -> {human_time(b['after_ms'])}")
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """A table cell: long expressions are left to the JSON report (the total column keeps its expression)."""
+    return text if len(text) <= limit else "(see JSON)"
 
 
 def _label(node: dict) -> str:
@@ -332,25 +517,26 @@ def _label(node: dict) -> str:
     return node["name"] or node["output"]
 
 
+def _shape_text(row: dict) -> str:
+    return f"{'x'.join(map(str, row['shape'] or ['?']))} {row['dtype'] or '?'}"
+
+
 def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
     """Terminal tables (rich, no colour codes), ``width`` columns wide, the largest rows first."""
     from rich import box  # imported here: only the text format needs it, and it costs start-up time
     from rich.console import Console
     from rich.table import Table
+    doc = report.to_dict()
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
-    m = report.model
-    console.print(f"onnxfuse {report.onnxfuse_version} memory-traffic report")
+    m = doc["model"]
+    console.print(f"onnxfuse {doc['onnxfuse_version']} memory-traffic report")
     console.print(f"model: {m['path']}  sha256 {m['sha256'][:16]}...  {human_bytes(m['file_bytes'])}")
-    shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in report.input_shapes.items()) or "from the model"
-    console.print(f"target: {report.target}   input shapes: {shapes}")
-    for line in summary_lines(report) + [f"warning: {w}" for w in report.warnings or []]:
+    console.print(f"target: {doc['target']}   input shapes: {_shapes_text(doc) or 'from the model'}")
+    for line in summary_lines(report) + [f"warning: {w}" for w in doc["warnings"]]:
         console.print(line)
-    if report.shapes_measured:
-        console.print("note: some tensor sizes were measured in one onnxruntime run on random inputs "
-                      "(onnx shape inference could not resolve them)")
-    if report.subgraph_nodes:
-        console.print(f"note: {report.subgraph_nodes} nodes inside If/Loop/Scan bodies are counted once each")
+    if doc["subgraph_nodes"]:
+        console.print(f"note: {doc['subgraph_nodes']} nodes inside If/Loop/Scan bodies are counted once each")
 
     def table(title: str, columns: list[tuple[str, dict]]) -> Table:
         t = Table(title=title, box=box.SIMPLE, title_justify="left", pad_edge=False)
@@ -358,46 +544,70 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
             t.add_column(name, **opts)
         return t
 
-    right, fold = {"justify": "right", "no_wrap": True}, {"overflow": "fold"}
-    t = report.totals
+    right, fold = {"justify": "right", "overflow": "fold"}, {"overflow": "fold"}
+    t = doc["totals"]
     tab = table("Totals (bytes moved to and from device memory)",
                 [("", {}), ("read", right), ("written", right), ("total", right), ("nodes", right),
                  ("unknown nodes", right)])
     for side in ("before", "after"):
         s = t[side]
-        tab.add_row(side, human_bytes(s["read_bytes"]), human_bytes(s["written_bytes"]),
-                    human_bytes(s["total_bytes"]), str(s["nodes"]), str(s["unknown_nodes"]))
-    tab.add_row("saved", "", "", f"{human_bytes(t['saved_bytes'])} ({t['saved_percent']:.1f}%)", "", "")
+        tab.add_row(side, _short(bytes_text(s["read_bytes"], s["read_bytes_expr"])),
+                    _short(bytes_text(s["written_bytes"], s["written_bytes_expr"])),
+                    bytes_text(s["total_bytes"], s["total_bytes_expr"]), str(s["nodes"]), str(s["unknown_nodes"]))
+    pct = f" ({t['saved_percent']:.1f}%)" if t["saved_percent"] is not None else ""
+    tab.add_row("saved", "", "", bytes_text(t["saved_bytes"], t["saved_bytes_expr"]) + pct, "", "")
     console.print()
     console.print(tab)
-    rows, hidden = _top(report.fusions, "saved_bytes", show_all)
-    tab = table(f"Fusions applied ({len(report.fusions)})",
-                [("node", fold), ("replaced", fold), ("activation", {"no_wrap": True}), ("output", fold),
-                 ("saved", right)])
-    for r in rows:
-        tab.add_row(r["node"], _chain(r["replaced"]), r["activation"] or "",
-                    f"{'x'.join(map(str, r['shape'] or ['?']))} {r['dtype'] or '?'}", human_bytes(r["saved_bytes"]))
-    console.print(tab)
-    if hidden:
-        console.print(f"... {hidden} more fusions (use --all to show every row)")
-    rows, hidden = _top(report.unfused, "bytes", show_all)
-    tab = table(f"Left unfused ({len(report.unfused)})",
-                [("nodes", fold), ("reason", {"no_wrap": True}), ("detail", fold), ("would save", right)])
-    for r in rows:
-        tab.add_row(f"{_label(r['nodes'][0])}: {_chain(r['nodes'])}", r["reason"], r["detail"],
-                    human_bytes(r["bytes"]))
-    console.print()
-    console.print(tab)
-    if hidden:
-        console.print(f"... {hidden} more patterns (use --all to show every row)")
+    if doc["fusions"]:
+        rows, hidden = _top(doc["fusions"], "saved_bytes", show_all)
+        tab = table(f"Fusions applied ({len(doc['fusions'])}: {_kinds(doc)})",
+                    [("node", fold), ("replaced", fold), ("activation", {"no_wrap": True}), ("output", fold),
+                     ("saved", right)])
+        for r in rows:
+            tab.add_row(r["node"], _chain(r["replaced"]), r["activation"] or "", _shape_text(r),
+                        bytes_text(r["saved_bytes"], r["saved_bytes_expr"]))
+        console.print(tab)
+        if hidden:
+            console.print(f"... {hidden} more fusions (use --all to show every row)")
+    if doc["unfused"]:
+        rows, hidden = _top(doc["unfused"], "bytes", show_all)
+        tab = table(f"Left unfused ({len(doc['unfused'])})",
+                    [("nodes", fold), ("reason", {"no_wrap": True}), ("detail", fold), ("would save", right)])
+        for r in rows:
+            tab.add_row(f"{_label(r['nodes'][0])}: {_chain(r['nodes'])}", r["reason"], r["detail"],
+                        bytes_text(r["bytes"], r["bytes_expr"]))
+        console.print()
+        console.print(tab)
+        if hidden:
+            console.print(f"... {hidden} more patterns (use --all to show every row)")
+    if doc["unknown_nodes"]:
+        rows = doc["unknown_nodes"] if show_all else doc["unknown_nodes"][:DEFAULT_TOP_ROWS]
+        tab = table(f"Nodes of unknown size ({len(doc['unknown_nodes'])}, left out of the totals)",
+                    [("node", fold), ("op", {}), ("why", fold)])
+        for r in rows:
+            tab.add_row(r["node"] or r["output"], r["op"], r["reason"])
+        console.print()
+        console.print(tab)
+        if len(rows) < len(doc["unknown_nodes"]):
+            console.print(f"... {len(doc['unknown_nodes']) - len(rows)} more (use --all to show every row)")
+    if doc["symbols"]:
+        tab = table("Symbols (the model's symbolic input dims)", [("symbol", {}), ("input", fold), ("axis", right),
+                                                                   ("model's dim name", fold), ("value", right)])
+        for name, where in doc["symbols"].items():
+            value = doc["symbol_values"].get(name)
+            tab.add_row(name, where["input"], str(where["axis"]), where["dim_param"] or "(unnamed)",
+                        "" if value is None else str(value))
+        console.print()
+        console.print(tab)
     tab = table("Passes", [("pass", {}), ("rewrites", right), ("nodes removed", right), ("skipped by reason", fold)])
-    for s in report.pass_stats:
-        removed = (f"{s['removed_nodes']} ({human_bytes(s['removed_bytes'])})" if "removed_nodes" in s else "")
+    for s in doc["pass_stats"]:
+        removed = (f"{s['removed_nodes']} ({bytes_text(s['removed_bytes'], s['removed_bytes_expr'])})"
+                   if "removed_nodes" in s else "")
         tab.add_row(s["name"], str(s["applied"]), removed,
                     ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "-")
     console.print()
     console.print(tab)
-    ops = report.op_counts
+    ops = doc["op_counts"]
     tab = table("Nodes by op type", [("op", {}), ("before", right), ("after", right)])
     for op in sorted(set(ops["before"]) | set(ops["after"])):
         tab.add_row(op, str(ops["before"].get(op, 0)), str(ops["after"].get(op, 0)))
@@ -406,47 +616,58 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
-def _md_row(cells: list[str]) -> str:
+def _md_row(cells: list) -> str:
     return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
 
 def to_markdown(report: Report, show_all: bool = False) -> str:
     """GitHub-flavoured Markdown for a pull-request comment or a CI job summary."""
-    t = report.totals
-    m = report.model
+    doc = report.to_dict()
+    t = doc["totals"]
+    m = doc["model"]
     out = [f"### onnxfuse memory-traffic report: `{m['path']}`", "",
-           f"onnxfuse {report.onnxfuse_version} · target `{report.target}` · sha256 `{m['sha256'][:16]}` · "
-           + _verification_line(report), ""]
-    out += [f"> **Warning:** {w}" for w in report.warnings or []] + ([""] if report.warnings else [])
-    if report.unknown_shapes:
-        out += ["> Unknown shapes: give `--input-shape` for " + ", ".join(
-            f"`{u['input']}` {u['shape']}" for u in report.unknown_shapes), ""]
-    out += [_md_row(["", "read", "written", "total", "nodes"]), _md_row(["---"] * 5)]
+           f"onnxfuse {doc['onnxfuse_version']} · target `{doc['target']}` · sha256 `{m['sha256'][:16]}` · "
+           + _verification_line(doc), ""]
+    out += [f"> **Warning:** {w}" for w in doc["warnings"]] + ([""] if doc["warnings"] else [])
+    lines = headline(doc, code=True)
+    if lines:
+        out += [lines[0], ""] + [f"- {line}" for line in lines[1:]] + ([""] if lines[1:] else [])
+    out += [_md_row(["", "read", "written", "total", "nodes", "unknown nodes"]), _md_row(["---"] * 6)]
     for side in ("before", "after"):
         s = t[side]
-        out.append(_md_row([side, human_bytes(s["read_bytes"]), human_bytes(s["written_bytes"]),
-                            human_bytes(s["total_bytes"]), s["nodes"]]))
-    out += ["", f"**Saved {human_bytes(t['saved_bytes'])} ({t['saved_percent']:.1f}%)** of memory traffic "
-                f"with {len(report.fusions)} fusions; {len(report.unfused)} patterns left unfused.", ""]
-    if report.bandwidth:
-        b = report.bandwidth
-        out += [f"Estimated memory time at {b['gb_per_s']:g} GB/s (estimate): {b['before_ms']:.3f} ms -> "
-                f"{b['after_ms']:.3f} ms", ""]
-    rows, hidden = _top(report.fusions, "saved_bytes", show_all)
-    out += [f"#### Fusions applied ({len(report.fusions)})", "",
-            _md_row(["node", "replaced", "activation", "saved"]), _md_row(["---"] * 4)]
-    out += [_md_row([f"`{r['node']}`", _chain(r["replaced"]), r["activation"] or "", human_bytes(r["saved_bytes"])])
-            for r in rows]
-    if hidden:
-        out.append(f"\n_{hidden} more rows not shown._")
-    rows, hidden = _top(report.unfused, "bytes", show_all)
-    out += ["", f"#### Left unfused ({len(report.unfused)})", "",
-            _md_row(["nodes", "reason", "detail", "would save"]), _md_row(["---"] * 4)]
-    out += [_md_row([f"`{_label(r['nodes'][0])}` {_chain(r['nodes'])}", f"`{r['reason']}`", r["detail"],
-                     human_bytes(r["bytes"])]) for r in rows]
-    if hidden:
-        out.append(f"\n_{hidden} more rows not shown._")
-    return "\n".join(out) + "\n"
+        out.append(_md_row([side, bytes_text(s["read_bytes"], s["read_bytes_expr"], True),
+                            bytes_text(s["written_bytes"], s["written_bytes_expr"], True),
+                            bytes_text(s["total_bytes"], s["total_bytes_expr"], True), s["nodes"], s["unknown_nodes"]]))
+    pct = f" ({t['saved_percent']:.1f}%)" if t["saved_percent"] is not None else ""
+    out += ["", f"**Saved {bytes_text(t['saved_bytes'], t['saved_bytes_expr'], True)}{pct}** of memory traffic "
+                f"with {_fused_count(doc)}; {_plural(len(doc['unfused']), 'pattern')} left unfused.", ""]
+    if doc["bandwidth"]:
+        out += [_bandwidth_line(doc["bandwidth"]), ""]
+    if doc["fusions"]:
+        rows, hidden = _top(doc["fusions"], "saved_bytes", show_all)
+        out += [f"#### Fusions applied ({len(doc['fusions'])}: {_kinds(doc)})", "",
+                _md_row(["node", "replaced", "activation", "saved"]), _md_row(["---"] * 4)]
+        out += [_md_row([f"`{r['node']}`", _chain(r["replaced"]), r["activation"] or "",
+                         bytes_text(r["saved_bytes"], r["saved_bytes_expr"], True)]) for r in rows]
+        if hidden:
+            out.append(f"\n_{hidden} more rows not shown._")
+        out.append("")
+    if doc["unfused"]:
+        rows, hidden = _top(doc["unfused"], "bytes", show_all)
+        out += [f"#### Left unfused ({len(doc['unfused'])})", "",
+                _md_row(["nodes", "reason", "detail", "would save"]), _md_row(["---"] * 4)]
+        out += [_md_row([f"`{_label(r['nodes'][0])}` {_chain(r['nodes'])}", f"`{r['reason']}`", r["detail"],
+                         bytes_text(r["bytes"], r["bytes_expr"], True)]) for r in rows]
+        if hidden:
+            out.append(f"\n_{hidden} more rows not shown._")
+        out.append("")
+    if doc["unknown_nodes"]:
+        out += [f"#### Nodes of unknown size ({len(doc['unknown_nodes'])}, left out of the totals)", "",
+                _md_row(["node", "op", "why"]), _md_row(["---"] * 3)]
+        rows = doc["unknown_nodes"] if show_all else doc["unknown_nodes"][:DEFAULT_TOP_ROWS]
+        out += [_md_row([f"`{r['node'] or r['output']}`", r["op"], r["reason"]]) for r in rows]
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def render(report: Report, fmt: str, show_all: bool = False, width: int = 120) -> str:
@@ -465,9 +686,9 @@ def render(report: Report, fmt: str, show_all: bool = False, width: int = 120) -
 
 
 def format_for_path(path: str) -> str | None:
-    """Report format implied by a file extension (.json, .md/.markdown, .txt), or None."""
+    """Report format implied by a file extension (:data:`REPORT_EXTENSIONS`), or None."""
     lower = path.lower()
-    for ext, fmt in ((".json", "json"), (".md", "markdown"), (".markdown", "markdown"), (".txt", "text")):
+    for ext, fmt in REPORT_EXTENSIONS.items():
         if lower.endswith(ext):
             return fmt
     return None

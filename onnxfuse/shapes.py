@@ -8,7 +8,7 @@ propagation through Reshape/Resize/Slice still works.
 
 from __future__ import annotations
 
-from pathlib import Path
+import zipfile
 
 import numpy as np
 import onnx
@@ -117,26 +117,78 @@ def apply_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]
 def complete_input_shapes(model: onnx.ModelProto, given: dict[str, tuple[int, ...]]
                           ) -> dict[str, tuple[int, ...]]:
     """``given`` plus every other graph input whose dims are all numbers or named dims that ``given`` binds
-    (``--input-shape input=1x512`` fixes silero's ``state [2, batch, 128]`` to 2x1x128)."""
+    (``--input-shape input=1x512`` fixes silero's ``state [2, batch, 128]`` to 2x1x128).
+
+    Raises:
+        InputError: two given shapes give one named dim (``dim_param``) two sizes, e.g. silero's
+            ``input=1x512`` (batch 1) with ``state=2x4x128`` (batch 4).
+    """
     inits = {t.name for t in model.graph.initializer}
-    bound: dict[str, int] = {}
+    bound: dict[str, tuple[int, str]] = {}
     inputs = {vi.name: vi for vi in model.graph.input if vi.name not in inits}
     for name, dims in given.items():
         vi = inputs.get(name)
         if vi is None or not vi.type.tensor_type.HasField("shape"):
             continue
-        for d, v in zip(vi.type.tensor_type.shape.dim, dims, strict=False):
-            if d.dim_param:
-                bound.setdefault(d.dim_param, v)
+        for axis, (d, v) in enumerate(zip(vi.type.tensor_type.shape.dim, dims, strict=False)):
+            if not d.dim_param:
+                continue
+            first = bound.setdefault(d.dim_param, (v, f"{name}={'x'.join(map(str, dims))}"))
+            if first[0] != v:
+                raise InputError(f"--input-shape {name}={'x'.join(map(str, dims))} gives dim {d.dim_param!r} "
+                                 f"(axis {axis}) the size {v}, but {first[1]} gives it {first[0]}")
     out = dict(given)
     for name, vi in inputs.items():
         tt = vi.type.tensor_type
         if name in out or not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
             continue
-        dims = [d.dim_value if d.HasField("dim_value") else bound.get(d.dim_param) for d in tt.shape.dim]
+        dims = [d.dim_value if d.HasField("dim_value") else bound.get(d.dim_param, (None,))[0] for d in tt.shape.dim]
         if dims and all(isinstance(d, int) and d > 0 for d in dims) and any(not d.HasField("dim_value")
                                                                              for d in tt.shape.dim):
             out[name] = tuple(dims)
+    return out
+
+
+def npz_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    """Array name -> shape of each array in the ``.npz`` file ``path``, read from the ``.npy`` headers only
+    (numpy format spec, ``numpy.lib.format``), so no array data is loaded.
+
+    Raises:
+        InputError: the file is not a readable ``.npz`` of ``.npy`` arrays.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for entry in zf.namelist():
+                if not entry.endswith(".npy"):
+                    continue
+                with zf.open(entry) as fh:
+                    major, _ = np.lib.format.read_magic(fh)
+                    read_header = (np.lib.format.read_array_header_1_0 if major == 1
+                                   else np.lib.format.read_array_header_2_0)
+                    shape, _, _ = read_header(fh)
+                out[entry[: -len(".npy")]] = tuple(int(d) for d in shape)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(f"--input-data {path}: not a readable .npz file ({exc})") from None
+    return out
+
+
+def merge_input_data_shapes(given: dict[str, tuple[int, ...]], data: dict[str, tuple[int, ...]],
+                            input_names: set[str], source: str) -> dict[str, tuple[int, ...]]:
+    """``given`` (``--input-shape``) plus the shapes of the ``--input-data`` arrays that feed graph inputs
+    ``input_names``: real inputs fix the shapes for the traffic report too.
+
+    Raises:
+        InputError: an array whose shape differs from the ``--input-shape`` given for the same input.
+    """
+    out = dict(given)
+    for name, shape in data.items():
+        if name not in input_names:
+            continue
+        if name in given and tuple(given[name]) != shape:
+            raise InputError(f"--input-data {source}: array {name!r} has shape {'x'.join(map(str, shape)) or '()'} "
+                             f"but --input-shape gives {name}={'x'.join(map(str, given[name]))}")
+        out[name] = shape
     return out
 
 
@@ -196,58 +248,4 @@ def infer(skel: onnx.ModelProto) -> tuple[dict[str, TensorInfo], dict[str, int]]
     info: dict[str, TensorInfo] = {}
     elem_types: dict[str, int] = {}
     _collect(inferred.graph, info, elem_types)
-    return info, elem_types
-
-
-#: onnxruntime profiler dtype names -> ONNX TensorProto.DataType.
-_PROFILE_DTYPES = {
-    "float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "double": TensorProto.DOUBLE,
-    "bfloat16": TensorProto.BFLOAT16, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
-    "int16": TensorProto.INT16, "int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "uint16": TensorProto.UINT16,
-    "uint32": TensorProto.UINT32, "uint64": TensorProto.UINT64, "bool": TensorProto.BOOL,
-}
-
-
-def measure(path: str | bytes, model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]
-            ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
-    """Shapes of the tensors that onnxruntime actually produced in one run of the model file ``path``.
-
-    For what static shape inference cannot resolve (shapes computed through Transpose/Reshape of data, If/Loop
-    bodies): the model runs once on the CPU provider with ``ORT_DISABLE_ALL`` and profiling on, on seeded random
-    inputs of ``input_shapes``, and each executed node's output shapes are read from the profile
-    (``output_type_shape``). Nodes that did not run (the other If branch) or have no name stay unknown.
-
-    Returns ``(info, elem_types)`` as :func:`infer` does; both empty when onnxruntime cannot run the model.
-    """
-    import json
-    import tempfile
-
-    from onnxfuse.runtime import make_inputs, session
-
-    by_name: dict[str, list[str]] = {}
-    for graph, _ in proto_graphs(model.graph):
-        for node in graph.node:
-            if node.name:
-                by_name.setdefault(node.name, list(node.output))
-    info: dict[str, TensorInfo] = {}
-    elem_types: dict[str, int] = {}
-    with tempfile.TemporaryDirectory(prefix="onnxfuse-measure-") as tmp:
-        try:
-            sess = session(path, profile_prefix=str(Path(tmp) / "profile"))
-            sess.run(None, make_inputs(sess, input_shapes, seed=0))
-            events = json.loads(Path(sess.end_profiling()).read_text())
-        except Exception:
-            return {}, {}
-    for event in events:
-        if event.get("cat") != "Node" or not event.get("name", "").endswith("_kernel_time"):
-            continue
-        outputs = by_name.get(event["name"][: -len("_kernel_time")])
-        shapes = event.get("args", {}).get("output_type_shape", [])
-        if not outputs or len(shapes) > len(outputs):
-            continue
-        for name, typed in zip(outputs, shapes, strict=False):
-            for dtype, dims in typed.items():
-                if name and name not in info and dtype in _PROFILE_DTYPES:
-                    info[name] = (tuple(int(d) for d in dims), _dtype(_PROFILE_DTYPES[dtype]))
-                    elem_types[name] = _PROFILE_DTYPES[dtype]
     return info, elem_types

@@ -6,15 +6,18 @@ are its element count times the itemsize of its ONNX dtype; weights (initializer
 by every node that consumes them; a ``Constant`` node moves nothing. Nodes of If/Loop/Scan bodies are counted as
 one execution of the body (both If branches are listed). A node with a tensor of unknown size is left out of the
 totals and counted as unknown: sizes are never guessed.
+
+Bytes are sympy expressions in the model's symbolic input dims (:mod:`onnxfuse.symbolic`), e.g. ``32*N*H*W``
+for a float32 ``[N, 8, H, W]`` tensor, and ``sympy.Integer`` where every dim is a number; None means unknown.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import sympy
 
 from onnxfuse.graph import proto_graphs
 
@@ -38,39 +41,53 @@ def itemsize(elem_type: int) -> int | None:
     return _ITEMSIZE.get(elem_type)
 
 
-def tensor_bytes(shape: tuple | None, elem_type: int | None) -> int | None:
-    """Bytes of a tensor: product of ``shape`` times the itemsize of ``elem_type``; None when any dim or the
-    dtype is unknown. A scalar (shape ``()``) has one element."""
+Bytes = sympy.Expr  # bytes as an expression in the input symbols (sympy.Integer when concrete)
+
+
+def tensor_bytes(shape: tuple | None, elem_type: int | None) -> Bytes | None:
+    """Bytes of a tensor: product of ``shape`` times the itemsize of ``elem_type``, as a sympy expression.
+
+    ``shape`` holds ints or sympy expressions; None when the shape, a dim (None, a negative number, a dim name
+    given as a string) or the dtype is unknown. A scalar (shape ``()``) has one element.
+    """
     if shape is None or elem_type is None or itemsize(elem_type) is None:
         return None
-    if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
-        return None
-    return math.prod(int(d) for d in shape) * itemsize(elem_type)
+    dims = []
+    for d in shape:
+        if isinstance(d, (int, np.integer)) and d >= 0:
+            dims.append(sympy.Integer(int(d)))
+        elif isinstance(d, sympy.Expr) and not (d.is_number and d < 0):
+            dims.append(d)
+        else:
+            return None
+    return sympy.Mul(*dims) * itemsize(elem_type)
 
 
 @dataclass(frozen=True)
 class NodeTraffic:
-    """Traffic of one node, in bytes.
+    """Traffic of one node, in bytes (sympy expressions in the input symbols).
 
     Attributes:
         key: the node's first output name (unique in a model), used to find it again after a rewrite.
         name: node name (may be empty in the model).
         op: op type.
-        read_bytes / written_bytes: None when a tensor's size is unknown (see ``unknown``).
+        read_bytes / written_bytes: None when a tensor's size is unknown (see ``unknown`` and ``reason``).
         unknown: names of the tensors whose size is unknown.
+        reason: why they are unknown ('' when known), naming the node where the size stopped being known.
         subgraph: True for nodes inside an If/Loop/Scan body.
     """
 
     key: str
     name: str
     op: str
-    read_bytes: int | None
-    written_bytes: int | None
+    read_bytes: Bytes | None
+    written_bytes: Bytes | None
     unknown: tuple[str, ...]
     subgraph: bool
+    reason: str = ""
 
     @property
-    def total_bytes(self) -> int | None:
+    def total_bytes(self) -> Bytes | None:
         """read_bytes + written_bytes, or None if unknown."""
         if self.read_bytes is None or self.written_bytes is None:
             return None
@@ -78,31 +95,45 @@ class NodeTraffic:
 
 
 class Sizes:
-    """Tensor name -> bytes, from shape inference results plus the model's own initializers and Constants."""
+    """Tensor name -> bytes, from tensor shapes plus the model's own initializers and Constants.
 
-    def __init__(self, info: dict[str, tuple], elem_types: dict[str, int]):
-        self.info = info
+    ``shapes`` maps a tensor name to its shape (a tuple of ints and sympy expressions, None for an unknown dim)
+    or None (unknown rank), as :attr:`onnxfuse.symbolic.SymbolicShapes.shapes` does; ``reasons`` says why a
+    tensor's size is unknown where that is known.
+    """
+
+    def __init__(self, shapes: dict[str, tuple | None], elem_types: dict[str, int],
+                 reasons: dict[str, str] | None = None):
+        self.shapes = shapes
         self.elem_types = elem_types
+        self.reasons = reasons or {}
+        self._cache: dict[str, Bytes | None] = {}
+
+    @classmethod
+    def from_onnx(cls, info: dict[str, tuple], elem_types: dict[str, int]) -> Sizes:
+        """From :func:`onnxfuse.shapes.infer`'s ``(info, elem_types)``: named dims count as unknown."""
+        return cls({k: v[0] for k, v in info.items()}, elem_types)
 
     def with_model(self, model: onnx.ModelProto) -> Sizes:
         """A copy that also knows every initializer and ``Constant`` value of ``model`` (new folded weights)."""
-        info, elem = dict(self.info), dict(self.elem_types)
+        shapes, elem = dict(self.shapes), dict(self.elem_types)
         for graph, _ in proto_graphs(model.graph):
             for t in graph.initializer:
-                info[t.name] = (tuple(t.dims), None)
+                shapes[t.name] = tuple(t.dims)
                 elem[t.name] = t.data_type
             for node in graph.node:
                 if node.op_type == "Constant" and node.output:
                     for attr in node.attribute:
                         if attr.name == "value":
-                            info[node.output[0]] = (tuple(attr.t.dims), None)
+                            shapes[node.output[0]] = tuple(attr.t.dims)
                             elem[node.output[0]] = attr.t.data_type
-        return Sizes(info, elem)
+        return Sizes(shapes, elem, self.reasons)
 
-    def bytes(self, name: str) -> int | None:
+    def bytes(self, name: str) -> Bytes | None:
         """Bytes of tensor ``name``, or None if its shape or dtype is unknown."""
-        shape = self.info.get(name, (None, None))[0]
-        return tensor_bytes(shape, self.elem_types.get(name))
+        if name not in self._cache:
+            self._cache[name] = tensor_bytes(self.shapes.get(name), self.elem_types.get(name))
+        return self._cache[name]
 
 
 def node_traffic(model: onnx.ModelProto, sizes: Sizes) -> list[NodeTraffic]:
@@ -112,39 +143,42 @@ def node_traffic(model: onnx.ModelProto, sizes: Sizes) -> list[NodeTraffic]:
         for node in graph.node:
             key = node.output[0] if node.output else node.name
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                rows.append(NodeTraffic(key, node.name, node.op_type, 0, 0, (), inside))
+                rows.append(NodeTraffic(key, node.name, node.op_type, sympy.Integer(0), sympy.Integer(0), (), inside))
                 continue
-            unknown, read, written = [], 0, 0
+            unknown, read, written = [], [], []
             for name in dict.fromkeys(i for i in node.input if i):
                 b = sizes.bytes(name)
                 if b is None:
                     unknown.append(name)
                 else:
-                    read += b
+                    read.append(b)
             for name in (o for o in node.output if o):
                 b = sizes.bytes(name)
                 if b is None:
                     unknown.append(name)
                 else:
-                    written += b
+                    written.append(b)
             if unknown:
-                rows.append(NodeTraffic(key, node.name, node.op_type, None, None, tuple(unknown), inside))
+                reason = next((sizes.reasons[t] for t in unknown if t in sizes.reasons),
+                              "shape inference gives no shape for " + ", ".join(unknown))
+                rows.append(NodeTraffic(key, node.name, node.op_type, None, None, tuple(unknown), inside, reason))
             else:
-                rows.append(NodeTraffic(key, node.name, node.op_type, read, written, (), inside))
+                rows.append(NodeTraffic(key, node.name, node.op_type, sympy.Add(*read), sympy.Add(*written), (),
+                                        inside))
     return rows
 
 
 @dataclass(frozen=True)
 class Totals:
-    """Sums over the nodes whose traffic is known, in bytes, plus the count of unknown nodes."""
+    """Sums over the nodes whose traffic is known, in bytes (expressions), plus the count of unknown nodes."""
 
-    read_bytes: int
-    written_bytes: int
+    read_bytes: Bytes
+    written_bytes: Bytes
     nodes: int
     unknown_nodes: int
 
     @property
-    def total_bytes(self) -> int:
+    def total_bytes(self) -> Bytes:
         """read_bytes + written_bytes."""
         return self.read_bytes + self.written_bytes
 
@@ -152,19 +186,19 @@ class Totals:
 def totals(rows: list[NodeTraffic]) -> Totals:
     """Add up ``rows``; nodes of unknown traffic are counted in ``unknown_nodes`` and not in the byte sums."""
     known = [r for r in rows if r.total_bytes is not None]
-    return Totals(sum(r.read_bytes for r in known), sum(r.written_bytes for r in known), len(rows),
-                  len(rows) - len(known))
+    return Totals(sympy.Add(*(r.read_bytes for r in known)), sympy.Add(*(r.written_bytes for r in known)),
+                  len(rows), len(rows) - len(known))
 
 
-def chain_bytes(rows_by_key: dict[str, NodeTraffic], keys: list[str]) -> int | None:
+def chain_bytes(rows_by_key: dict[str, NodeTraffic], keys: list[str]) -> Bytes | None:
     """Total bytes of the nodes with first-output names ``keys``; None if any is unknown or missing."""
-    total = 0
+    parts = []
     for key in keys:
         row = rows_by_key.get(key)
         if row is None or row.total_bytes is None:
             return None
-        total += row.total_bytes
-    return total
+        parts.append(row.total_bytes)
+    return sympy.Add(*parts)
 
 
 class ModelIndex:
@@ -190,7 +224,7 @@ WEIGHT_OPS = ("Conv", "ConvTranspose", "FusedConv", "Gemm", "MatMul", "FusedGemm
 KEPT_OPS = ("Flatten", "Reshape")
 
 
-def fused_estimate(index: ModelIndex, keys: list[str], output: str, sizes: Sizes) -> int | None:
+def fused_estimate(index: ModelIndex, keys: list[str], output: str, sizes: Sizes) -> Bytes | None:
     """Bytes the nodes left after fusing the chain of nodes ``keys`` ending in ``output`` would move: one fused
     node that reads the weight node's (Conv, Gemm, MatMul) first three inputs that the chain does not compute
     (X, W, B) and every run-time tensor the chain reads from outside (a residual Z, the input of a BN that feeds
@@ -214,10 +248,10 @@ def fused_estimate(index: ModelIndex, keys: list[str], output: str, sizes: Sizes
         bias = main.op_type == "MatMul" and n.op_type == "Add"  # its constant becomes Gemm's C, which is read
         reads.extend(i for i in n.input
                      if i and i not in produced and (bias or i not in index.constants) and i not in reads)
-    total = 0
+    parts = []
     for name in [*reads, output, *kept]:
         b = sizes.bytes(name)
         if b is None:
             return None
-        total += b
-    return total
+        parts.append(b)
+    return sympy.Add(*parts)

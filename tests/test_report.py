@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import jsonschema
 import pytest
+import sympy
 from click.testing import CliRunner
 
 from onnxfuse import pipeline
@@ -34,11 +36,12 @@ def sample_report(name: str, monkeypatch, target: str = "cpu") -> rep.Report:
 def test_json_report_validates_and_totals_are_sums(name, target, monkeypatch):
     doc = json.loads(rep.to_json(sample_report(name, monkeypatch, target)))
     validate(doc)
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
     for side in ("before", "after"):
         rows = doc["nodes"][side]
         assert doc["totals"][side]["read_bytes"] == sum(r["read_bytes"] or 0 for r in rows)
         assert doc["totals"][side]["written_bytes"] == sum(r["written_bytes"] or 0 for r in rows)
+        assert sympy.sympify(doc["totals"][side]["total_bytes_expr"]) == doc["totals"][side]["total_bytes"]
         assert doc["totals"][side]["nodes"] == len(rows)
     fused = sum(f["saved_bytes"] or 0 for f in doc["fusions"])  # None: unknown size
     if any(p.get("removed_nodes") for p in doc["pass_stats"]):
@@ -70,14 +73,26 @@ def test_text_report_matches_golden(monkeypatch):
 def test_markdown_report(monkeypatch):
     md = rep.to_markdown(sample_report("resnet_block.onnx", monkeypatch))
     assert md.startswith("### onnxfuse memory-traffic report")
-    assert "| before |" in md and "#### Fusions applied (2)" in md and "\x1b[" not in md
+    assert "| before |" in md and "#### Fusions applied (2: 2 FusedConv, 0 folds)" in md and "\x1b[" not in md
+    assert "| unknown nodes |" in md.splitlines()[md.splitlines().index(next(
+        line for line in md.splitlines() if line.startswith("|  | read")))]
+    assert "Left unfused" not in md  # an empty section is left out
+    assert "Left unfused" not in rep.to_text(sample_report("resnet_block.onnx", monkeypatch))
 
 
 def test_human_bytes():
     assert rep.human_bytes(512) == "512 B"
     assert rep.human_bytes(2048) == "2.0 KiB"
     assert rep.human_bytes(3 * 1024**3) == "3.0 GiB"
-    assert rep.human_bytes(None) == "?"
+    assert rep.human_bytes(None) == "unknown"
+
+
+def test_human_time_picks_units():
+    assert rep.human_time(0.000123) == "123 ns"
+    assert rep.human_time(0.0456) == "45.6 µs"
+    assert rep.human_time(12.5) == "12.5 ms"
+    assert rep.human_time(2500.0) == "2.5 s"
+    assert rep.human_time(None) == "unknown"
 
 
 def test_bandwidth_estimate_is_labelled(monkeypatch):
@@ -85,7 +100,8 @@ def test_bandwidth_estimate_is_labelled(monkeypatch):
     report.set_bandwidth(100.0)
     before = report.totals["before"]["total_bytes"]
     assert report.bandwidth["before_ms"] == pytest.approx(before / 100e9 * 1e3)
-    assert "an estimate" in rep.to_text(report)
+    text = rep.to_text(report)
+    assert "an estimate" in text and "0.000 ms" not in text and "µs" in text  # 124.8 KiB at 100 GB/s: 1.28 µs
     validate(report.to_dict())
 
 
@@ -115,3 +131,91 @@ def test_optimize_writes_report_by_extension_with_verification(tmp_path):
     result = CliRunner().invoke(main, ["optimize", sample, str(tmp_path / "o2.onnx"), "--report",
                                        str(tmp_path / "r.weird")])
     assert result.exit_code == 2 and "--report-format" in result.output
+
+
+def test_cli_report_output_format_follows_extension(tmp_path):
+    sample = str(REPO / "sample_models" / "resnet_block.onnx")
+    runner = CliRunner()
+    for name, check in (("r.json", lambda t: validate(json.loads(t))), ("r.md", lambda t: t.startswith("### ")),
+                        ("r.txt", lambda t: t.startswith("onnxfuse "))):
+        out = tmp_path / name
+        result = runner.invoke(main, ["report", sample, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        assert check(out.read_text()) is not False
+    result = runner.invoke(main, ["report", sample, "-o", str(tmp_path / "r.weird")])
+    assert result.exit_code == 2 and "r.weird" in result.output and not (tmp_path / "r.weird").exists()
+    # an explicit --format wins over the extension
+    result = runner.invoke(main, ["report", sample, "--format", "json", "-o", str(tmp_path / "r.txt")])
+    assert result.exit_code == 0 and json.loads((tmp_path / "r.txt").read_text())["schema_version"] == 2
+
+
+def test_symbolic_json_validates_and_expressions_evaluate_to_the_numbers(fuse):
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", ["batch", 3, "height", "width"])
+    model = b.build(b.op("Relu", [b.bn(b.conv(b.op("Relu", [b.conv(x, 3, 8, strides=[2, 2])]), 8, 8), 8)]))
+    symbolic_doc = json.loads(rep.to_json(fuse(model).report))
+    validate(symbolic_doc)
+    assert symbolic_doc["totals"]["saved_bytes"] is None and symbolic_doc["totals"]["before"]["total_bytes"] is None
+    concrete = fuse(model, input_shapes={"x": (2, 3, 33, 20)}).report
+    doc = json.loads(rep.to_json(concrete))
+    validate(doc)
+    values = {sympy.Symbol(k): v for k, v in doc["symbol_values"].items()}
+    assert values == {sympy.Symbol("batch"): 2, sympy.Symbol("height"): 33, sympy.Symbol("width"): 20}
+
+    def at(text):
+        return int(sympy.sympify(text).subs(values))
+
+    assert at(symbolic_doc["totals"]["saved_bytes_expr"]) == doc["totals"]["saved_bytes"] > 0
+    for side in ("before", "after"):
+        for key in ("read_bytes", "written_bytes", "total_bytes"):
+            assert at(doc["totals"][side][f"{key}_expr"]) == doc["totals"][side][key]
+        for row in doc["nodes"][side]:
+            assert at(row["read_bytes_expr"]) == row["read_bytes"]
+    for row in doc["fusions"]:
+        assert at(row["saved_bytes_expr"]) == row["saved_bytes"]
+    md = rep.to_markdown(fuse(model).report)
+    assert "Saved `" in md and not re.search(r"\d\*batch", re.sub(r"`[^`]*`", "", md))  # expressions in code spans
+    text = rep.to_text(fuse(model).report)
+    assert not re.search(r"(?<![\d.])0 B\b", text) and "give --input-shape" in text  # unknown is never 0 B
+
+
+def test_input_data_fixes_the_report_shapes_and_must_agree_with_input_shape(tmp_path):
+    import numpy as np
+    import onnx
+
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", "W"])
+    path = tmp_path / "m.onnx"
+    onnx.save(b.build(b.op("Relu", [b.conv(x, 3, 8)])), str(path))
+    data = tmp_path / "in.npz"
+    np.savez(data, x=np.zeros((2, 3, 10, 12), np.float32))
+    runner = CliRunner()
+    result = runner.invoke(main, ["report", str(path), "--input-data", str(data), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["input_shapes"] == {"x": [2, 3, 10, 12]} and doc["symbol_values"] == {"N_": 2, "H": 10, "W": 12}
+    assert doc["totals"]["saved_bytes"] == 2 * (2 * 8 * 10 * 12 * 4)  # Relu's read and write of [2, 8, 10, 12]
+    result = runner.invoke(main, ["report", str(path), "--input-data", str(data), "--input-shape", "x=1x3x10x12"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "array 'x' has shape 2x3x10x12 but --input-shape gives x=1x3x10x12" in result.output
+    result = runner.invoke(main, ["optimize", str(path), str(tmp_path / "o.onnx"), "--input-data", str(data),
+                                  "--input-shape", "x=1x3x10x12"])
+    assert result.exit_code == 2 and not (tmp_path / "o.onnx").exists()
+
+
+def test_one_symbolic_dim_given_two_sizes_is_an_error(tmp_path):
+    import onnx
+
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    x, s = b.input("x", ["batch", 4]), b.input("s", [2, "batch", 4])
+    path = tmp_path / "m.onnx"
+    onnx.save(b.build(b.op("Add", [x, s])), str(path))
+    result = CliRunner().invoke(main, ["report", str(path), "--input-shape", "x=1x4", "--input-shape", "s=2x3x4"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "gives dim 'batch' (axis 1) the size 3, but x=1x4 gives it 1" in result.output

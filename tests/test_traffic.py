@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import sympy
 from onnx import TensorProto, helper
 
-from onnxfuse import shapes, traffic
+from onnxfuse import report as rep
+from onnxfuse import shapes, symbolic, traffic
 from tests.builders import GraphBuilder
 
 
+def sizes_of(model: onnx.ModelProto) -> traffic.Sizes:
+    skel = shapes.skeleton(model)
+    info, elems = shapes.infer(skel)
+    sym = symbolic.infer(skel, info)
+    return traffic.Sizes(sym.shapes, {**elems, **sym.elem_types}, sym.reasons).with_model(model)
+
+
 def rows_of(model: onnx.ModelProto) -> list[traffic.NodeTraffic]:
-    info, elems = shapes.infer(shapes.skeleton(model))
-    return traffic.node_traffic(model, traffic.Sizes(info, elems).with_model(model))
+    return traffic.node_traffic(model, sizes_of(model))
 
 
 def by_op(rows):
@@ -64,8 +72,7 @@ def test_classic_conv_bias_add_relu_float16_saves_4_x_output():
     conv = unfused.graph.node[0]
     fused.graph.node.append(helper.make_node("FusedConv", [x, conv.input[1], bias], [y], domain="com.microsoft",
                                              activation="Relu", pads=[1, 1, 1, 1]))
-    info, elems = shapes.infer(shapes.skeleton(unfused))
-    sizes = traffic.Sizes(info, elems).with_model(unfused)
+    sizes = sizes_of(unfused)
     before = traffic.totals(traffic.node_traffic(unfused, sizes)).total_bytes
     after = traffic.totals(traffic.node_traffic(fused, sizes)).total_bytes
     assert before - after == 2 * 2 * H * W * C * 2 == 12288
@@ -121,13 +128,124 @@ def test_constant_node_moves_nothing():
     assert by_op(rows)["Conv"].read_bytes == 1024 + 576 + 16
 
 
-def test_symbolic_input_leaves_nodes_unknown_and_names_the_input(fuse):
+def expr(text: str) -> sympy.Expr:
+    """A report expression string as sympy reads it (plain symbols, as any consumer of the JSON gets them)."""
+    return sympy.sympify(text)
+
+
+N, H, W = sympy.symbols("N_ H W")  # the model names its dims N, H, W; "N" is sympy's N(), so the symbol is N_
+
+
+def test_symbolic_batch_counts_bytes_per_sample_and_input_shape_evaluates_it(fuse):
     b = GraphBuilder()
     x = b.input("x", ["N", 4, 8, 8])
     model = b.build(b.op("Relu", [b.conv(x, 4, 4)]))
     report = fuse(model).report
     assert report.unknown_shapes == [{"input": "x", "shape": ["N", 4, 8, 8]}]
-    assert report.totals["before"]["unknown_nodes"] == 2 and report.totals["before"]["total_bytes"] == 0
+    assert report.symbols == {"N_": {"input": "x", "axis": 0, "dim_param": "N"}}
+    before = report.totals["before"]
+    # Conv reads x (1024 B per sample) + W 576 + B 16 and writes 1024 per sample; Relu reads and writes 1024 each
+    assert expr(before["total_bytes_expr"]) == 4096 * N + 592
+    assert before["unknown_nodes"] == 0 and before["total_bytes"] is None  # no number without a batch size
+    assert report.totals["at_batch_1"]["before_total_bytes"] == 4096 + 592
     given = fuse(model, input_shapes={"x": (2, 4, 8, 8)}).report
     assert given.unknown_shapes == [] and given.totals["before"]["unknown_nodes"] == 0
     assert given.totals["before"]["total_bytes"] == (2048 + 576 + 16 + 2048) + 2 * 2048
+    assert given.symbol_values == {"N_": 2}
+
+
+def test_hand_checked_conv3x3_bn_relu_on_symbolic_nchw(fuse):
+    """Conv 3x3 pad 1 (3 -> 8 channels, no bias) -> BatchNormalization -> Relu on [N, 3, H, W] float32, written
+    out by hand (shared/docs/traffic.md's model):
+      Conv  reads x 3*4*N*H*W = 12NHW and W 8*3*3*3*4 = 864, writes 8*4*N*H*W = 32NHW      -> 44NHW + 864
+      BN    reads 32NHW and scale, B, mean, var 4 x 8*4 = 128, writes 32NHW             -> 64NHW + 128
+      Relu  reads 32NHW, writes 32NHW                                                   -> 64NHW
+      before = 172NHW + 992
+      FusedConv(Relu) reads x 12NHW, W' 864 and the folded bias B' 8*4 = 32, writes 32NHW -> 44NHW + 896
+      saved = 128NHW + 96: two intermediates written and read once each (4 x 32NHW) plus the BN parameters
+      less the bias the fold creates; its share of the traffic tends to 128/172 = 74.42% as N*H*W grows."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", "W"])
+    model = b.build(b.op("Relu", [b.bn(b.conv(x, 3, 8, bias=False), 8)]))
+    report = fuse(model).report
+    t = report.totals
+    assert expr(t["before"]["total_bytes_expr"]) == 172 * N * H * W + 992
+    assert expr(t["after"]["total_bytes_expr"]) == 44 * N * H * W + 896
+    assert expr(t["saved_bytes_expr"]) == 128 * N * H * W + 96
+    assert t["saved_percent_as_dims_grow"] == round(100 * 128 / 172, 2)
+    [row] = report.fusions
+    assert expr(row["saved_bytes_expr"]) == 128 * N * H * W + 96 and row["saved_bytes"] is None
+    assert row["shape"] == ["N_", 8, "H", "W"]
+    # the same model at a concrete size: the numbers are the expressions there
+    at = fuse(model, input_shapes={"x": (2, 3, 16, 12)}).report
+    assert at.totals["saved_bytes"] == 128 * 2 * 16 * 12 + 96
+    assert at.totals["before"]["total_bytes"] == 172 * 2 * 16 * 12 + 992
+
+
+def test_strided_conv_output_size_has_floor(fuse):
+    """Conv 3x3 stride 2 pad 1 (3 -> 8, with bias) -> Relu: the output is [N, 8, H', W'] with
+    H' = floor((H + 2 - 3) / 2) + 1 (ONNX Conv spec); saved = Relu's read and write plus the conv's write
+    and read of the intermediate... = 2 x 2 x 32 N H' W' = 64 N H' W' (the conv output is read and written
+    once less each way: conv writes, relu reads, relu writes vs fused writes)."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", "W"])
+    model = b.build(b.op("Relu", [b.conv(x, 3, 8, strides=[2, 2])]))
+    report = fuse(model).report
+    h2, w2 = sympy.floor((H - 1) / 2) + 1, sympy.floor((W - 1) / 2) + 1
+    saved = expr(report.totals["saved_bytes_expr"])
+    assert "floor" in report.totals["saved_bytes_expr"]
+    assert saved == 64 * N * h2 * w2
+    assert expr(report.totals["before"]["total_bytes_expr"]) == 12 * N * H * W + 864 + 32 + 96 * N * h2 * w2
+    for n, height, width in ((1, 15, 16), (2, 16, 9), (3, 7, 7)):  # odd and even sizes: floor matters
+        at = fuse(model, input_shapes={"x": (n, 3, height, width)}).report
+        assert at.totals["saved_bytes"] == int(saved.subs({N: n, H: height, W: width}))
+        assert at.totals["saved_bytes"] == 64 * n * ((height - 1) // 2 + 1) * ((width - 1) // 2 + 1)
+        assert not at.warnings
+
+
+def test_unnamed_and_minus_one_dims_become_symbols_named_by_input_and_axis(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [None, 4, 8, -1])
+    report = fuse(b.build(b.op("Relu", [b.conv(x, 4, 4, k=1)]))).report
+    assert report.symbols == {"x_0": {"input": "x", "axis": 0, "dim_param": None},
+                              "x_3": {"input": "x", "axis": 3, "dim_param": None}}
+    x0, x3 = sympy.symbols("x_0 x_3")
+    # Conv 1x1 reads x 4*8*4 = 128 B per x_0*x_3, W 64 B, B 16 B, writes 128 per x_0*x_3; Relu 2 x 128
+    assert expr(report.totals["before"]["total_bytes_expr"]) == 512 * x0 * x3 + 80
+
+
+def test_data_dependent_size_is_unknown_and_named_never_zero(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    nz = b.op("NonZero", [x], name="nz")
+    model = b.build(b.op("Relu", [b.conv(x, 4, 4)]))
+    model.graph.output.append(helper.make_tensor_value_info(nz, TensorProto.INT64, [4, "nonzero_count"]))
+    report = fuse(model).report
+    [unknown] = [u for u in report.unknown_nodes if u["op"] == "NonZero"]
+    assert unknown["node"] == "nz" and "depends on the values" in unknown["reason"]
+    assert report.totals["before"]["unknown_nodes"] == 1
+    assert report.totals["saved_bytes"] == 2 * 1024  # the fusion itself is known: Relu reads and writes 1 KiB
+    text = rep.to_text(report)
+    assert "unknown" in text and "nz" in text
+
+
+def test_loop_with_run_time_trip_count_is_unknown_and_says_why(fuse):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    trips = helper.make_tensor_value_info("trips", TensorProto.INT64, [])
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Relu", ["x"], ["y"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["true"], value=helper.make_tensor("t", TensorProto.BOOL, [], [True])),
+         helper.make_node("Loop", ["trips", "true"], ["ys"], name="loop", body=body)],
+        "g", [x, trips], [helper.make_tensor_value_info("ys", TensorProto.FLOAT, ["iterations", 1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    report = fuse(model).report
+    [loop] = [u for u in report.unknown_nodes if u["op"] == "Loop"]
+    assert loop["node"] == "loop" and "trip count is known only at run time" in loop["reason"]
+    relu = next(r for r in report.nodes["before"] if r["op"] == "Relu")
+    assert relu["read_bytes"] == 16 and relu["subgraph"]  # the body itself is counted once

@@ -1,0 +1,189 @@
+"""Compare a traffic report with an earlier one (``onnxfuse report MODEL --baseline OLD.json``): the CI gate an
+export pipeline runs when it upgrades its exporter (torch, paddle2onnx). Never prints.
+
+Both sides are JSON reports (``Report.to_dict()``, ``schema_version`` 2). Fusions and unfused patterns are matched
+by what they are, not by node names (exporters rename nodes): a fusion is its op, activation and the chain of
+original op types; an unfused pattern is its chain and reason. The gate fails when
+
+* a kind of fusion occurs fewer times than before (a fusion was lost) and no new fusion covers its chain and more
+  (a BN fold that became part of a FusedConv is *extended*, not lost), or
+* the optimized traffic (``totals.after.total_bytes_expr``) grew: the difference new - old, an expression in the
+  symbols, is positive at the input shapes the new report used (if any) or at any of the sample sizes
+  :data:`SAMPLE_SIZES` (every symbol set to that size). Symbols are matched by name; a symbol only one side has
+  takes the same sample size.
+
+Counting more nodes as unknown than before is reported but does not fail the gate on its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sympy
+
+from onnxfuse.errors import InputError
+
+#: Sizes every symbol takes when the two optimized-traffic expressions are compared (batch 1, a small and a
+#: large image side, ...). A difference that is positive at any of them is a regression.
+SAMPLE_SIZES = (1, 8, 64, 224, 640, 2048)
+
+SCHEMA_VERSION = 2
+
+
+def load(path: str | Path) -> dict:
+    """Read a JSON report written by ``onnxfuse report --format json``.
+
+    Raises:
+        InputError: unreadable file, not JSON, not an onnxfuse report, or a ``schema_version`` other than 2.
+    """
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"--baseline {path}: cannot read it ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"--baseline {path}: not a JSON report ({exc})") from None
+    if not isinstance(doc, dict) or "totals" not in doc or "fusions" not in doc:
+        raise InputError(f"--baseline {path}: not an onnxfuse JSON report (write one with --format json)")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise InputError(f"--baseline {path}: schema_version {doc.get('schema_version')}, this onnxfuse reads "
+                         f"{SCHEMA_VERSION}; write the baseline again with this version")
+    return doc
+
+
+def _fusion_kind(row: dict) -> str:
+    chain = " -> ".join(n["op"] for n in row["replaced"])
+    return f"{row['op']}({row['activation']}) from {chain}" if row["activation"] else f"{row['op']} from {chain}"
+
+
+def _chain_of(kind: str) -> str:
+    return kind.split(" from ", 1)[1]
+
+
+def _match_extended(lost: Counter, gained: Counter) -> dict[str, int]:
+    """Move from ``lost`` and ``gained`` (in place) the fusions whose chain a gained fusion extends (its chain
+    starts with the lost one's): ``"old -> new"`` -> count."""
+    extended: dict[str, int] = {}
+    for old in sorted(lost):
+        for new in sorted(gained):
+            n = min(lost[old], gained[new])
+            if n and _chain_of(new).startswith(_chain_of(old) + " -> "):
+                extended[f"{old} -> {new}"] = n
+                lost[old] -= n
+                gained[new] -= n
+    lost += Counter()  # drop zero counts
+    gained += Counter()
+    return extended
+
+
+def _unfused_kind(row: dict) -> str:
+    return f"{' -> '.join(n['op'] for n in row['nodes'])}: {row['reason']}"
+
+
+def _expr(text: str | None) -> sympy.Expr | None:
+    if text is None:
+        return None
+    try:
+        return sympy.sympify(text)
+    except (sympy.SympifyError, SyntaxError, TypeError):
+        return None
+
+
+@dataclass
+class Comparison:
+    """What changed between a baseline report (old) and a new one.
+
+    Attributes:
+        gained / lost: fusion kind -> how many more / fewer times it occurs.
+        extended: ``"old kind -> new kind"`` -> count: fusions now part of a longer one (not a loss).
+        new_unfused: unfused kind -> ``{"count": more occurrences, "detail": one detail sentence}``.
+        saved_before / saved_after: ``totals.saved_bytes_expr`` of the old and the new report.
+        after_before / after_after: ``totals.after.total_bytes_expr`` (optimized traffic) of old and new.
+        worse_at: where the optimized traffic grew, ``"symbol=value, ...: +N B"`` strings (empty: it did not).
+        unknown_before / unknown_after: unknown node counts of the optimized models.
+    """
+
+    gained: dict[str, int] = field(default_factory=dict)
+    lost: dict[str, int] = field(default_factory=dict)
+    extended: dict[str, int] = field(default_factory=dict)
+    new_unfused: dict[str, dict] = field(default_factory=dict)
+    saved_before: str = "0"
+    saved_after: str = "0"
+    after_before: str = "0"
+    after_after: str = "0"
+    worse_at: list[str] = field(default_factory=list)
+    unknown_before: int = 0
+    unknown_after: int = 0
+
+    @property
+    def regressed(self) -> bool:
+        """True when a fusion was lost or the optimized traffic grew: the gate fails (exit 1)."""
+        return bool(self.lost or self.worse_at)
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"regressed": self.regressed, "fusions_gained": self.gained, "fusions_lost": self.lost,
+                "fusions_extended": self.extended,
+                "new_unfused": self.new_unfused, "saved_bytes_expr": {"baseline": self.saved_before,
+                                                                       "new": self.saved_after},
+                "optimized_bytes_expr": {"baseline": self.after_before, "new": self.after_after},
+                "optimized_traffic_grew_at": self.worse_at,
+                "unknown_nodes": {"baseline": self.unknown_before, "new": self.unknown_after}}
+
+    def lines(self) -> list[str]:
+        """What changed, one fact per line, for people (text and Markdown lists)."""
+        out = [f"fusion gained: {kind} (x{n})" for kind, n in sorted(self.gained.items())]
+        out += [f"fusion extended: {kind} (x{n})" for kind, n in sorted(self.extended.items())]
+        out += [f"fusion lost: {kind} (x{n})" for kind, n in sorted(self.lost.items())]
+        out += [f"new unfused pattern: {kind} (x{v['count']}): {v['detail']}" for kind, v in
+                sorted(self.new_unfused.items())]
+        same = self.saved_before == self.saved_after
+        out.append(f"saved bytes: {self.saved_after}" + (" (unchanged)" if same else
+                                                          f" (was {self.saved_before})"))
+        if self.after_before != self.after_after:
+            out.append(f"optimized traffic: {self.after_after} (was {self.after_before})")
+        out += [f"optimized traffic grew at {w}" for w in self.worse_at]
+        if self.unknown_after != self.unknown_before:
+            out.append(f"nodes of unknown size: {self.unknown_after} (was {self.unknown_before})")
+        out.append("result: " + ("REGRESSION (a fusion was lost or the optimized traffic grew)" if self.regressed
+                                 else "no regression"))
+        return out
+
+
+def compare(old: dict, new: dict) -> Comparison:
+    """Compare report dicts ``old`` (the baseline) and ``new`` (see the module docstring for the rules)."""
+    old_f = Counter(_fusion_kind(r) for r in old["fusions"])
+    new_f = Counter(_fusion_kind(r) for r in new["fusions"])
+    old_u = Counter(_unfused_kind(r) for r in old["unfused"])
+    new_u = Counter(_unfused_kind(r) for r in new["unfused"])
+    details = {_unfused_kind(r): r["detail"] for r in new["unfused"]}
+    gained, lost = new_f - old_f, old_f - new_f
+    extended = _match_extended(lost, gained)
+    c = Comparison(
+        gained=dict(gained), lost=dict(lost), extended=extended,
+        new_unfused={k: {"count": n, "detail": details[k]} for k, n in (new_u - old_u).items()},
+        saved_before=old["totals"]["saved_bytes_expr"], saved_after=new["totals"]["saved_bytes_expr"],
+        after_before=old["totals"]["after"]["total_bytes_expr"], after_after=new["totals"]["after"]["total_bytes_expr"],
+        unknown_before=old["totals"]["after"]["unknown_nodes"], unknown_after=new["totals"]["after"]["unknown_nodes"],
+    )
+    a_old, a_new = _expr(c.after_before), _expr(c.after_after)
+    if a_old is None or a_new is None:
+        return c
+    diff = sympy.expand(a_new - a_old) if a_new != a_old else sympy.Integer(0)
+    if diff == 0:
+        return c
+    symbols = sorted(diff.free_symbols, key=str)
+    points = []
+    given = {sympy.Symbol(k): sympy.Integer(v) for k, v in new.get("symbol_values", {}).items()}
+    if given and all(s in given for s in symbols):
+        points.append(given)
+    points += [{s: sympy.Integer(size) for s in symbols} for size in SAMPLE_SIZES]
+    for point in points:  # the first size where it grew is enough to say so
+        value = diff.xreplace(point)
+        if value.is_number and value > 0:
+            where = ", ".join(f"{s}={v}" for s, v in point.items()) or "every size"
+            c.worse_at.append(f"{where}: +{int(value)} B")
+            break
+    return c

