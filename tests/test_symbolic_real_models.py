@@ -6,8 +6,6 @@ gives with ``--input-shape``; onnx shape inference at those shapes agrees with t
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 import sympy
@@ -16,10 +14,10 @@ from click.testing import CliRunner
 from onnxfuse import pipeline
 from onnxfuse import report as rep
 from onnxfuse.cli import main
-from tests.conftest import REPO
+from tests.conftest import shared_model
 from tests.test_report import validate
 
-MODELS_DIR = Path(os.environ.get("ONNXFUSE_MODELS_DIR", REPO.parent / "shared" / "models"))
+pytestmark = pytest.mark.requires_shared_models
 
 #: shared/models/README.md, "Input shapes to use".
 README_SHAPES = {
@@ -32,16 +30,9 @@ README_SHAPES = {
 }
 
 
-def _path(name: str) -> Path:
-    path = MODELS_DIR / f"{name}.onnx"
-    if not path.exists():
-        pytest.skip(f"{path} is missing (the shared models live in ../shared/models or ONNXFUSE_MODELS_DIR)")
-    return path
-
-
 @pytest.mark.parametrize("name", sorted(README_SHAPES))
 def test_saved_bytes_expression_evaluates_to_the_input_shape_number(name):
-    path = _path(name)
+    path = shared_model(name)
     symbolic = json.loads(rep.to_json(pipeline.analyse(path, pipeline.Options(target="cpu")).report))
     concrete = pipeline.analyse(path, pipeline.Options(target="cpu", input_shapes=README_SHAPES[name])).report
     validate(symbolic)
@@ -60,7 +51,7 @@ def test_saved_bytes_expression_evaluates_to_the_input_shape_number(name):
 
 
 def test_cli_json_without_input_shape_has_expressions():
-    path = _path("timm_efficientnet_b0")
+    path = shared_model("timm_efficientnet_b0")
     result = CliRunner().invoke(main, ["report", str(path), "--format", "json", "--target", "cpu"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
@@ -71,7 +62,7 @@ def test_cli_json_without_input_shape_has_expressions():
 
 
 def test_contradicting_shapes_are_one_line_errors(tmp_path):
-    path = _path("silero_vad_16k_op15")
+    path = shared_model("silero_vad_16k_op15")
     result = CliRunner().invoke(main, ["report", str(path), "--input-shape", "input=1x512",
                                        "--input-shape", "state=2x4x128"])
     assert result.exit_code == 2
