@@ -601,8 +601,8 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
         console.print(tab)
     tab = table("Passes", [("pass", {}), ("rewrites", right), ("nodes removed", right), ("skipped by reason", fold)])
     for s in doc["pass_stats"]:
-        removed = (f"{s['removed_nodes']} ({bytes_text(s['removed_bytes'], s['removed_bytes_expr'])})"
-                   if "removed_nodes" in s else "")
+        removed = "" if "removed_nodes" not in s else str(s["removed_nodes"]) if not s["removed_nodes"] else \
+            f"{s['removed_nodes']} ({bytes_text(s['removed_bytes'], s['removed_bytes_expr'])})"
         tab.add_row(s["name"], str(s["applied"]), removed,
                     ", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "-")
     console.print()
