@@ -367,6 +367,59 @@ def bytes_text(number: int | None, expr: str | None, code: bool = False) -> str:
         return f"`{expr}` B" if code else f"{expr} B"
 
 
+#: Expressions longer than this are shown to people by their leading terms (:func:`leading_terms`).
+LONG_EXPRESSION_CHARS = 60
+
+
+def _display_names(doc: dict) -> dict[str, str]:
+    """Symbol -> how people read it: the model's own dim name when it is short and plain (``N``, ``height``),
+    else ``input[axis]`` (``x[2]`` instead of ``p2o_DynamicDimension_1``)."""
+    names = {}
+    for sym, where in doc.get("symbols", {}).items():
+        dim = where.get("dim_param") or ""
+        names[sym] = dim if dim.isidentifier() and len(dim) <= 12 else f"{where['input']}[{where['axis']}]"
+    return names
+
+
+def leading_terms(expr: str, doc: dict) -> str:
+    """A byte expression as people read it: floor/ceiling dropped (``floor((H - 1)/2) + 1`` ~ ``H/2``), expanded,
+    only the terms of the highest degree in the symbols kept plus the constant term (weights), coefficients to 4
+    significant digits, the constant in KiB/MiB; symbols by :func:`_display_names`. An approximation for large
+    inputs, prefixed "~"; the exact expression stays in the JSON report."""
+    values = {name: make_symbol(name) for name in doc.get("symbols", {})}
+    e = sympy.sympify(expr, locals=values)
+    e = sympy.expand(e.replace(sympy.floor, lambda a: a).replace(sympy.ceiling, lambda a: a))
+    poly = sympy.Poly(e, *values.values()) if values else None
+    if poly is None or not poly.free_symbols:
+        return human_bytes(int(sympy.ceiling(e)))
+    top = poly.total_degree()
+    names = _display_names(doc)
+    parts, dropped = [], False
+    for monom, coeff in sorted(poly.terms(), key=lambda t: (-sum(t[0]), [-m for m in t[0]])):
+        degree = sum(monom)
+        if degree == 0:
+            continue
+        if degree < top:
+            dropped = True
+            continue
+        factors = [names[str(s)] + (f"^{k}" if k > 1 else "") for s, k in zip(values.values(), monom, strict=True)
+                   if k]
+        parts.append(f"{float(coeff):.4g} B*" + "*".join(factors))
+    const = poly.coeff_monomial(1)
+    text = " + ".join(parts)
+    if const:
+        text += f" + {human_bytes(int(sympy.ceiling(const)))}"
+    return "~" + text + (" (+ smaller terms)" if dropped else "")
+
+
+def _expr_text(expr: str | None, doc: dict, code: bool) -> str:
+    """An expression for the headline: exact when short, else :func:`leading_terms`."""
+    if expr is not None and len(expr) > LONG_EXPRESSION_CHARS:
+        text = leading_terms(expr, doc)
+        return f"`{text}`" if code else text
+    return bytes_text(None, expr, code)
+
+
 def to_json(report: Report) -> str:
     """The report as JSON (sorted keys, 2-space indent, trailing newline): stable for diffs in CI."""
     return json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -430,20 +483,21 @@ def headline(doc: dict, code: bool = False, hints: bool = True) -> list[str]:
     """The traffic lines of the summary: the before/after/saved expressions, the saved share as the dims grow,
     and the figures at the input shapes used (or at batch 1, saying so); unknown figures say "unknown" and
     why. ``code``: expressions in Markdown code spans. ``hints``: also the line that says which
-    ``--input-shape`` would give figures (:func:`unknown_shapes_hint`)."""
+    ``--input-shape`` would give figures (:func:`unknown_shapes_hint`). Long expressions are shown by their
+    leading terms (:func:`leading_terms`); the JSON report has them exact."""
     t = doc["totals"]
     before, after = t["before"], t["after"]
     symbolic = bool(doc["symbols"])
     unknown_fusions = [f for f in doc["fusions"] if f["saved_bytes_expr"] is None]
     lines = []
     if symbolic:
-        lines.append(f"traffic: {bytes_text(None, before['total_bytes_expr'], code)} -> "
-                     f"{bytes_text(None, after['total_bytes_expr'], code)}")
+        lines.append(f"traffic: {_expr_text(before['total_bytes_expr'], doc, code)} -> "
+                     f"{_expr_text(after['total_bytes_expr'], doc, code)}")
     if doc["fusions"] and len(unknown_fusions) == len(doc["fusions"]):
         lines.append(f"saved: unknown ({unknown_fusions[0]['unknown_reason']})")
     elif symbolic:
         share = t["saved_percent_as_dims_grow"]
-        lines.append(f"saved: {bytes_text(None, t['saved_bytes_expr'], code)}"
+        lines.append(f"saved: {_expr_text(t['saved_bytes_expr'], doc, code)}"
                      + (f" (about {share:.1f}% of the traffic as the input grows)" if share is not None else ""))
     at = None
     if t["saved_bytes"] is not None:

@@ -225,3 +225,17 @@ def test_one_symbolic_dim_given_two_sizes_is_an_error(tmp_path):
     result = CliRunner().invoke(main, ["report", str(path), "--input-shape", "x=1x4", "--input-shape", "s=2x3x4"])
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert "gives dim 'batch' (axis 1) the size 3, but x=1x4 gives it 1" in result.output
+
+
+def test_long_expressions_are_shown_by_their_leading_terms():
+    doc = {"symbols": {"N_": {"input": "x", "axis": 0, "dim_param": "N"},
+                       "p2o_D_1": {"input": "x", "axis": 2, "dim_param": "p2o.D.1"},
+                       "p2o_D_2": {"input": "x", "axis": 3, "dim_param": "p2o.D.2"}}}
+    # a stride-2 conv output: floor((H - 1)/2) + 1 ~ H/2; the weights (the constant) in KiB
+    expr = "64*N_*(floor(p2o_D_1/2 - 1/2) + 1)*(floor(p2o_D_2/2 - 1/2) + 1) + 12*N_*p2o_D_1 + 2048"
+    assert rep.leading_terms(expr, doc) == "~16 B*N*x[2]*x[3] + 2.0 KiB (+ smaller terms)"
+    assert rep.leading_terms("12*N_*p2o_D_1*p2o_D_2", doc) == "~12 B*N*x[2]*x[3]"
+    assert rep.leading_terms("3072", doc) == "3.0 KiB"
+    # short expressions stay exact in the headline; long ones are approximated
+    assert rep._expr_text("12*N_", doc, code=False) == "12*N_ B"
+    assert rep._expr_text(expr, doc, code=True).startswith("`~16 B*N*x[2]*x[3]")
