@@ -206,11 +206,97 @@ def default_opset(model: onnx.ModelProto) -> int | None:
 
 def exceeds_protobuf_limit(model: onnx.ModelProto) -> bool:
     """True when ``model`` cannot be serialized as one protobuf message (over 2 GiB; protobuf then raises
-    instead of returning a size)."""
+    instead of returning a size).
+
+    The size is the sum of the sizes of the graph's parts (:func:`serialized_parts`), which is what
+    ``ModelProto.ByteSize()`` would return without serializing the whole model at once (upb's ``ByteSize`` encodes
+    the message, as slowly as ``SerializeToString``).
+    """
     try:
-        return model.ByteSize() > PROTOBUF_LIMIT_BYTES
+        return serialized_parts(model)[1] > PROTOBUF_LIMIT_BYTES
     except Exception:
         return True
+
+
+def _varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protobuf base-128 varint (protobuf encoding guide, "Base 128 Varints")."""
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def _one_field(message_type, desc, value) -> bytes:
+    """The wire bytes of one (possibly repeated) field: a message holding only that field, serialized."""
+    tmp = message_type()
+    target = getattr(tmp, desc.name)
+    if desc.is_repeated:
+        target.extend(value)
+    elif desc.type == desc.TYPE_MESSAGE:
+        target.CopyFrom(value)
+    else:
+        setattr(tmp, desc.name, value)
+    return tmp.SerializeToString(deterministic=True)
+
+
+def _has_unknown_fields(message) -> bool:
+    from google.protobuf import unknown_fields
+
+    return len(unknown_fields.UnknownFieldSet(message)) > 0
+
+
+def serialized_parts(model: onnx.ModelProto) -> tuple[list, int]:
+    """Plan ``model``'s serialization in parts: ``(parts, total bytes)``.
+
+    Each part is either ``bytes`` or a message (a graph's node, initializer, value info, ...) to be serialized on
+    its own when written, so that the whole model never exists as one ``bytes`` object and every weight is
+    encoded once. Concatenating the parts (messages serialized with ``deterministic=True``) gives exactly
+    ``model.SerializeToString(deterministic=True)``: deterministic protobuf serialization writes known fields in
+    field-number order, which ``ListFields`` returns, and a length-delimited field is its tag, the varint length
+    and the bytes (protobuf encoding guide, "Length-Delimited Records"). Models with fields this onnx version
+    does not know (unknown fields), which would be written at the end, are planned as one whole message.
+
+    Raises:
+        whatever protobuf raises for a part over 2 GiB (``ByteSize`` of that part).
+    """
+    if _has_unknown_fields(model) or (model.HasField("graph") and _has_unknown_fields(model.graph)):
+        return [model], model.ByteSize()
+    parts: list = []
+    total = 0
+    for desc, value in model.ListFields():
+        if desc.name != "graph":
+            data = _one_field(onnx.ModelProto, desc, value)
+            parts.append(data)
+            total += len(data)
+            continue
+        graph_parts: list = []
+        graph_size = 0
+        for gdesc, gvalue in value.ListFields():
+            if gdesc.is_repeated and gdesc.type == gdesc.TYPE_MESSAGE:
+                tag = _varint(gdesc.number << 3 | 2)
+                for element in gvalue:
+                    size = element.ByteSize()
+                    head = tag + _varint(size)
+                    graph_parts += (head, element)
+                    graph_size += len(head) + size
+            else:
+                data = _one_field(onnx.GraphProto, gdesc, gvalue)
+                graph_parts.append(data)
+                graph_size += len(data)
+        head = _varint(desc.number << 3 | 2) + _varint(graph_size)
+        parts.append(head)
+        parts += graph_parts
+        total += len(head) + graph_size
+    return parts, total
+
+
+def _write_parts(path: Path, parts: list) -> None:
+    with open(path, "wb") as fh:
+        for part in parts:
+            fh.write(part if isinstance(part, bytes) else part.SerializeToString(deterministic=True))
 
 
 @contextlib.contextmanager
@@ -254,7 +340,11 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
         raise InputError(f"{given}: the output folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
         raise InputError(f"{given}: the output folder {folder} is not writable")
-    use_external = external_data or exceeds_protobuf_limit(model)
+    parts, size = None, PROTOBUF_LIMIT_BYTES + 1
+    if not external_data:
+        with contextlib.suppress(Exception):  # a part over 2 GiB: protobuf raises instead of sizing it
+            parts, size = serialized_parts(model)
+    use_external = external_data or size > PROTOBUF_LIMIT_BYTES
     location = target.name + ".data"
     if use_external and any(same_file(folder / location, p) for p in protected):
         raise InputError(f"{given}: its data file {location} would replace the input model's external data; "
@@ -272,7 +362,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
                 os.replace(tmpdir / location, folder / location)
                 written.append(given.parent / location)
         else:
-            _write_bytes(tmp_model, model.SerializeToString(deterministic=True))
+            _write_parts(tmp_model, parts)  # streamed: the whole model is never one bytes object
         _fsync(tmp_model)
         os.replace(tmp_model, target)
         written.insert(0, given)
@@ -283,11 +373,6 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
             leftover.unlink()
         tmpdir.rmdir()
     return written
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
 
 
 def _fsync(path: Path) -> None:

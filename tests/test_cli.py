@@ -171,12 +171,12 @@ def test_usage_errors_exit_2(tmp_path):
 def test_atomic_write_leaves_nothing_when_the_write_fails(tmp_path, monkeypatch):
     out = tmp_path / "out.onnx"
 
-    def disk_full(path, data):
+    def disk_full(path, parts):
         with open(path, "wb") as fh:
-            fh.write(data[: len(data) // 3])
+            fh.write(parts[0])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(model_io, "_write_bytes", disk_full)
+    monkeypatch.setattr(model_io, "_write_parts", disk_full)
     result = invoke("optimize", SAMPLE, out)
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
@@ -188,12 +188,12 @@ def test_atomic_write_keeps_the_old_output_when_the_write_fails(tmp_path, monkey
     out = tmp_path / "out.onnx"
     out.write_bytes(b"old model")
 
-    def crash(path, data):
+    def crash(path, parts):
         with open(path, "wb") as fh:
-            fh.write(data[:10])
+            fh.write(parts[0][:10])
         raise RuntimeError("simulated crash mid-write")
 
-    monkeypatch.setattr(model_io, "_write_bytes", crash)
+    monkeypatch.setattr(model_io, "_write_parts", crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
         CliRunner().invoke(main, ["optimize", str(SAMPLE), str(out)], catch_exceptions=False)
     assert out.read_bytes() == b"old model"

@@ -1,0 +1,65 @@
+"""model_io: the streamed serialization writes exactly the bytes of ``SerializeToString(deterministic=True)``."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxfuse import model_io
+
+
+def _model(with_unknown: bool = False) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    b = helper.make_tensor("b", TensorProto.FLOAT, [8], [0.5] * 8)  # float_data, not raw_data
+    then = helper.make_graph([helper.make_node("Identity", ["w"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["y"], ["z"], doc_string="relu"),
+             helper.make_node("If", ["c"], ["u"], then_branch=then, else_branch=then)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+                     helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, 8, 8]),
+         helper.make_tensor_value_info("u", TensorProto.FLOAT, None)],
+        [w, b], doc_string="graph doc",
+        value_info=[helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test")
+    helper.set_model_props(model, {"k": "v"})
+    if with_unknown:
+        model.ParseFromString(model.SerializeToString() + b"\xf8\x07\x01")  # field 127, varint 1
+    return model
+
+
+def _joined(model: onnx.ModelProto) -> tuple[bytes, int]:
+    parts, total = model_io.serialized_parts(model)
+    data = b"".join(p if isinstance(p, bytes) else p.SerializeToString(deterministic=True) for p in parts)
+    return data, total
+
+
+def test_parts_concatenate_to_the_whole_serialization():
+    model = _model()
+    data, total = _joined(model)
+    assert data == model.SerializeToString(deterministic=True)
+    assert total == len(data) == model.ByteSize()
+    assert not model_io.exceeds_protobuf_limit(model)
+
+
+def test_a_model_with_unknown_fields_is_written_whole():
+    model = _model(with_unknown=True)
+    data, total = _joined(model)
+    assert data == model.SerializeToString(deterministic=True) and total == len(data)
+
+
+def test_save_model_writes_the_serialized_bytes(tmp_path):
+    model = _model()
+    out = tmp_path / "m.onnx"
+    assert model_io.save_model(model, out) == [out]
+    assert out.read_bytes() == model.SerializeToString(deterministic=True)
+    assert list(tmp_path.iterdir()) == [out]
+
+
+def test_varint_encoding():
+    assert [model_io._varint(v) for v in (0, 1, 127, 128, 300, 2**31)] == [
+        b"\x00", b"\x01", b"\x7f", b"\x80\x01", b"\xac\x02", b"\x80\x80\x80\x80\x08"]
