@@ -66,13 +66,21 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
                          f"{one_line(exc)})") from None
 
 
-def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
+def to_model(graph: gs.Graph, original: onnx.ModelProto, reuse_original: bool = False) -> onnx.ModelProto:
     """Export ``graph`` and carry every model-level field of ``original`` over to it.
 
     IR version, opset imports, producer, doc string, metadata, functions and training info are copied from
     ``original``; graph inputs that were initializers in ``original`` are restored in their original order
     (graphsurgeon drops them on import); ``com.microsoft`` version 1 is imported exactly when a FusedConv exists.
+
+    With ``reuse_original`` the result is ``original`` itself, rewritten in place, when the model has no subgraphs
+    (else a new model as without it): its graph gets the exported nodes, inputs, outputs and value infos, and its
+    initializer list is reordered in place, so the weights that no pass changed are neither copied nor converted
+    (graphsurgeon's export copies every initializer into the new GraphProto). The bytes are the same either way
+    (tests/test_graph_export.py). ``original`` must not be used afterwards except as the result.
     """
+    if reuse_original and _export_in_place(graph, original):
+        return original
     try:
         model = gs.export_onnx(graph, do_type_check=False)
     except Exception as exc:
@@ -87,6 +95,99 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     copy_model_fields(original, model)
     _fix_ms_import(model)
     return model
+
+
+def _export_in_place(graph: gs.Graph, model: onnx.ModelProto) -> bool:
+    """Write ``graph`` into ``model.graph`` as :func:`to_model` would export it, keeping the initializer messages
+    that graphsurgeon still references lazily (unchanged weights) where they are. Returns False, having changed
+    nothing, when the model has subgraphs or an initializer cannot be found by identity."""
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
+    if any(True for _ in list(all_graphs(graph))[1:]) or any(True for _ in list(proto_graphs(model.graph))[1:]):
+        return False
+    target = model.graph
+    existing = {id(t): t for t in target.initializer}
+    try:
+        tensor_map = graph.tensors()
+        wanted = []  # the initializers in graphsurgeon's export order: (existing message or None, gs.Constant)
+        for tensor in tensor_map.values():
+            if not isinstance(tensor, gs.Constant):
+                continue
+            values = tensor._values
+            if isinstance(values, gs.ir.tensor.LazyValues):
+                if id(values.tensor) not in existing:
+                    return False
+                wanted.append((values.tensor, tensor))
+            else:
+                wanted.append((None, tensor))
+        if len({id(t) for t, _ in wanted if t is not None}) != sum(t is not None for t, _ in wanted):
+            return False
+        # Everything but the initializers, exactly as graphsurgeon exports it (OnnxExporter.export_graph).
+        nodes = [OnnxExporter.export_node(node) for node in graph.nodes]
+        inputs = [OnnxExporter.export_value_info_proto(t, False) for t in graph.inputs]
+        outputs = [OnnxExporter.export_value_info_proto(t, False) for t in graph.outputs]
+        for t in graph.inputs + graph.outputs:
+            tensor_map.pop(t.name, None)
+        value_info = [OnnxExporter.export_value_info_proto(t, False) for t in tensor_map.values()
+                      if isinstance(t, gs.Variable) and (t.dtype is not None or t.shape is not None)]
+    except Exception as exc:
+        raise InputError(f"onnx-graphsurgeon cannot export this model ({type(exc).__name__}: "
+                         f"{one_line(exc)})") from None
+    exported = onnx.helper.make_graph(nodes, graph.name, inputs, outputs, doc_string=graph.doc_string,
+                                      value_info=value_info)
+    rebuilt, restored = _rebuilt_inputs(list(exported.input), {c.name for _, c in wanted},
+                                        [_copy(vi) for vi in target.input], {t.name: t for t in target.initializer},
+                                        {i for n in target.node for i in n.input}, model.ir_version)
+    if any(id(t) == id(r) for t, _ in wanted for r in restored):
+        return False
+
+    # From here on the model is rewritten.
+    order: list = []
+    for proto, constant in wanted:
+        if proto is None:
+            proto = target.initializer.add()
+            _write_constant(proto, constant)
+        else:
+            proto.name = constant.name  # what OnnxExporter.export_tensor_proto does
+        order.append(proto)
+    order += restored
+    rank = {id(t): i for i, t in enumerate(order)}
+    target.initializer.sort(key=lambda t: rank.get(id(t), len(order)))  # upb sorts the pointers: no copy
+    del target.initializer[len(order):]
+    for desc, _ in target.ListFields():
+        if desc.name != "initializer":
+            target.ClearField(desc.name)
+    target.MergeFrom(exported)
+    if rebuilt is not None:
+        if model.ir_version < 4:
+            listed = {v.name for v in rebuilt}
+            rebuilt += [onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                        for t in target.initializer if t.name not in listed]
+        del target.input[:]
+        target.input.extend(rebuilt)
+    _fix_ms_import(model)
+    return True
+
+
+def _write_constant(proto: onnx.TensorProto, constant: gs.Constant) -> None:
+    """Fill ``proto`` as ``OnnxExporter.export_tensor_proto(constant)`` would (a ``make_tensor`` of the values'
+    raw bytes), writing the bytes straight into ``proto`` rather than into a TensorProto that is then copied."""
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, dtype_to_onnx
+
+    data_type = dtype_to_onnx(constant.dtype)
+    if constant.data_location is not None or dtype_to_onnx(constant.export_dtype) != data_type:
+        proto.CopyFrom(OnnxExporter.export_tensor_proto(constant))
+        return
+    proto.data_type = data_type
+    proto.name = constant.name
+    proto.dims.extend(constant.shape)
+    proto.raw_data = constant.values.tobytes()
+
+
+def _copy(message):
+    copy = type(message)()
+    copy.CopyFrom(message)
+    return copy
 
 
 def copy_model_fields(src: onnx.ModelProto, dst: onnx.ModelProto) -> None:
@@ -135,25 +236,12 @@ def _restore_initializer_inputs(out: onnx.GraphProto, orig: onnx.GraphProto, ir_
     """Give ``out`` the graph inputs of ``orig`` in their order. Initializer inputs that no node of ``orig``
     used come back with their initializer (graphsurgeon drops unused ones); those a fold consumed (only with
     ``--constant-initializer-inputs``) stay gone. IR < 4 needs every initializer listed as an input."""
-    by_name = {i.name: i for i in out.input}
-    inits = {t.name for t in out.initializer}
-    if [i.name for i in out.input] == [i.name for i in orig.input] and ir_version >= 4:
+    used = {i for graph, _ in proto_graphs(orig) for n in graph.node for i in n.input}
+    rebuilt, restored = _rebuilt_inputs(list(out.input), {t.name for t in out.initializer}, list(orig.input),
+                                        {t.name: t for t in orig.initializer}, used, ir_version)
+    if rebuilt is None:
         return
-    orig_inits = {t.name: t for t in orig.initializer}
-    used_before = None
-    rebuilt = []
-    for vi in orig.input:
-        if vi.name in by_name:
-            rebuilt.append(by_name.pop(vi.name))
-        elif vi.name in inits:
-            rebuilt.append(vi)
-        elif vi.name in orig_inits:
-            if used_before is None:
-                used_before = {i for graph, _ in proto_graphs(orig) for n in graph.node for i in n.input}
-            if vi.name not in used_before:  # unused in the input model: keep it and its initializer
-                rebuilt.append(vi)
-                out.initializer.append(orig_inits[vi.name])
-    rebuilt.extend(by_name.values())
+    out.initializer.extend(restored)
     if ir_version < 4:  # IR < 4: every initializer must also be a graph input (ONNX IR.md)
         listed = {v.name for v in rebuilt}
         for t in out.initializer:
@@ -161,6 +249,26 @@ def _restore_initializer_inputs(out: onnx.GraphProto, orig: onnx.GraphProto, ir_
                 rebuilt.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     del out.input[:]
     out.input.extend(rebuilt)
+
+
+def _rebuilt_inputs(out_inputs: list, inits: set[str], orig_inputs: list, orig_inits: dict, used_before: set[str],
+                    ir_version: int) -> tuple[list | None, list]:
+    """``(graph inputs in orig's order, initializers to add back)`` for :func:`_restore_initializer_inputs`;
+    ``(None, [])`` when the inputs need no change. ``used_before``: every tensor name a node of orig reads."""
+    by_name = {i.name: i for i in out_inputs}
+    if [i.name for i in out_inputs] == [i.name for i in orig_inputs] and ir_version >= 4:
+        return None, []
+    rebuilt, restored = [], []
+    for vi in orig_inputs:
+        if vi.name in by_name:
+            rebuilt.append(by_name.pop(vi.name))
+        elif vi.name in inits:
+            rebuilt.append(vi)
+        elif vi.name in orig_inits and vi.name not in used_before:  # unused in the input model: keep it
+            rebuilt.append(vi)
+            restored.append(orig_inits[vi.name])
+    rebuilt.extend(by_name.values())
+    return rebuilt, restored
 
 
 def _fix_ms_import(model: onnx.ModelProto) -> None:

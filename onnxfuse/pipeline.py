@@ -192,7 +192,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
             ctx = Context(get_target(options.target), overridable, info, namer=g.Namer(graph))
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
-            out = g.to_model(graph, model) if fusions else model
+            out = g.to_model(graph, model, reuse_original=True) if fusions else model
         except InputError as exc:
             raise InputError(f"{loaded.label}: {exc}") from None
     else:

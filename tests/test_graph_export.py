@@ -1,0 +1,99 @@
+"""graph.to_model(reuse_original=True), which rewrites the input model in place and keeps its unchanged
+initializers, writes exactly the bytes of graphsurgeon's export (the reference path), on the kinds of model the
+export has to handle: plain initializers, IR 3 initializer inputs (folded and kept), an unused initializer input,
+weights in Constant nodes, float16, and a model with subgraphs (which takes the graphsurgeon path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnxfuse import graph as g
+from onnxfuse import pipeline
+from tests.builders import GraphBuilder, subgraph
+
+
+def _chain(b: GraphBuilder, x: str, n: int, c: int = 4) -> str:
+    for _ in range(n):
+        x = b.op("Relu", [b.bn(b.conv(x, c, c), c)])
+    return b.op("Relu", [b.conv(x, c, c)])  # fuses even where the weights are overridable
+
+
+def _plain():
+    b = GraphBuilder(seed=1)
+    return b.build(_chain(b, b.input("x", [1, 4, 6, 6]), 3))
+
+
+def _ir3():
+    b = GraphBuilder(seed=2)
+    return b.build(_chain(b, b.input("x", [1, 4, 6, 6]), 2), initializers_as_inputs=True, ir_version=3, opset=8)
+
+
+def _unused_initializer_input():
+    b = GraphBuilder(seed=3)
+    model = b.build(_chain(b, b.input("x", [1, 4, 6, 6]), 2), ir_version=4, opset=9)
+    extra = onnx.numpy_helper.from_array(np.arange(3, dtype=np.float32), "unused_w")
+    model.graph.initializer.append(extra)
+    model.graph.input.append(helper.make_tensor_value_info("unused_w", TensorProto.FLOAT, [3]))
+    return model
+
+
+def _constant_nodes():
+    b = GraphBuilder(seed=4, constants="node")
+    return b.build(_chain(b, b.input("x", [1, 4, 6, 6]), 2))
+
+
+def _float16():
+    b = GraphBuilder(seed=5, dtype=np.float16)
+    return b.build(_chain(b, b.input("x", [1, 4, 6, 6]), 2))
+
+
+def _with_subgraph():
+    b = GraphBuilder(seed=6)
+    x = b.input("x", [1, 4, 6, 6])
+    c = b.input("c", [], dtype=np.bool_)
+    y = _chain(b, x, 1)
+    body = GraphBuilder(seed=7, prefix="t_")
+    then = subgraph(body, body.op("Relu", [y]))
+    other = GraphBuilder(seed=8, prefix="e_")
+    els = subgraph(other, other.op("Neg", [y]))
+    return b.build([b.op("If", [c], then_branch=then, else_branch=els)], output_dtype=np.float32)
+
+
+CASES = {"plain": _plain, "ir3": _ir3, "unused_initializer_input": _unused_initializer_input,
+         "constant_nodes": _constant_nodes, "float16": _float16, "subgraph": _with_subgraph}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("options", [{}, {"constant_initializer_inputs": True}])
+def test_in_place_export_writes_the_same_bytes_as_graphsurgeon(tmp_path, monkeypatch, case, options):
+    path = tmp_path / "m.onnx"
+    onnx.save(CASES[case](), str(path))
+    opts = pipeline.Options(target="cpu", **options)
+    taken = []
+    in_place = g._export_in_place
+    monkeypatch.setattr(g, "_export_in_place", lambda graph, model: taken.append(in_place(graph, model)) or taken[-1])
+    fast = pipeline.analyse(path, opts)
+    assert fast.changed and taken == [case != "subgraph"]
+    real = g.to_model
+    monkeypatch.setattr(g, "to_model", lambda graph, original, reuse_original=False: real(graph, original))
+    reference = pipeline.analyse(path, opts)
+    assert fast.model.SerializeToString(deterministic=True) == reference.model.SerializeToString(deterministic=True)
+    onnx.checker.check_model(fast.model)
+
+
+def test_in_place_export_returns_the_original_and_keeps_unchanged_weights(tmp_path):
+    model = _unused_initializer_input()
+    unused_before = next(t for t in model.graph.initializer if t.name == "unused_w")
+    graph = g.to_graph(model)
+    out = g.to_model(graph, model, reuse_original=True)
+    assert out is model
+    assert any(t is unused_before for t in out.graph.initializer)
+
+
+def test_subgraphs_take_the_graphsurgeon_path():
+    model = _with_subgraph()
+    out = g.to_model(g.to_graph(model), model, reuse_original=True)
+    assert out is not model
