@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from google.protobuf.message import Message
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxfuse.errors import InputError, one_line
 
@@ -323,14 +324,14 @@ def constant_value(tensor: gs.Tensor, overridable: frozenset[str] = frozenset())
     if isinstance(tensor, gs.Constant):
         if tensor.name in overridable:
             return None
-        values = tensor.values
+        values = _load(tensor)
     else:
         node = producer(tensor)
         if node is None or node.op != "Constant" or node.domain not in ("", "ai.onnx", None):
             return None
         attr = node.attrs.get("value")
         if isinstance(attr, gs.Constant):
-            values = attr.values
+            values = _load(attr)
         elif "value_float" in node.attrs:
             values = np.array(node.attrs["value_float"], dtype=np.float32)
         elif "value_floats" in node.attrs:
@@ -347,6 +348,16 @@ def constant_value(tensor: gs.Tensor, overridable: frozenset[str] = frozenset())
         return None
     view.flags.writeable = False
     return view
+
+
+def _load(constant: gs.Constant):
+    """``constant.values``, loaded once as graphsurgeon does (the array replaces the lazy reference, so that it is
+    exported from the array, as before), without graphsurgeon's extra copy (``np.array(to_array(...))``): the
+    array may be read-only, and every caller only reads it."""
+    lazy = constant._values
+    if type(lazy) is LazyValues:
+        constant._values = onnx.numpy_helper.to_array(lazy.tensor)
+    return constant.values
 
 
 def tensor_dtype(tensor: gs.Tensor) -> np.dtype | None:

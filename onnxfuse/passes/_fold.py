@@ -45,16 +45,17 @@ def scale_output_channels(conv: gs.Node, weight: np.ndarray, scale: np.ndarray) 
     Conv: W[m, ...] *= s[m]. ConvTranspose: W is [C, M/group, k...] and output channel m = gi * (M/group) + j
     is W[gi * C/group : (gi + 1) * C/group, j, ...], so W is viewed as [group, C/group, M/group, k...].
     """
-    w = weight.astype(np.float64)
     s = np.asarray(scale, dtype=np.float64)
-    spatial = (1,) * (w.ndim - 2)
+    spatial = (1,) * (weight.ndim - 2)
     if conv.op == "ConvTranspose":
         group = int(conv.attrs.get("group", 1))
-        c_in, m_per_group = w.shape[0], w.shape[1]
-        view = w.reshape((group, c_in // group, m_per_group, *w.shape[2:]))
-        view = view * s.reshape((group, 1, m_per_group, *spatial))
-        return view.reshape(w.shape)
-    return w * s.reshape((-1, 1, *spatial))
+        c_in, m_per_group = weight.shape[0], weight.shape[1]
+        view = weight.reshape((group, c_in // group, m_per_group, *weight.shape[2:]))
+        view = np.multiply(view, s.reshape((group, 1, m_per_group, *spatial)), dtype=np.float64)
+        return view.reshape(weight.shape)
+    # one pass: the float64 product without a float64 copy of the weight first (the same values: float16/32 ->
+    # float64 is exact)
+    return np.multiply(weight, s.reshape((-1, 1, *spatial)), dtype=np.float64)
 
 
 def fold_inputs(conv: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):
@@ -95,8 +96,10 @@ def fold_fits(dtype: np.dtype, weight: np.ndarray | None, bias: np.ndarray | Non
     would round to inf when stored: a BN with var + epsilon = 0, a Mul by inf, a Div by 1e-39)."""
     limit = float(np.finfo(dtype).max)
     for name, values in (("weights", weight), ("bias", bias)):
-        if values is not None and values.size and not (np.isfinite(values).all()
-                                                       and float(np.abs(values).max()) <= limit):
+        # min/max propagate NaN, and NaN compares False: one test covers inf, NaN and overflow without the
+        # temporary arrays of isfinite() and abs()
+        if values is not None and values.size and not (-limit <= float(values.min())
+                                                       and float(values.max()) <= limit):
             return skip(Reason.FOLD_NOT_FINITE, f"the folded {name} would not be finite in {dtype}", nodes, output)
     return None
 
