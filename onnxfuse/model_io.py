@@ -67,14 +67,6 @@ class LoadedModel:
         return self.proto.SerializeToString()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def load_model(path: str | os.PathLike) -> LoadedModel:
     """Read, check and return the model at ``path``.
 
@@ -94,19 +86,21 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         raise InputError(f"{p}: is not a regular file (a device or FIFO)")
     if p.stat().st_size == 0:
         raise InputError(f"{p}: the file is empty")
-    # The checker runs first, on the path: its C++ copy of the model is gone before Python parses its own, so
-    # the two never sit in memory together. Its verdict is reported after the more specific checks below.
+    # The file is read once: the checker, the parse and the SHA-256 all use these bytes (the checker on the path
+    # read the file again and was several times slower than on bytes). The checker runs before Python parses
+    # its own copy; its verdict is reported after the more specific checks below.
+    fmt = onnx.serialization.registry.get_format_from_file_extension(p.suffix) or "protobuf"
     try:
-        onnx.checker.check_model(str(p))
-        rejected = None
-    except onnx.checker.ValidationError as exc:
-        rejected = exc
-    try:
-        model = onnx.load(str(p), load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        raise InputError(f"{p}: not a readable ONNX model (protobuf parse failed: {exc})") from None
+        data = p.read_bytes()
     except OSError as exc:
         raise InputError(f"{p}: cannot read the file ({exc.strerror or exc})") from None
+    rejected = _checker_verdict(data if fmt == "protobuf" else str(p))
+    try:
+        model = onnx.load_model_from_string(data, format=fmt)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InputError(f"{p}: not a readable ONNX model (protobuf parse failed: {exc})") from None
+    sha256 = hashlib.sha256(data).hexdigest()
+    del data
     _check_versions(model, str(p))
     external = [t for t in onnx.external_data_helper._get_all_tensors(model)
                 if t.data_location == onnx.TensorProto.EXTERNAL]
@@ -121,6 +115,8 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
                 raise InputError(f"{p}: external data file {info.location!r} of tensor {t.name!r} is missing")
             locations.add(info.location)
         file_bytes += sum((base / loc).stat().st_size for loc in locations)
+    if has_external and fmt == "protobuf":
+        rejected = _checker_verdict(str(p))  # on the path, so that it finds and checks the external data files
     if rejected is not None and hygiene.sort_topologically(model):  # onnxruntime sorts too; the checker does not
         rejected = _recheck(model)
     if rejected is not None:
@@ -132,8 +128,17 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         except Exception as exc:  # onnx raises ValidationError/OSError/ValueError here depending on the defect
             raise InputError(f"{p}: cannot read external data ({one_line(exc)})") from None
     overridable = frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
-    return LoadedModel(model, p, _sha256(p), file_bytes, has_external, overridable,
+    return LoadedModel(model, p, sha256, file_bytes, has_external, overridable,
                        tuple(base / loc for loc in sorted(locations)))
+
+
+def _checker_verdict(source: bytes | str) -> onnx.checker.ValidationError | None:
+    """The error ``onnx.checker.check_model`` raises for ``source`` (serialized bytes or a path), or None."""
+    try:
+        onnx.checker.check_model(source)
+    except (onnx.checker.ValidationError, ValueError) as exc:  # ValueError: bytes the C++ parser refuses
+        return exc
+    return None
 
 
 def _check_versions(model: onnx.ModelProto, label: str) -> None:
