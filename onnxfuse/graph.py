@@ -350,14 +350,37 @@ def constant_value(tensor: gs.Tensor, overridable: frozenset[str] = frozenset())
     return view
 
 
+#: The fields of a TensorProto that ``make_tensor(name, data_type, dims, raw bytes, raw=True)`` writes.
+_RAW_TENSOR_FIELDS = frozenset({"name", "data_type", "dims", "raw_data"})
+
+
 def _load(constant: gs.Constant):
-    """``constant.values``, loaded once as graphsurgeon does (the array replaces the lazy reference, so that it is
-    exported from the array, as before), without graphsurgeon's extra copy (``np.array(to_array(...))``): the
-    array may be read-only, and every caller only reads it."""
+    """``constant.values`` without graphsurgeon's extra copy (``np.array(to_array(...))``); the array may be
+    read-only, and every caller only reads it.
+
+    A weight stored as exactly name, data type, dims and raw bytes stays lazily referenced (not cached): it is
+    then exported as its original message, which has the same bytes graphsurgeon's export of the array would
+    write, and the array is freed once the fold that read it is done (a cached copy of every read weight lived
+    as long as the graph). Any other tensor is cached as ``Constant.values`` caches it, so that it is exported
+    from the array as before.
+    """
     lazy = constant._values
     if type(lazy) is LazyValues:
-        constant._values = onnx.numpy_helper.to_array(lazy.tensor)
+        proto = lazy.tensor
+        array = onnx.numpy_helper.to_array(proto)
+        fields = {desc.name for desc, _ in proto.ListFields()}
+        if fields <= _RAW_TENSOR_FIELDS and {"raw_data", "data_type"} <= fields and (
+                _onnx_type(array.dtype) == proto.data_type):
+            return array
+        constant._values = array
     return constant.values
+
+
+def _onnx_type(dtype: np.dtype) -> int | None:
+    try:
+        return onnx.helper.np_dtype_to_tensor_dtype(dtype)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def tensor_dtype(tensor: gs.Tensor) -> np.dtype | None:

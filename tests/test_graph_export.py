@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto, helper
 
@@ -97,3 +98,30 @@ def test_subgraphs_take_the_graphsurgeon_path():
     model = _with_subgraph()
     out = g.to_model(g.to_graph(model), model, reuse_original=True)
     assert out is not model
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_reading_a_weight_exports_the_same_bytes_as_graphsurgeon_caching_it(raw):
+    """graph.constant_value leaves a raw-bytes weight lazily referenced (exported as its original message) and
+    caches any other (exported from the array): either way the bytes are those of graphsurgeon's export after
+    ``Constant.values`` loaded the array."""
+    b = GraphBuilder(seed=9)
+    y = b.op("Relu", [b.conv(b.input("x", [1, 4, 6, 6]), 4, 4)])
+    model = b.build(y)
+    if not raw:
+        w = model.graph.initializer[0]
+        values = onnx.numpy_helper.to_array(w).reshape(-1).tolist()
+        w.ClearField("raw_data")
+        w.float_data.extend(values)
+        w.doc_string = "stored as float_data"
+
+    def exported(read) -> bytes:
+        graph = g.to_graph(model)
+        for t in graph.tensors().values():
+            if isinstance(t, gs.Constant):
+                read(t)
+        return gs.export_onnx(graph, do_type_check=False).SerializeToString(deterministic=True)
+
+    ours = exported(g.constant_value)
+    assert ours == exported(lambda t: t.values)
+    assert (ours == exported(lambda t: None)) is raw  # float_data is rewritten as raw bytes by the export
