@@ -21,7 +21,8 @@ How it measures
                same way: what any onnxfuse process costs before it reads a model.
 
 Tools (each skipped with a printed reason when it is not installed in the benchmark's Python)
-    onnxfuse            ``onnxfuse optimize IN OUT`` (default target cpu+cuda, verification on)
+    onnxfuse            ``onnxfuse optimize IN OUT`` (default target cpu+cuda, verification on), run from this
+                        checkout (the repository root is put on PYTHONPATH), so install only its dependencies
     onnxfuse-noverify   ``onnxfuse optimize IN OUT --no-verify``
     onnxslim            ``onnxslim IN OUT`` (its defaults; no --model-check)
     onnxsim             ``onnxsim IN OUT`` (its defaults: check_n is 0, so no output check; its z3 certify step
@@ -34,8 +35,14 @@ onnxfuse gets ``--input-shape`` for the shared models' symbolic inputs (the shap
 the peers get their defaults, since their shape flags rewrite the model's input shapes.
 
 Inputs: every ``*.onnx`` in ``$ONNXFUSE_MODELS_DIR`` (default ``../shared/models`` from the repository root),
-synthetic ResNets of 50 and 400 Conv-BN-Relu blocks made by make_resnet.py, and with ``--big`` a 60-block,
-1024-channel, 7x7 ResNet of about 2.3 GB with external data.
+synthetic ResNets of 50 and 400 Conv-BN-Relu blocks and a resnet50-class stand-in (53 blocks, 224 channels,
+14x14, about 100 MB of float32 weights) made by make_resnet.py, and with ``--big`` a 60-block, 1024-channel, 7x7
+ResNet of about 2.3 GB with external data.
+
+Targets checked (issue 13; constants below): --no-verify at most 1.0x onnxruntime's offline time on resnet400 and
+resnet53, and at most 3x on every model; the default command no slower than onnxslim; peak RSS at most 2.5x the
+model file + 150 MiB (--no-verify) and 3.5x + 150 MiB (with verification); resnet400 at most 8.5x the time of
+resnet50; the same output bytes on every run.
 
 Output: a Markdown report (``--markdown``, default benchmarks/results/bench.md) with a table per model and the
 targets' verdicts, and the raw numbers as JSON (``--json``, default benchmarks/results/bench.json).
@@ -80,6 +87,8 @@ SYNTHETIC = {
     # name: make_resnet.py arguments
     "resnet50": ["--blocks", "50"],
     "resnet400": ["--blocks", "400"],
+    # the resnet50-class stand-in of issue 13: 53 Conv-BN blocks, about 100 MB of float32 weights
+    "resnet53": ["--blocks", "53", "--channels", "224", "--hw", "14"],
 }
 BIG = {"resnet_big": ["--blocks", "60", "--channels", "1024", "--hw", "7", "--external"]}
 
@@ -103,9 +112,12 @@ ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 BASELINE_CMD = ["-c", "import onnx, onnxruntime, onnx_graphsurgeon"]
 
-MEM_FACTOR = 2.5
-LINEARITY_LIMIT = 10.0
-ORT_FACTOR = 2.0
+# Targets (issue 13). Times are medians of whole-process wall time from the same run; memory is max RSS.
+ORT_TARGET_MODELS = ("resnet400", "resnet53")  # --no-verify at most ORT_FACTOR_BIG x onnxruntime's offline time
+ORT_FACTOR_BIG = 1.0
+ORT_FACTOR_ALL = 3.0  # --no-verify on every model at most this x onnxruntime's offline time
+MEM_FACTOR, MEM_FACTOR_VERIFY, MEM_EXTRA_MIB = 2.5, 3.5, 150.0  # peak RSS <= factor x model file size + extra
+LINEARITY_LIMIT = 8.5  # resnet400 at most this x the time of resnet50 (--no-verify)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -293,7 +305,7 @@ def _loadavg() -> list[str]:
 
 
 def git_state() -> dict:
-    """The commit benchmarked, and whether onnxfuse/ differs from it (the package is installed editable)."""
+    """The commit benchmarked, and whether onnxfuse/ differs from it (onnxfuse runs from this checkout)."""
     def git(*a):
         r = subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else None
@@ -328,6 +340,7 @@ class ToolResult:
     skipped: str = ""
     out_nodes: int | None = None
     out_bytes: int | None = None
+    out_sha256: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> list[Sample]:
@@ -364,11 +377,22 @@ class ToolResult:
             "median_maxrss_mib": _r(self.median_rss_mb(), 1),
             "out_nodes": self.out_nodes,
             "out_bytes": self.out_bytes,
+            "out_sha256": sorted(set(self.out_sha256)),
         }
 
 
 def _r(x, n):
     return None if x is None else round(x, n)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def make_synthetic(python: str, name: str, args: list[str], workdir: Path) -> Path:
@@ -398,6 +422,8 @@ def run_model(model: Model, tools: list[str], skipped: dict[str, str], python: s
                     res.out_bytes = model_size(out)[0]
                 except Exception as e:  # an unreadable output is a failure of the tool
                     s.rc, s.error = -1, f"output model unreadable: {e}"[:160]
+            if s.rc == 0 and not s.timed_out and out.exists():
+                res.out_sha256.append(_sha256(out))
             res.samples.append(s)
             shutil.rmtree(rundir, ignore_errors=True)
             status = "ok" if s.rc == 0 and not s.timed_out else f"FAILED ({s.error})"
@@ -455,47 +481,58 @@ def model_table(model: Model, results: dict[str, ToolResult]) -> list[str]:
     return lines
 
 
-def evaluate(models: list[Model], all_results: dict[str, dict[str, ToolResult]], baseline_mb: float | None) -> dict:
-    verdicts: dict = {"speed_vs_python_peers": [], "speed_vs_ort": [], "linearity": None, "memory": []}
+def evaluate(models: list[Model], all_results: dict[str, dict[str, ToolResult]]) -> dict:
+    """The issue-13 verdicts, each a list of rows with ``met`` True/False (None: not comparable)."""
+    v: dict = {"ort_big": [], "ort_all": [], "default_vs_onnxslim": [], "memory": [], "linearity": {},
+               "deterministic": []}
     for m in models:
         res = all_results[m.name]
-        fuse = res.get(FUSE)
+        fuse, default, ort, slim = (res.get(t) for t in (FUSE, "onnxfuse", ORT, "onnxslim"))
         ft = fuse.median_time() if fuse else None
-        for peer in [*PYTHON_PEERS, ORT]:
-            pr = res.get(peer)
-            if pr is None or pr.skipped:
-                continue
-            pt = pr.median_time()
-            entry = {"model": m.name, "peer": peer, "onnxfuse_s": _r(ft, 3), "peer_s": _r(pt, 3)}
-            if ft is None:
-                entry.update(met=False, note="onnxfuse --no-verify failed")
-            elif pt is None:
-                entry.update(met=None, note=f"{peer} failed on this model: not comparable")
-            elif peer == ORT:
-                entry.update(ratio=round(ft / pt, 2), met=ft <= ORT_FACTOR * pt)
+        ot = ort.median_time() if ort and not ort.skipped else None
+        if fuse and ort and not ort.skipped:
+            row = {"model": m.name, "onnxfuse_s": _r(ft, 3), "ort_s": _r(ot, 3)}
+            if ft is None or ot is None:
+                row.update(met=None if ft is not None else False,
+                           note="onnxfuse --no-verify failed" if ft is None else "ort-offline failed")
             else:
-                entry.update(ratio=round(ft / pt, 2), met=ft < pt)
-            verdicts["speed_vs_ort" if peer == ORT else "speed_vs_python_peers"].append(entry)
-        for tool in (FUSE, "onnxfuse"):
+                row["ratio"] = round(ft / ot, 2)
+            for key, factor in (("ort_all", ORT_FACTOR_ALL), ("ort_big", ORT_FACTOR_BIG)):
+                if key == "ort_big" and m.name not in ORT_TARGET_MODELS:
+                    continue
+                v[key].append({**row, "met": row.get("met", None) if "ratio" not in row else ft <= factor * ot})
+        if default and slim and not slim.skipped and not default.skipped:
+            dt, st = default.median_time(), slim.median_time()
+            row = {"model": m.name, "onnxfuse_s": _r(dt, 3), "onnxslim_s": _r(st, 3)}
+            if dt is None:
+                row.update(met=False, note="onnxfuse failed")
+            elif st is None:
+                row.update(met=None, note="onnxslim failed on this model: not comparable")
+            else:
+                row.update(ratio=round(dt / st, 2), met=dt <= st)
+            v["default_vs_onnxslim"].append(row)
+        for tool, factor in ((FUSE, MEM_FACTOR), ("onnxfuse", MEM_FACTOR_VERIFY)):
             tr = res.get(tool)
-            if tr is None or tr.skipped or baseline_mb is None:
+            if tr is None or tr.skipped:
                 continue
             rss = tr.median_rss_mb()
-            limit = MEM_FACTOR * m.size_bytes / 2 ** 20 + baseline_mb
-            verdicts["memory"].append({"model": m.name, "tool": tool, "peak_mib": _r(rss, 1), "limit_mib": round(limit, 1),
-                                       "model_mib": round(m.size_bytes / 2 ** 20, 1),
-                                       "met": None if rss is None else rss <= limit})
-    if "resnet50" in all_results and "resnet400" in all_results:
-        lin = {}
+            limit = factor * m.size_bytes / 2 ** 20 + MEM_EXTRA_MIB
+            v["memory"].append({"model": m.name, "tool": tool, "peak_mib": _r(rss, 1), "limit_mib": round(limit, 1),
+                                "model_mib": round(m.size_bytes / 2 ** 20, 1), "factor": factor,
+                                "met": None if rss is None else rss <= limit})
         for tool in (FUSE, "onnxfuse"):
-            a = all_results["resnet50"].get(tool)
-            b = all_results["resnet400"].get(tool)
+            tr = res.get(tool)
+            if tr and tr.out_sha256:
+                v["deterministic"].append({"model": m.name, "tool": tool, "runs": len(tr.out_sha256),
+                                           "met": len(set(tr.out_sha256)) == 1})
+    if "resnet50" in all_results and "resnet400" in all_results:
+        for tool in (FUSE, "onnxfuse"):
+            a, b = all_results["resnet50"].get(tool), all_results["resnet400"].get(tool)
             if a and b and a.median_time() and b.median_time():
-                lin[tool] = {"t50_s": round(a.median_time(), 3), "t400_s": round(b.median_time(), 3),
-                             "ratio": round(b.median_time() / a.median_time(), 2),
-                             "met": b.median_time() <= LINEARITY_LIMIT * a.median_time()}
-        verdicts["linearity"] = lin
-    return verdicts
+                v["linearity"][tool] = {"t50_s": round(a.median_time(), 3), "t400_s": round(b.median_time(), 3),
+                                        "ratio": round(b.median_time() / a.median_time(), 2),
+                                        "met": b.median_time() <= LINEARITY_LIMIT * a.median_time()}
+    return v
 
 
 def _fr(x) -> str:
@@ -506,54 +543,65 @@ def _yn(met) -> str:
     return "n/a" if met is None else ("met" if met else "**NOT met**")
 
 
-def targets_md(v: dict, baseline_mb: float | None) -> list[str]:
-    out = ["## Targets", ""]
-    py = v["speed_vs_python_peers"]
-    comparable = [e for e in py if e["met"] is not None]
-    all_met = bool(comparable) and all(e["met"] for e in comparable)
-    verdict_1a = "not measured (no Python peer ran)" if not comparable else ("met" if all_met else "NOT met")
-    out.append(f"**1a. onnxfuse --no-verify faster than every Python peer on every model: {verdict_1a}** "
-               f"({sum(bool(e['met']) for e in comparable)} of {len(comparable)} comparable pairs faster; "
-               f"{len(py) - len(comparable)} pairs where the peer failed)")
-    out += ["", "| model | peer | onnxfuse --no-verify s | peer s | ratio | verdict |", "|---|---|---:|---:|---:|---|"]
-    for e in py:
-        out.append(f"| {e['model']} | {e['peer']} | {fmt_t(e['onnxfuse_s'])} | {fmt_t(e['peer_s'])} | "
-                   f"{_fr(e.get('ratio'))} | {_yn(e['met'])}{' (' + e['note'] + ')' if e.get('note') else ''} |")
+def _overall(rows: list[dict]) -> str:
+    comparable = [e for e in rows if e["met"] is not None]
+    if not comparable:
+        return "not measured"
+    n = sum(bool(e["met"]) for e in comparable)
+    return f"{'met' if n == len(comparable) else 'NOT met'}, {n} of {len(comparable)}"
+
+
+def _note(e: dict) -> str:
+    return f" ({e['note']})" if e.get("note") else ""
+
+
+def targets_md(v: dict) -> list[str]:
+    out = ["## Targets (issue 13)", ""]
+    ort_head = ["", "| model | onnxfuse --no-verify s | ort-offline s | ratio | verdict |", "|---|---:|---:|---:|---|"]
+    out.append(f"**1. onnxfuse --no-verify at most {ORT_FACTOR_BIG:g}x onnxruntime's offline optimizer (extended) on "
+               f"{' and '.join(ORT_TARGET_MODELS)}: {_overall(v['ort_big'])}**")
+    out += ort_head
+    for e in v["ort_big"]:
+        out.append(f"| {e['model']} | {fmt_t(e['onnxfuse_s'])} | {fmt_t(e['ort_s'])} | {_fr(e.get('ratio'))} | "
+                   f"{_yn(e['met'])}{_note(e)} |")
     out.append("")
-    orr = v["speed_vs_ort"]
-    comp = [e for e in orr if e["met"] is not None]
-    ort_met = bool(comp) and all(e["met"] for e in comp)
-    verdict_1b = "not measured" if not comp else ("met" if ort_met else "NOT met")
-    out.append(f"**1b. onnxfuse --no-verify within {ORT_FACTOR:g}x of onnxruntime's offline optimizer on every model: "
-               f"{verdict_1b}** ({sum(bool(e['met']) for e in comp)} of {len(comp)} models)")
-    out += ["", "| model | onnxfuse --no-verify s | ort-offline s | ratio | verdict |", "|---|---:|---:|---:|---|"]
-    for e in orr:
-        out.append(f"| {e['model']} | {fmt_t(e['onnxfuse_s'])} | {fmt_t(e['peer_s'])} | {_fr(e.get('ratio'))} | "
-                   f"{_yn(e['met'])}{' (' + e['note'] + ')' if e.get('note') else ''} |")
+    out.append(f"**2. onnxfuse (default, with verification) no slower than onnxslim on every model: "
+               f"{_overall(v['default_vs_onnxslim'])}**")
+    out += ["", "| model | onnxfuse s | onnxslim s | ratio | verdict |", "|---|---:|---:|---:|---|"]
+    for e in v["default_vs_onnxslim"]:
+        out.append(f"| {e['model']} | {fmt_t(e['onnxfuse_s'])} | {fmt_t(e['onnxslim_s'])} | {_fr(e.get('ratio'))} | "
+                   f"{_yn(e['met'])}{_note(e)} |")
+    out.append("")
+    out.append(f"**3. peak RSS at most {MEM_FACTOR:g}x the model file + {MEM_EXTRA_MIB:g} MiB with --no-verify, "
+               f"{MEM_FACTOR_VERIFY:g}x + {MEM_EXTRA_MIB:g} MiB with verification: {_overall(v['memory'])}**")
+    out += ["", "| model | tool | model MiB | limit MiB | peak RSS MiB | verdict |", "|---|---|---:|---:|---:|---|"]
+    for e in v["memory"]:
+        out.append(f"| {e['model']} | {e['tool']} | {e['model_mib']:.1f} | {e['limit_mib']:.0f} | "
+                   f"{fmt_mb(e['peak_mib'])} | {_yn(e['met'])} |")
     out.append("")
     lin = v.get("linearity") or {}
     if FUSE in lin:
         e = lin[FUSE]
-        out.append(f"**2. 400 blocks <= {LINEARITY_LIMIT:g}x the time of 50 blocks (onnxfuse --no-verify): {_yn(e['met'])}** "
-                   f"({e['t400_s']:.2f} s / {e['t50_s']:.2f} s = {e['ratio']:.2f}x)")
+        out.append(f"**4. 400 blocks at most {LINEARITY_LIMIT:g}x the time of 50 blocks (onnxfuse --no-verify): "
+                   f"{_yn(e['met'])}** ({e['t400_s']:.2f} s / {e['t50_s']:.2f} s = {e['ratio']:.2f}x)")
         if "onnxfuse" in lin:
             e2 = lin["onnxfuse"]
             out.append(f"With verification: {e2['t400_s']:.2f} s / {e2['t50_s']:.2f} s = {e2['ratio']:.2f}x "
                        f"({'within' if e2['met'] else 'over'} {LINEARITY_LIMIT:g}x).")
     else:
-        out.append("**2. linearity: not measured** (resnet50 and resnet400 were not both run)")
+        out.append("**4. linearity: not measured** (resnet50 and resnet400 were not both run)")
     out.append("")
-    mem = v["memory"]
-    fm = [e for e in mem if e["tool"] == FUSE and e["met"] is not None]
-    mem_met = bool(fm) and all(e["met"] for e in fm)
-    verdict_3 = "not measured" if not fm else ("met" if mem_met else "NOT met")
-    out.append(f"**3. peak RSS <= {MEM_FACTOR:g} x model size + baseline (onnxfuse --no-verify), baseline "
-               f"{fmt_mb(baseline_mb)} MiB: {verdict_3}** "
-               f"({sum(bool(e['met']) for e in fm)} of {len(fm)} models)")
-    out += ["", "| model | tool | model MiB | limit MiB | peak RSS MiB | verdict |", "|---|---|---:|---:|---:|---|"]
-    for e in mem:
-        out.append(f"| {e['model']} | {e['tool']} | {e['model_mib']:.1f} | {e['limit_mib']:.0f} | {fmt_mb(e['peak_mib'])} | "
-                   f"{_yn(e['met'])} |")
+    out.append(f"**5. no model more than {ORT_FACTOR_ALL:g}x onnxruntime's offline time with --no-verify: "
+               f"{_overall(v['ort_all'])}**")
+    out += ort_head
+    for e in v["ort_all"]:
+        out.append(f"| {e['model']} | {fmt_t(e['onnxfuse_s'])} | {fmt_t(e['ort_s'])} | {_fr(e.get('ratio'))} | "
+                   f"{_yn(e['met'])}{_note(e)} |")
+    out.append("")
+    det = v.get("deterministic") or []
+    out.append(f"**6. the same output bytes on every run of a model (within this benchmark): {_overall(det)}** "
+               "(each run's output SHA-256 is in the JSON; byte identity with an earlier commit is checked with "
+               "`benchmarks/check_determinism.py`)")
     out.append("")
     return out
 
@@ -585,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--runs and --big-runs must be >= 1")
 
     python = args.python
+    # onnxfuse runs from this checkout (never an installed copy): every tool process gets it on PYTHONPATH.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     tools = list(dict.fromkeys(args.tools))
     skipped = {}
     for t in tools:
@@ -653,7 +703,7 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] 
     elapsed = time.perf_counter() - t_start
     load_end = _loadavg()
 
-    verdicts = evaluate(models, all_results, baseline_mb)
+    verdicts = evaluate(models, all_results)
     command = "python " + " ".join([os.path.relpath(__file__, REPO) if Path(__file__).is_relative_to(REPO) else __file__]
                                    + (argv if argv is not None else sys.argv[1:]))
     report = {
@@ -685,7 +735,7 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] 
           "(or smaller).", ""]
     for m in models:
         md += model_table(m, all_results[m.name])
-    md += targets_md(verdicts, baseline_mb)
+    md += targets_md(verdicts)
 
     for p, text in ((args.json, json.dumps(report, indent=1) + "\n"), (args.markdown, "\n".join(md) + "\n")):
         Path(p).parent.mkdir(parents=True, exist_ok=True)
