@@ -8,6 +8,7 @@ propagation through Reshape/Resize/Slice still works.
 
 from __future__ import annotations
 
+import math
 import zipfile
 
 import numpy as np
@@ -27,7 +28,7 @@ TensorInfo = tuple  # (shape: tuple[int | str | None, ...] | None, dtype: numpy.
 
 
 def _strip(t: TensorProto) -> TensorProto:
-    if int(np.prod(t.dims, dtype=np.int64)) <= SKELETON_MAX_ELEMENTS or t.data_location == TensorProto.EXTERNAL:
+    if math.prod(t.dims) <= SKELETON_MAX_ELEMENTS or t.data_location == TensorProto.EXTERNAL:
         return t
     slim = TensorProto(name=t.name, data_type=t.data_type, dims=t.dims, doc_string=t.doc_string)
     return slim
