@@ -13,9 +13,9 @@ Needs py-spy (benchmarks/requirements.txt) and permission to ptrace the child (r
 
 ``--stages N`` instead runs the command N times, each in a fresh process, and prints the CPU time
 (``time.process_time``: user + system of the process, so unlike wall time it hardly depends on what else the
-machine runs) of each pipeline stage in the run with the median total: imports, load, shape inference, traffic, graphsurgeon import, passes,
-export, report, verification and save. ``--src DIR`` runs the onnxfuse found in DIR (another checkout, or a
-``git archive`` of an older commit) instead of this one:
+machine runs) of each pipeline stage in the run with the median total (imports, load, shape inference, traffic,
+graphsurgeon import, passes, export, report, verification, save) and the median max RSS. ``--src DIR`` runs the
+onnxfuse found in DIR (another checkout, or a ``git archive`` of an older commit) instead of this one:
 
     python benchmarks/profile_onnxfuse.py benchmarks/out/resnet400.onnx --no-verify --stages 5
     mkdir -p benchmarks/out/old && git archive 1ca2625 | tar -x -C benchmarks/out/old
@@ -68,7 +68,8 @@ try:
 except SystemExit:
     pass
 marks["total"] = time.process_time() - T0
-print(json.dumps(marks))
+import resource
+print(json.dumps({**marks, "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 STAGE_FUNCS = ("onnxfuse.model_io:load_model:load,onnxfuse.shapes:skeleton:shapes,onnxfuse.shapes:infer:shapes,"
                "onnxfuse.shapes:measure:shapes,onnxfuse.traffic:node_traffic:traffic,onnxfuse.graph:to_graph:import,"
@@ -90,6 +91,7 @@ def stages(model: str, rest: list[str], runs: int, src: Path) -> int:
             print(f"run failed (exit {r.returncode}): {r.stderr.strip()[-300:]}", file=sys.stderr)
             return 1
     shutil.rmtree(tmp, ignore_errors=True)
+    rss = sorted(s.pop("maxrss_mib", 0.0) for s in samples)[len(samples) // 2]
     labels = list(dict.fromkeys(k for s in samples for k in s))
     median = sorted(samples, key=lambda s: s["total"])[len(samples) // 2]  # the run with the median total
     median = {k: median.get(k, 0.0) for k in labels}
@@ -99,6 +101,7 @@ def stages(model: str, rest: list[str], runs: int, src: Path) -> int:
     for k in [*(k for k in labels if k != "total"), "other", "total"]:
         v = other if k == "other" else median[k]
         print(f"  {k:<13} {v:6.3f}  {100 * v / median['total']:5.1f}%")
+    print(f"max RSS (median): {rss:.0f} MiB")
     return 0
 
 

@@ -565,12 +565,12 @@ def test_ctrl_c_while_writing_leaves_the_old_output_and_no_temporary_file(tmp_pa
     out = tmp_path / "out.onnx"
     out.write_bytes(b"old model")
 
-    def interrupted_write(path, data):
+    def interrupted_write(path, parts):
         with open(path, "wb") as fh:
-            fh.write(data[:10])
+            fh.write(parts[0][:10])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(model_io, "_write_bytes", interrupted_write)
+    monkeypatch.setattr(model_io, "_write_parts", interrupted_write)
     result = run_cli("optimize", SAMPLE, out)
     assert result.exit_code == 130 and len(result.stderr.splitlines()) == 1
     assert out.read_bytes() == b"old model"
