@@ -14,7 +14,7 @@ def _model(with_unknown: bool = False) -> onnx.ModelProto:
     w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
     b = helper.make_tensor("b", TensorProto.FLOAT, [8], [0.5] * 8)  # float_data, not raw_data
     then = helper.make_graph([helper.make_node("Identity", ["w"], ["t"])], "then", [],
-                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [8, 3, 3, 3])])
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["y"], ["z"], doc_string="relu"),
              helper.make_node("If", ["c"], ["u"], then_branch=then, else_branch=then)]
@@ -22,7 +22,7 @@ def _model(with_unknown: bool = False) -> onnx.ModelProto:
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
                      helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, 8, 8]),
-         helper.make_tensor_value_info("u", TensorProto.FLOAT, None)],
+         helper.make_tensor_value_info("u", TensorProto.FLOAT, [8, 3, 3, 3])],
         [w, b], doc_string="graph doc",
         value_info=[helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test")
@@ -63,3 +63,14 @@ def test_save_model_writes_the_serialized_bytes(tmp_path):
 def test_varint_encoding():
     assert [model_io._varint(v) for v in (0, 1, 127, 128, 300, 2**31)] == [
         b"\x00", b"\x01", b"\x7f", b"\x80\x01", b"\xac\x02", b"\x80\x80\x80\x80\x08"]
+
+
+def test_load_model_reads_once_and_hashes_the_file(tmp_path):
+    import hashlib
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(), str(path))
+    loaded = model_io.load_model(path)
+    assert loaded.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert loaded.model.SerializeToString() == onnx.load(str(path)).SerializeToString()
+    assert loaded.file_bytes == path.stat().st_size and not loaded.external_data
