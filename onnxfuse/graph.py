@@ -13,6 +13,8 @@ lives here, so the passes stay declarative. graphsurgeon pitfalls fenced in here
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -107,6 +109,10 @@ def _export_in_place(graph: gs.Graph, model: onnx.ModelProto) -> bool:
 
     if any(True for _ in list(all_graphs(graph))[1:]) or any(True for _ in list(proto_graphs(model.graph))[1:]):
         return False
+    if _attribute_elements(model.graph) > IN_PLACE_MAX_ATTRIBUTE_ELEMENTS:
+        # weights in Constant nodes (PaddleOCR exports): the exported nodes copy them, and the input's own nodes
+        # would stay in the model's memory beside the copies; a new model lets the input go instead
+        return False
     target = model.graph
     existing = {id(t): t for t in target.initializer}
     try:
@@ -169,6 +175,23 @@ def _export_in_place(graph: gs.Graph, model: onnx.ModelProto) -> bool:
         target.input.extend(rebuilt)
     _fix_ms_import(model)
     return True
+
+
+#: Largest number of elements in node attribute tensors (Constant nodes) for which :func:`to_model` rewrites the
+#: input model in place; above it the graphsurgeon export makes a new model (see :func:`_export_in_place`).
+IN_PLACE_MAX_ATTRIBUTE_ELEMENTS = 1 << 18
+
+
+def _attribute_elements(graph: onnx.GraphProto) -> int:
+    """Number of tensor elements held in the node attributes of ``graph`` (not its subgraphs)."""
+    total = 0
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                total += math.prod(attr.t.dims)
+            elif attr.type == onnx.AttributeProto.TENSORS:
+                total += sum(math.prod(t.dims) for t in attr.tensors)
+    return total
 
 
 def _write_constant(proto: onnx.TensorProto, constant: gs.Constant) -> None:

@@ -125,3 +125,11 @@ def test_reading_a_weight_exports_the_same_bytes_as_graphsurgeon_caching_it(raw)
     ours = exported(g.constant_value)
     assert ours == exported(lambda t: t.values)
     assert (ours == exported(lambda t: None)) is raw  # float_data is rewritten as raw bytes by the export
+
+
+def test_weights_in_constant_nodes_over_the_limit_take_the_graphsurgeon_path(monkeypatch):
+    model = _constant_nodes()
+    assert 0 < g._attribute_elements(model.graph) <= g.IN_PLACE_MAX_ATTRIBUTE_ELEMENTS
+    monkeypatch.setattr(g, "IN_PLACE_MAX_ATTRIBUTE_ELEMENTS", 0)
+    out = g.to_model(g.to_graph(model), model, reuse_original=True)
+    assert out is not model
