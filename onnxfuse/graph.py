@@ -161,6 +161,10 @@ def _export_in_place(graph: gs.Graph, model: onnx.ModelProto) -> bool:
     order += restored
     rank = {id(t): i for i, t in enumerate(order)}
     target.initializer.sort(key=lambda t: rank.get(id(t), len(order)))  # upb sorts the pointers: no copy
+    if [t.name for t in target.initializer[:len(order)]] != [t.name for t in order]:
+        # a protobuf backend that hands out new wrapper objects would break the identity mapping: never write a
+        # model with the wrong initializers
+        raise RuntimeError("internal error: initializers reordered in place do not match the export order")
     del target.initializer[len(order):]
     for desc, _ in target.ListFields():
         if desc.name != "initializer":
