@@ -260,8 +260,8 @@ def main(ctx: click.Context) -> None:
 @click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped (strict CI).")
 @verify_options
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the full report here (.json, .md or .txt).")
-@click.option("--report-format", type=click.Choice(["text", "json", "markdown"]),
+              help="Also write the full report here (.json, .md, .txt or .html).")
+@click.option("--report-format", type=click.Choice(rep.FORMATS),
               help="Format of --report (default: from its extension).")
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="GB/S",
               help="Add an estimated memory time at this bandwidth (10^9 bytes/s).")
@@ -406,11 +406,13 @@ Exit codes:
 @pass_options
 @click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
               help="Real inputs: their array shapes fix the input shapes of the report.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
-              help="Output format (default: from the -o extension, else text).")
+@click.option("--format", "fmt", type=click.Choice(rep.FORMATS),
+              help="Output format (default: from the -o extension, else text); html is one "
+                   "self-contained page with charts.")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the report to this file instead of stdout (.json, .md or .txt).")
-@click.option("--all", "show_all", is_flag=True, help="Show every row (text and Markdown show the top 20).")
+              help="Write the report to this file instead of stdout (.json, .md, .txt or .html).")
+@click.option("--all", "show_all", is_flag=True,
+              help="Show every row (text and Markdown show the top 20; JSON and HTML always show all).")
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="GB/S",
               help="Add an estimated memory time at this bandwidth (10^9 bytes/s).")
 @click.option("--baseline", type=click.Path(dir_okay=False, path_type=Path), metavar="OLD.json",
@@ -432,6 +434,7 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
           -o traffic.json
       onnxfuse report model.onnx --format markdown >> "$GITHUB_STEP_SUMMARY"
       onnxfuse report model.onnx --baseline main.json -o new.json
+      onnxfuse report model.onnx -o report.html
     """
     from onnxfuse import baseline as baseline_mod
 

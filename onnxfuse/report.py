@@ -1,4 +1,5 @@
-"""The memory-traffic report: data (``Report``) and its renderers (text, JSON, Markdown). Never prints.
+"""The memory-traffic report: data (``Report``) and its renderers (text, JSON, Markdown; HTML in
+``report_html``). Never prints.
 
 The JSON form is documented field by field in ``onnxfuse/report.schema.json`` (``schema_version`` 2). Every
 byte count is a sympy expression in the model's symbolic input dims (``*_expr``, a string ``sympy.sympify``
@@ -25,12 +26,16 @@ from onnxfuse.traffic import ModelIndex, NodeTraffic, Sizes, chain_bytes, fused_
 
 SCHEMA_VERSION = 2
 
+#: Formats ``render`` accepts (the CLI's ``--format`` and ``--report-format`` choices).
+FORMATS = ("text", "json", "markdown", "html")
+
 #: Rows shown per table in text and Markdown unless ``show_all`` (largest byte figures first).
 DEFAULT_TOP_ROWS = 20
 
 #: Report file extension -> format, for ``report -o FILE`` and ``optimize --report FILE``. Add a renderer's
 #: extensions here.
-REPORT_EXTENSIONS = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "text"}
+REPORT_EXTENSIONS = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html",
+                     ".htm": "html"}
 
 
 @dataclass
@@ -725,7 +730,7 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
 
 
 def render(report: Report, fmt: str, show_all: bool = False, width: int = 120) -> str:
-    """Render ``report`` as ``fmt`` (``text``, ``json`` or ``markdown``).
+    """Render ``report`` as ``fmt`` (``text``, ``json``, ``markdown`` or ``html``; HTML always has every row).
 
     Raises:
         ValueError: unknown format.
@@ -736,6 +741,10 @@ def render(report: Report, fmt: str, show_all: bool = False, width: int = 120) -
         return to_markdown(report, show_all)
     if fmt == "text":
         return to_text(report, show_all, width)
+    if fmt == "html":
+        from onnxfuse.report_html import to_html  # imported here: only the html format needs plotly
+
+        return to_html(report.to_dict())
     raise ValueError(f"unknown report format {fmt!r}")
 
 

@@ -1,0 +1,744 @@
+"""The memory-traffic report as one self-contained HTML page (``--format html``). Never prints.
+
+The page is built from ``Report.to_dict()`` only (the JSON form, ``report.schema.json``), which it also embeds
+unchanged in ``<script type="application/json" id="onnxfuse-report">``. It works offline: the charting library
+(plotly.js, from the ``plotly`` Python package's ``get_plotlyjs()``) is inlined gzip-compressed and base64-encoded
+(1.96 MB instead of 4.8 MB for plotly 7.1) and unpacked in the browser with the standard ``DecompressionStream``; a
+Content-Security-Policy with ``default-src 'none'`` forbids every network request. Tables are plain HTML (they
+read and print without JavaScript); a few lines of script make them sortable.
+
+Bytes are shown as KiB/MiB/GiB (powers of 1024), as in the text report, charts included; hover labels add the
+exact bytes. A byte count that is null in the JSON (unknown size, or a symbolic dim without a value) is shown as
+"unknown", or as its ``*_expr`` expression (schema_version 2) when the JSON has one; its bar is drawn at zero.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import gzip
+import html
+import json
+from typing import Any
+
+from onnxfuse.providers import TARGETS
+from onnxfuse.report import human_bytes
+
+#: Chart trace names, one per kind of layer; the legend shows them, the tests look them up.
+TRACE_BEFORE = "before: original nodes"
+TRACE_AFTER = "after: unchanged node"
+TRACE_FUSED = "after: fused group (hatched /)"
+TRACE_UNFUSED = "after: in a pattern left unfused (dotted)"
+
+#: Most node names listed in one hover label (the rest are counted).
+HOVER_NODES = 8
+
+#: What would let a pattern refused for each reason (``passes.Reason`` values) be fused. A reason missing here
+#: is shown as "see the detail"; tests/test_report_html.py checks that every Reason has an entry.
+REMEDIES: dict[str, str] = {
+    "intermediate-has-other-consumers": "none: another node reads the intermediate tensor, so fusing would "
+                                        "compute it twice",
+    "intermediate-is-graph-output": "none while the intermediate tensor is a graph output (remove that output "
+                                    "from the model to allow it)",
+    "weights-not-constant": "export the weights as initializers or Constant nodes (e.g. with constant folding "
+                            "on)",
+    "parameters-not-constant": "export the parameters as initializers or Constant nodes (e.g. with constant "
+                               "folding on)",
+    "initializer-is-graph-input": "--constant-initializer-inputs (only if nobody feeds those inputs at run time)",
+    "batchnorm-training-mode": "export the model in inference mode (BatchNormalization training_mode=0)",
+    "parameter-shape-mismatch": "none: the parameter does not have one value per output channel",
+    "constant-not-per-channel": "none: the constant varies along more than the channel axis",
+    "conv-output-is-divisor": "none: the conv output is the divisor, which no fold can express",
+    "zero-in-divisor": "none: the divisor holds a zero",
+    "activation-not-supported-by-target": "a target whose FusedConv or FusedGemm accepts the activation",
+    "target-allows-no-contrib-ops": "a target with FusedConv or FusedGemm (onnx emits standard ONNX ops only)",
+    "dtype-has-no-fusedconv-kernel": "no target: onnxruntime has FusedConv kernels for float32 only",
+    "dtype-not-foldable": "none: onnxfuse folds floating-point weights only",
+    "clip-bounds-not-constant": "export Clip's min and max as constants",
+    "residual-shape-mismatch": "none: FusedConv's Z input must have exactly the conv output's shape",
+    "quantized-conv": "none: quantized convs are left to onnxruntime's QDQ fusions",
+    "fold-not-finite": "none: the folded weights would overflow the dtype",
+    "matmul-input-not-2d": "none: Gemm takes 2-D inputs only",
+    "constant-not-per-feature": "none: the constant varies along more than the feature axis",
+    "gemm-output-is-divisor": "none: the Gemm output is the divisor, which no fold can express",
+    "gemm-input-transposed": "none: with transA=1 the BatchNormalization channels are Gemm's rows",
+    "flatten-reorders-features": "none: the Flatten or Reshape before the Gemm does not keep one sample's "
+                                 "features per row",
+    "dtype-has-no-fusedgemm-kernel": "no target: onnxruntime has FusedGemm kernels for float32 only",
+    "batchnorm-spatial-0": "none: BatchNormalization with spatial=0 has statistics per element, not per channel",
+    "constant-not-folded": "let constant_fold fold the constant (do not --skip it); its own row says why it did "
+                           "not",
+    "op-has-no-fusedconv-form": "none: onnxruntime's FusedConv has no form for this op",
+    "chain-broken-by-op": "none: no pass removes the op in between",
+    "fold-grows-model": "none: the folded constant would grow the model past onnxfuse's limit",
+    "random-op": "none: the op draws new values on every run",
+    "quantize-dequantize-node": "none: left for onnxruntime's QDQ fusions",
+    "evaluation-failed": "none: onnxruntime could not evaluate the node",
+    "dropout-training-mode": "export the model in inference mode (Dropout training_mode false)",
+    "dropout-mask-used": "none while another node reads the Dropout mask",
+    "pad-mode-not-constant": "none: only a constant-mode Pad folds into the Conv's pads",
+    "pad-value-not-zero": "none: Conv pads with zeros",
+    "pad-on-batch-or-channel": "none: Conv pads the spatial axes only",
+    "negative-pads": "none: negative pads crop, which Conv's pads cannot",
+    "conv-auto-pad-set": "export the Conv with explicit pads (auto_pad NOTSET)",
+}
+
+#: Ops that make a pattern a FusedGemm candidate rather than a FusedConv one.
+_GEMM_OPS = frozenset({"Gemm", "MatMul"})
+
+
+def remedy(row: dict, target: str) -> str:
+    """What option or target would allow the unfused pattern ``row`` (an ``unfused`` entry of the JSON form) on
+    ``target``. For ``activation-not-supported-by-target`` and ``target-allows-no-contrib-ops`` it names the
+    other targets (``providers.TARGETS``) whose FusedConv, or FusedGemm for a Gemm/MatMul pattern, accepts one of
+    the pattern's ops; "see the detail" for a reason without an entry in :data:`REMEDIES`."""
+    reason = row.get("reason") or ""
+    ops = {n["op"] for n in row.get("nodes", [])}
+    kernel = "FusedGemm" if ops & _GEMM_OPS else "FusedConv"
+
+    def accepted(t) -> frozenset[str]:
+        if kernel == "FusedGemm":
+            return t.fused_gemm
+        return t.activations if t.fused_conv else frozenset()
+
+    if reason in ("activation-not-supported-by-target", "target-allows-no-contrib-ops"):
+        fits = [name for name, t in TARGETS.items() if name != target and accepted(t)
+                and (reason == "target-allows-no-contrib-ops" or ops & accepted(t))]
+        if fits:
+            return " or ".join(f"--target {name}" for name in fits)
+        return f"no target: onnxruntime's {kernel} has no such activation"
+    return REMEDIES.get(reason, "see the detail")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Numbers
+
+
+def _bytes_text(obj: dict | None, key: str) -> str:
+    """``obj[key]`` as KiB/MiB, else its ``key_expr`` (symbolic, schema 2) with a unit, else "unknown"."""
+    value = None if obj is None else obj.get(key)
+    if value is not None:
+        return human_bytes(value)
+    expr = None if obj is None else obj.get(f"{key}_expr")
+    if expr and expr.lstrip("-").isdigit():  # an expression without symbols is a number
+        return human_bytes(int(expr))
+    return f"{expr} B" if expr else "unknown"
+
+
+def _bytes_cell(obj: dict | None, key: str) -> str:
+    """A ``<td>`` for a byte count, sortable by its exact value (unknown sorts first), exact bytes on hover; an
+    expression wraps (class ``expr``)."""
+    value = None if obj is None else obj.get(key)
+    title = f' title="{value:,} bytes"' if value is not None else ""
+    sort = value if value is not None else ""
+    kind = _cell_class(obj or {}, key)
+    return f'<td class="{kind}" data-value="{sort}"{title}>{_folded(_bytes_text(obj, key))}</td>'
+
+
+#: Longer cell texts (byte expressions, symbolic shapes) are folded: the start shows, a click opens the rest.
+FOLD_CHARS = 20
+
+
+def _folded(text: str) -> str:
+    """``text`` escaped, in a ``<details>`` showing its first :data:`FOLD_CHARS` characters when it is longer."""
+    if len(text) <= FOLD_CHARS:
+        return html.escape(text)
+    return (f'<details class="fold"><summary>{html.escape(text[:FOLD_CHARS])}…</summary>'
+            f"<code>{html.escape(text)}</code></details>")
+
+
+def _cell_class(obj: dict, key: str) -> str:
+    """``num``, or ``num expr`` (a cell that may wrap) when ``obj[key]`` is shown as an expression."""
+    return "num" if obj.get(key) is not None or not obj.get(f"{key}_expr") else "num expr"
+
+
+def _node_total(row: dict | None) -> tuple[int | None, str | None]:
+    """(read + written bytes or None, symbolic expression or None) of a ``nodes.before/after`` row."""
+    if row is None:
+        return None, None
+    r, w = row.get("read_bytes"), row.get("written_bytes")
+    if r is not None and w is not None:
+        return r + w, None
+    expr = row.get("total_bytes_expr")
+    if expr is None and row.get("read_bytes_expr") and row.get("written_bytes_expr"):
+        expr = _add_exprs(row["read_bytes_expr"], row["written_bytes_expr"])
+    return None, expr
+
+
+def _add_exprs(a: str, b: str) -> str:
+    """The sum of two byte expressions, simplified by sympy (which schema-2 reports come with), else as written."""
+    try:
+        import sympy
+    except ImportError:  # pragma: no cover - a schema-1 install has no expressions to add
+        return f"{a} + {b}"
+    return str(sympy.sympify(a) + sympy.sympify(b))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Layers of the chart
+
+
+def layer_units(doc: dict) -> list[dict]:
+    """The chart's bars: the model's nodes in execution order (``nodes.before``), one bar per node, except that
+    each fused group (a ``fusions`` row) is one bar placed at its first original node, and ``Constant`` nodes
+    (which move no bytes) are left out. Nodes that only the optimized model has come after the bar of the node
+    before them in ``nodes.after``.
+
+    Returns dicts with ``kind`` (``node``, ``fused``, ``unfused``: in a pattern left unfused, ``removed``,
+    ``new``), ``nodes`` (``{name, op, output}`` of the original nodes), ``before``/``after`` (bytes or None),
+    ``before_expr``/``after_expr`` (symbolic or None), ``into`` (the fused node, for ``fused``) and
+    ``reason`` (for ``unfused``).
+    """
+    before_rows, after_rows = doc["nodes"]["before"], doc["nodes"]["after"]
+    after_by_key = {r["output"]: r for r in after_rows}
+    before_keys = {r["output"] for r in before_rows}
+    group_of = {n["output"]: i for i, f in enumerate(doc["fusions"]) for n in f["replaced"]}
+    fusion_outputs = {f["output"]: i for i, f in enumerate(doc["fusions"])}
+    unfused_of: dict[str, dict] = {}
+    for u in doc["unfused"]:
+        for n in u["nodes"]:
+            unfused_of.setdefault(n["output"], u)
+
+    units: list[dict] = []
+    unit_of_after: dict[str, int] = {}
+    emitted: set[int] = set()
+    for row in before_rows:
+        key = row["output"]
+        if key in group_of:
+            i = group_of[key]
+            if i in emitted:
+                continue
+            emitted.add(i)
+            f = doc["fusions"][i]
+            unit_of_after[f["output"]] = len(units)
+            units.append({"kind": "fused", "nodes": [_ref(n) for n in f["replaced"]],
+                          "before": f.get("bytes_before"), "before_expr": f.get("bytes_before_expr"),
+                          "after": f.get("bytes_after"), "after_expr": f.get("bytes_after_expr"),
+                          "into": {"name": f["node"], "op": f["op"]}, "reason": None})
+            continue
+        if row["op"] == "Constant":
+            continue
+        before, before_expr = _node_total(row)
+        after_row = after_by_key.get(key) if key not in fusion_outputs else None
+        after, after_expr = _node_total(after_row) if after_row is not None else (0, None)
+        kind = "unfused" if key in unfused_of else ("node" if after_row is not None else "removed")
+        if after_row is not None:
+            unit_of_after[key] = len(units)
+        units.append({"kind": kind, "nodes": [_ref(row)], "before": before, "before_expr": before_expr,
+                      "after": after, "after_expr": after_expr, "into": None,
+                      "reason": unfused_of[key]["reason"] if key in unfused_of else None})
+
+    # nodes only the optimized model has: after the bar of the node that precedes them there
+    extra: dict[int, list[dict]] = {}
+    last = -1
+    for row in after_rows:
+        key = row["output"]
+        if key in unit_of_after:
+            last = unit_of_after[key]
+        elif key not in before_keys and row["op"] != "Constant":
+            after, after_expr = _node_total(row)
+            extra.setdefault(last, []).append({"kind": "new", "nodes": [_ref(row)], "before": 0,
+                                               "before_expr": None, "after": after, "after_expr": after_expr,
+                                               "into": None, "reason": None})
+    if not extra:
+        return units
+    out = list(extra.get(-1, []))
+    for i, u in enumerate(units):
+        out.append(u)
+        out.extend(extra.get(i, []))
+    return out
+
+
+def _ref(row: dict) -> dict:
+    return {"name": row.get("name") or "", "op": row["op"], "output": row["output"]}
+
+
+def _label(node: dict) -> str:
+    """A node's name, or its output tensor's name when the model left it unnamed."""
+    return node["name"] or node["output"]
+
+
+def _short(text: str, limit: int = 48) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _hover(index: int, unit: dict) -> str:
+    """Hover label of one bar (plotly renders <br> and <b>; everything else is escaped)."""
+    nodes = unit["nodes"]
+    kind = {"fused": f"fused group of {len(nodes)} nodes", "unfused": "in a pattern left unfused",
+            "removed": "removed by a rewrite", "new": "added by a rewrite", "node": "unchanged"}[unit["kind"]]
+    lines = [f"<b>layer {index}: {kind}</b>"]
+    for n in nodes[:HOVER_NODES]:
+        lines.append(html.escape(f"{n['op']} {_short(_label(n))}"))
+    if len(nodes) > HOVER_NODES:
+        lines.append(f"… and {len(nodes) - HOVER_NODES} more")
+    if unit["into"]:
+        lines.append(html.escape(f"→ {unit['into']['op']} {_short(unit['into']['name'])}"))
+    if unit["reason"]:
+        lines.append(html.escape(f"reason: {unit['reason']}"))
+    return "<br>".join(lines)
+
+
+def _exact(obj: dict, key: str) -> str:
+    """Hover text of a byte count: KiB/MiB and the exact bytes, or the symbolic expression, or unknown."""
+    value = obj.get(key)
+    if value is not None:
+        return f"{human_bytes(value)} ({value:,} B)"
+    return html.escape(_short(_bytes_text(obj, key), 100))  # the tables give long expressions in full
+
+
+def chart_unit(largest: int | None) -> tuple[str, int]:
+    """(name, bytes) of the power-of-1024 unit for an axis whose largest value is ``largest`` bytes."""
+    name, size = "B", 1
+    for candidate, candidate_size in (("KiB", 1024), ("MiB", 1024**2), ("GiB", 1024**3)):
+        if largest is not None and largest >= candidate_size:
+            name, size = candidate, candidate_size
+    return name, size
+
+
+def _scaled(value: int | None, size: int) -> float:
+    """``value`` bytes in units of ``size``; 0 for an unknown size, so that the bar still has a hover label
+    (plotly gives a null value none), which says unknown or gives the expression."""
+    return 0 if value is None else value / size
+
+
+def traffic_figure(units: list[dict]) -> dict:
+    """The plotly figure (``data``, ``layout``) of bytes per layer: a wide light bar per layer for the original
+    nodes and a narrow dark bar inside it for the optimized model, hatched for a fused group and dotted for a
+    pattern left unfused, so that the kinds differ without colour. The x axis is the layer's position in
+    execution order; a range slider zooms. Values are in the KiB/MiB/GiB unit that fits the largest layer."""
+    known = [u[k] for u in units for k in ("before", "after") if u[k] is not None]
+    unit_name, size = chart_unit(max(known, default=None))
+
+    def trace(name: str, members: list[int], side: str, **style) -> dict:
+        template = f"{side}: %{{customdata[1]}}" + ("<br>%{customdata[0]}" if side == "before" else "")
+        return {"type": "bar", "name": name, "x": members, "y": [_scaled(units[i][side], size) for i in members],
+                "customdata": [[_hover(i, units[i]), _exact(units[i], side)] for i in members],
+                "hovertemplate": template + "<extra></extra>", **style}
+
+    everything = list(range(len(units)))
+    by_kind: dict[str, list[int]] = {"plain": [], "fused": [], "unfused": []}
+    for i, u in enumerate(units):
+        by_kind[u["kind"] if u["kind"] in ("fused", "unfused") else "plain"].append(i)
+    line = {"color": "#222222", "width": 0.5}
+    data = [
+        trace(TRACE_BEFORE, everything, "before", width=0.9, marker={"color": "#d4d4d4", "line": line}),
+        trace(TRACE_AFTER, by_kind["plain"], "after", width=0.5, marker={"color": "#4d4d4d"}),
+        trace(TRACE_FUSED, by_kind["fused"], "after", width=0.5,
+              marker={"color": "#1f5fa8", "line": line,
+                      "pattern": {"shape": "/", "bgcolor": "#bcd3ee", "fgcolor": "#1f5fa8", "size": 6,
+                                  "solidity": 0.45}}),
+        trace(TRACE_UNFUSED, by_kind["unfused"], "after", width=0.5,
+              marker={"color": "#a34f00", "line": line,
+                      "pattern": {"shape": ".", "bgcolor": "#f3d2b3", "fgcolor": "#a34f00", "size": 5,
+                                  "solidity": 0.5}}),
+    ]
+    layout = {
+        "barmode": "overlay", "hovermode": "x unified", "height": 460, "margin": {"l": 70, "r": 20, "t": 10, "b": 40},
+        "font": {"family": "system-ui, sans-serif", "size": 12},
+        "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+        "xaxis": {"title": {"text": "layer, in execution order (drag the slider or across the plot to zoom)"},
+                  "rangeslider": {"visible": True, "thickness": 0.08}, "range": [-0.5, len(units) - 0.5]},
+        "yaxis": {"title": {"text": f"{unit_name} moved (read + written)" if known else "bytes unknown at these "
+                            "shapes (hover for expressions)"}, "fixedrange": True, "rangemode": "tozero",
+                  "showticklabels": bool(known)},
+        "plot_bgcolor": "#ffffff",
+    }
+    return {"data": data, "layout": layout}
+
+
+def totals_figure(totals: dict) -> dict | None:
+    """A horizontal bar of bytes before and after, with the saved bytes hatched beside the after bar; None when
+    either total is unknown."""
+    before, after = totals["before"].get("total_bytes"), totals["after"].get("total_bytes")
+    if before is None or after is None:
+        return None
+    saved = before - after
+    percent = 100.0 * saved / before if before else 0.0
+    unit_name, size = chart_unit(max(before, after))
+    data = [
+        {"type": "bar", "orientation": "h", "name": "moved", "y": ["after", "before"],
+         "x": [after / size, before / size],
+         "text": [f"after {human_bytes(after)} · saved {human_bytes(saved)} ({percent:.1f}%)",
+                  f"before {human_bytes(before)}"],
+         "textposition": "inside", "insidetextanchor": "start", "marker": {"color": "#4d4d4d"},
+         "textfont": {"color": "#ffffff"}, "customdata": [f"{after:,} B", f"{before:,} B"],
+         "hovertemplate": "%{text} (%{customdata})<extra></extra>"},
+        {"type": "bar", "orientation": "h", "name": "saved (hatched)", "y": ["after"], "x": [max(saved, 0) / size],
+         "customdata": [f"saved {human_bytes(saved)} ({saved:,} B)"],
+         "marker": {"color": "#ffffff", "line": {"color": "#1f5fa8", "width": 1},
+                    "pattern": {"shape": "/", "bgcolor": "#ffffff", "fgcolor": "#1f5fa8", "size": 6}},
+         "hovertemplate": "%{customdata}<extra></extra>"},
+    ]
+    layout = {"barmode": "stack", "height": 150, "margin": {"l": 20, "r": 20, "t": 5, "b": 40},
+              "showlegend": False, "font": {"family": "system-ui, sans-serif", "size": 12},
+              "xaxis": {"title": {"text": unit_name}, "fixedrange": True},
+              "yaxis": {"fixedrange": True, "showticklabels": False},
+              "plot_bgcolor": "#ffffff"}
+    return {"data": data, "layout": layout}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Page
+
+
+@functools.lru_cache(maxsize=1)
+def plotly_js_gzip_base64() -> str:
+    """plotly.js (from the ``plotly`` package, ``plotly.offline.get_plotlyjs()``) gzip-compressed (level 9,
+    mtime 0 so the page is reproducible) and base64-encoded."""
+    from plotly.offline import get_plotlyjs
+
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode("utf-8"), compresslevel=9, mtime=0)).decode()
+
+
+def _json_for_script(value: Any) -> str:
+    """JSON safe inside ``<script>``: ``<``, ``>`` and ``&`` escaped, so no ``</script>`` can end it early."""
+    text = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _shapes_html(doc: dict) -> str:
+    parts = [f"<code>{_e(k)}</code> = {_e('x'.join(map(str, v)))}" for k, v in doc["input_shapes"].items()]
+    for u in doc.get("unknown_shapes") or []:
+        dims = ", ".join(map(str, u.get("shape") or []))
+        parts.append(f"<code>{_e(u['input'])}</code> = [{_e(dims)}] (symbolic)")
+    text = "; ".join(parts) or "as stored in the model"
+    symbols = doc.get("symbols") or {}
+    if symbols:
+        text += "<br>symbols: " + "; ".join(
+            f"<code>{_e(s)}</code> = {_e(v.get('input'))}[{_e(v.get('axis'))}]"
+            + (f" ({_e(v['dim_param'])})" if v.get("dim_param") else "") for s, v in sorted(symbols.items()))
+    values = doc.get("symbol_values") or {}
+    if values:
+        text += "<br>symbol values: " + ", ".join(f"<code>{_e(k)}</code> = {_e(v)}" for k, v in sorted(values.items()))
+    return text
+
+
+def _verification_html(doc: dict) -> str:
+    """Status, its summary (or the reason it was skipped), and each output's errors against its tolerance."""
+    v = doc["verification"] or {}
+    status = v.get("status", "unknown")
+    out = [f'<span class="status status-{_e(status)}" id="verification-status">{_e(status)}</span>']
+    if v.get("reason"):
+        out.append(f" ({_e(v['reason'])})")
+    if v.get("summary"):
+        out.append(f" {_e(v['summary'])}")
+    elif v.get("max_abs_error") is not None:
+        out.append(f"; max abs error {v['max_abs_error']:.3g}, max rel error {v.get('max_rel_error') or 0:.3g}")
+    outputs = v.get("outputs") or []
+    if outputs:
+        columns = [("max abs error", "max_abs_error"), ("max rel error", "max_rel_error"),
+                   ("tolerance", "tolerance"), ("atol", "atol"), ("rtol", "rtol")]
+        columns = [c for c in columns if any(o.get(c[1]) is not None for o in outputs)]
+        rows = "".join(
+            f"<tr><td><code>{_e(o.get('name'))}</code></td><td>{_e(o.get('dtype'))}</td>"
+            + "".join(f"<td class=num>{_num(o.get(key))}</td>" for _, key in columns)
+            + f"<td>{'pass' if o.get('passed') else 'FAIL'}</td></tr>" for o in outputs)
+        rule = f" (rule {_e(v['rule'])})" if v.get("rule") else ""
+        out.append('<div class="scroll"><table class="compact"><thead><tr><th>output</th><th>dtype</th>'
+                   + "".join(f"<th>{title}</th>" for title, _ in columns)
+                   + f"<th>within tolerance{rule}</th></tr></thead><tbody>{rows}</tbody></table></div>")
+    return "".join(out)
+
+
+def _num(x: float | None) -> str:
+    return "unknown" if x is None else f"{x:.3g}"
+
+
+def _totals_html(doc: dict) -> str:
+    t = doc["totals"]
+    rows = []
+    for side in ("before", "after"):
+        s = t[side]
+        rows.append(f'<tr><th scope="row">{side}</th>{_bytes_cell(s, "read_bytes")}{_bytes_cell(s, "written_bytes")}'
+                    f'<td class="{_cell_class(s, "total_bytes")}" id="total-{side}" '
+                    f'data-bytes="{_e(s.get("total_bytes"))}">'
+                    f"<b>{_e(_bytes_text(s, 'total_bytes'))}</b></td><td class=num>{_e(s.get('nodes'))}</td>"
+                    f"<td class=num>{_e(s.get('unknown_nodes'))}</td></tr>")
+    pct = t.get("saved_percent")
+    pct_text = f" ({pct:.1f}%)" if pct is not None else ""
+    rows.append(f'<tr><th scope="row">saved</th><td></td><td></td><td class="{_cell_class(t, "saved_bytes")}" '
+                'id="total-saved" '
+                f'data-bytes="{_e(t.get("saved_bytes"))}"><b>{_e(_bytes_text(t, "saved_bytes"))}{pct_text}</b>'
+                "</td><td></td><td></td></tr>")
+    extra = []
+    if t.get("saved_percent_as_dims_grow") is not None:
+        extra.append(f"saved about {t['saved_percent_as_dims_grow']:.1f}% as the symbolic dims grow")
+    b1 = t.get("at_batch_1")
+    if b1:
+        extra.append(f"at batch 1 ({_e(b1.get('symbol'))} = 1): before {_e(human_bytes(b1.get('before_total_bytes')))}"
+                     f", after {_e(human_bytes(b1.get('after_total_bytes')))}, saved "
+                     f"{_e(human_bytes(b1.get('saved_bytes')))}")
+    return ('<div class="scroll"><table class="totals"><thead><tr><th></th><th>read</th><th>written</th>'
+            "<th>total</th><th>nodes</th>"
+            f"<th>unknown nodes</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+            + "".join(f"<p>{x}</p>" for x in extra))
+
+
+def _sortable(table_id: str, columns: list[tuple[str, str]], rows: list[str], empty: str) -> str:
+    """A table sortable by clicking a header button; ``columns`` are (title, "num" or "text")."""
+    if not rows:
+        return f"<p>{_e(empty)}</p>"
+    head = "".join(f'<th data-type="{kind}" aria-sort="none"><button type="button">{_e(title)}'
+                   '<span class="arrow" aria-hidden="true"></span></button></th>' for title, kind in columns)
+    return (f'<div class="scroll"><table class="sortable" id="{table_id}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def _chain(nodes: list[dict]) -> str:
+    return " → ".join(n["op"] for n in nodes)
+
+
+def _fusion_rows(doc: dict) -> list[str]:
+    rows = []
+    for f in doc["fusions"]:
+        names = ", ".join(_label(n) for n in f["replaced"])
+        shape = "x".join("?" if d is None else str(d) for d in f["shape"]) if f.get("shape") else "unknown"
+        output = f"{shape} {f.get('dtype') or ''}"
+        saved = _bytes_cell(f, "saved_bytes")
+        if f.get("saved_bytes") is None and f.get("unknown_reason"):
+            saved = saved.replace("<td ", f'<td title="{_e(f["unknown_reason"])}" ', 1)
+        rows.append(f"<tr><td><code>{_e(f['node'])}</code></td><td>{_e(f['op'])}</td>"
+                    f'<td title="{_e(names)}">{_e(_chain(f["replaced"]))}</td><td>{_e(f.get("activation") or "")}'
+                    f"</td><td>{_e(', '.join(f.get('passes') or []))}</td><td>{_folded(output)}"
+                    f"</td>{_bytes_cell(f, 'bytes_before')}{_bytes_cell(f, 'bytes_after')}"
+                    f"{saved}</tr>")
+    return rows
+
+
+def _unfused_rows(doc: dict) -> list[str]:
+    rows = []
+    for u in doc["unfused"]:
+        first = _label(u["nodes"][0]) if u["nodes"] else ""
+        rows.append(f"<tr><td><code>{_e(first)}</code></td><td>{_e(_chain(u['nodes']))}</td>"
+                    f"<td>{_e(u.get('pass') or '')}</td><td><code>{_e(u['reason'])}</code></td>"
+                    f"<td>{_e(u.get('detail') or '')}</td>{_bytes_cell(u, 'bytes')}"
+                    f"<td>{_e(remedy(u, doc['target']))}</td></tr>")
+    return rows
+
+
+def _other_html(doc: dict) -> str:
+    stats = "".join(
+        f"<tr><td>{_e(s['name'])}</td><td class=num>{_e(s['applied'])}</td><td>"
+        f"{_e(', '.join(f'{k} {v}' for k, v in s['skipped'].items()) or '-')}</td></tr>" for s in doc["pass_stats"])
+    ops = doc["op_counts"]
+    op_rows = "".join(f"<tr><td>{_e(op)}</td><td class=num>{ops['before'].get(op, 0)}</td>"
+                      f"<td class=num>{ops['after'].get(op, 0)}</td></tr>"
+                      for op in sorted(set(ops["before"]) | set(ops["after"])))
+    return ('<div class="two"><div><h3>Passes</h3><table class="compact"><thead><tr><th>pass</th><th>rewrites</th>'
+            f"<th>skipped by reason</th></tr></thead><tbody>{stats}</tbody></table></div>"
+            '<div><h3>Nodes by op type</h3><table class="compact"><thead><tr><th>op</th><th>before</th>'
+            f"<th>after</th></tr></thead><tbody>{op_rows}</tbody></table></div></div>")
+
+
+def _unknown_html(doc: dict) -> str:
+    """The nodes of the optimized model whose traffic is unknown, with their tensors and (schema 2) the reason."""
+    rows = "".join(
+        f"<tr><td><code>{_e(u.get('node') or u.get('output'))}</code></td><td>{_e(u.get('op'))}</td>"
+        f"<td>{_e(', '.join(u.get('tensors') or []))}</td><td>{_e(u.get('reason') or '')}</td></tr>"
+        for u in doc.get("unknown_nodes") or [])
+    if not rows:
+        return ""
+    return (f'<section id="unknown-section"><h2>Nodes of unknown size ({len(doc["unknown_nodes"])})</h2>'
+            "<p>Left out of every total: the size of a tensor they read or write is not known.</p>"
+            '<table class="compact"><thead><tr><th>node</th><th>op</th><th>tensors of unknown size</th>'
+            f"<th>why</th></tr></thead><tbody>{rows}</tbody></table></section>")
+
+
+def _notes_html(doc: dict, units: list[dict]) -> str:
+    notes = [f'<p class="warning"><b>Warning:</b> {_e(w)}</p>' for w in doc.get("warnings") or []]
+    if doc.get("unknown_shapes"):
+        notes.append('<p class="warning"><b>Unknown shapes:</b> give <code>--input-shape</code> for '
+                     + ", ".join(f"<code>{_e(u['input'])}</code>" for u in doc["unknown_shapes"])
+                     + " to count every byte.</p>")
+    if doc.get("shapes_measured"):
+        notes.append("<p>Some tensor sizes were measured in one onnxruntime run on random inputs (onnx shape "
+                     "inference could not resolve them).</p>")
+    if doc.get("subgraph_nodes"):
+        notes.append(f"<p>{_e(doc['subgraph_nodes'])} nodes inside If/Loop/Scan bodies are counted once each.</p>")
+    b = doc.get("bandwidth")
+    if b:
+        notes.append(f"<p>Estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate): "
+                     f"{b['before_ms']:.3f} ms → {b['after_ms']:.3f} ms.</p>")
+    assumptions = doc.get("shape_assumptions") or []
+    if assumptions:
+        notes.append(f"<details><summary>{len(assumptions)} assumptions about the symbolic dims</summary><ul>"
+                     + "".join(f"<li><code>{_e(a)}</code></li>" for a in assumptions) + "</ul></details>")
+    unknown = sum(1 for u in units if u["before"] is None or u["after"] is None)
+    if units and unknown == len(units) and doc.get("symbols"):
+        notes.append("<p>No layer has a byte count at these shapes: the model has symbolic dims ("
+                     + ", ".join(f"<code>{_e(s)}</code>" for s in sorted(doc["symbols"]))
+                     + ") without a value, so the bars are empty. The hover labels and the tables give every byte "
+                     "count as an expression; give <code>--input-shape NAME=DIMS</code> to draw them.</p>")
+    elif unknown:
+        notes.append(f"<p>{unknown} of {len(units)} layers have an unknown size "
+                     "(drawn at zero; their hover label says unknown or gives the expression).</p>")
+    return "".join(notes)
+
+
+def to_html(doc: dict) -> str:
+    """The self-contained HTML page (UTF-8 text, about 2 MB) for the report ``doc``: the dict of
+    ``Report.to_dict()``, schema_version 1 or 2.
+
+    Raises:
+        KeyError: ``doc`` lacks a field that ``report.schema.json`` requires.
+    """
+    m, t = doc["model"], doc["totals"]
+    units = layer_units(doc)
+    constants = sum(1 for r in doc["nodes"]["before"] if r["op"] == "Constant")
+    fused_units = sum(1 for u in units if u["kind"] == "fused")
+    totals_fig = totals_figure(t)
+    figures = {"traffic": traffic_figure(units), "totals": totals_fig}
+    target = TARGETS.get(doc["target"])
+    providers = ", ".join(target.providers) if target and target.providers else "standard ONNX only"
+    header = (
+        "<h1>onnxfuse memory-traffic report</h1>"
+        '<dl class="meta">'
+        f'<dt>model</dt><dd><code id="model-path">{_e(m["path"])}</code> · {_e(human_bytes(m.get("file_bytes")))}'
+        f"{' · external data' if m.get('external_data') else ''}</dd>"
+        f'<dt>sha256</dt><dd><code id="model-sha256">{_e(m["sha256"])}</code></dd>'
+        f"<dt>target</dt><dd><code>{_e(doc['target'])}</code> ({_e(providers)})</dd>"
+        f"<dt>input shapes</dt><dd>{_shapes_html(doc)}</dd>"
+        f"<dt>verification</dt><dd>{_verification_html(doc)}</dd>"
+        f"<dt>onnxfuse</dt><dd>{_e(doc['onnxfuse_version'])} · passes {_e(', '.join(doc['passes']))}</dd>"
+        "</dl>"
+    )
+    fusion_table = _sortable(
+        "fusions", [("node", "text"), ("op", "text"), ("replaced", "text"), ("activation", "text"),
+                    ("passes", "text"), ("output", "text"), ("bytes before", "num"), ("bytes after", "num"),
+                    ("saved", "num")], _fusion_rows(doc), "No pattern was fused.")
+    unfused_table = _sortable(
+        "unfused", [("first node", "text"), ("pattern", "text"), ("pass", "text"), ("reason", "text"),
+                    ("detail", "text"), ("would save", "num"), ("what would allow it", "text")],
+        _unfused_rows(doc), "No pattern was left unfused.")
+    body = (
+        f"<header>{header}</header>"
+        f"<section id=\"totals\"><h2>Totals (bytes moved to and from device memory)</h2>{_totals_html(doc)}"
+        + ('<div id="totals-chart" class="chart" role="img" aria-label="bar: bytes before and after, saved bytes '
+           'hatched"></div>' if totals_fig else "")
+        + f"{_notes_html(doc, units)}</section>"
+        '<section id="traffic"><h2>Traffic per layer</h2>'
+        f"<p>{len(units)} layers in execution order: {fused_units} fused groups (one bar each, hatched), the other "
+        f"nodes one bar each; {constants} Constant nodes move nothing and are not drawn. The light bar is the "
+        "original model, the dark bar inside it the optimized one. Hover a bar for its nodes; drag the slider "
+        "below the chart or drag across the plot to zoom, double-click to reset.</p>"
+        '<div id="traffic-chart" class="chart" role="img" aria-label="bar chart of bytes moved per layer, before '
+        'and after fusion"></div><p class="nochart" hidden>The chart needs a browser with DecompressionStream '
+        "(Chromium 80, Firefox 113, Safari 16.4 or later); the tables below hold the same figures.</p></section>"
+        f'<section id="fusions-section"><h2>Fusions applied ({len(doc["fusions"])})</h2>{fusion_table}</section>'
+        f'<section id="unfused-section"><h2>Left unfused ({len(doc["unfused"])})</h2>'
+        "<p>Each pattern a pass found but declined, with the reason, the bytes one fused node would save, and what "
+        f"option or target would allow it.</p>{unfused_table}</section>"
+        f"{_unknown_html(doc)}"
+        f'<section id="other"><h2>Passes and op types</h2>{_other_html(doc)}</section>'
+    )
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'unsafe-inline' "
+        "'unsafe-eval'; style-src 'unsafe-inline'; img-src data:; font-src data:\">"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>onnxfuse report: {_e(m['path'])}</title><style>{_CSS}</style></head><body>{body}"
+        f'<script type="application/json" id="onnxfuse-report">{_json_for_script(doc)}</script>'
+        f'<script type="application/json" id="onnxfuse-figures">{_json_for_script(figures)}</script>'
+        f'<script type="application/octet-stream" id="plotly-gzip-base64">{plotly_js_gzip_base64()}</script>'
+        f"<script>{_JS}</script></body></html>\n"
+    )
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; color: #111; background: #fff; margin: 1.5rem auto; max-width: 1400px;
+       padding: 0 1rem; line-height: 1.4; }
+h1 { font-size: 1.3rem; word-break: break-all; } h2 { font-size: 1.15rem; margin-top: 2rem; }
+h3 { font-size: 1rem; }
+code { font-family: ui-monospace, monospace; font-size: 0.92em; overflow-wrap: anywhere; }
+dl.meta { display: grid; grid-template-columns: max-content 1fr; gap: 0.2rem 1rem; margin: 0; }
+dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; }
+table { border-collapse: collapse; margin: 0.5rem 0; font-size: 0.9rem; }
+th, td { border: 1px solid #bbb; padding: 0.2rem 0.45rem; text-align: left; vertical-align: top; }
+td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+td.expr { white-space: normal; text-align: left; overflow-wrap: anywhere; max-width: 30rem;
+          font-family: ui-monospace, monospace; font-size: 0.85em; }
+details.fold summary { cursor: pointer; white-space: nowrap; }
+details.fold code { white-space: normal; overflow-wrap: anywhere; }
+thead th { background: #eee; }
+th button { all: unset; cursor: pointer; display: block; width: 100%; }
+th button:focus-visible { outline: 2px solid #000; }
+th[aria-sort="ascending"] .arrow::after { content: " ▲"; }
+th[aria-sort="descending"] .arrow::after { content: " ▼"; }
+th[aria-sort="none"] .arrow::after { content: " ↕"; color: #777; }
+.status { font-weight: 700; padding: 0 0.3rem; border: 1px solid #000; }
+.status-passed::before { content: "✓ "; } .status-failed::before { content: "✗ "; }
+.status-skipped::before { content: "\\2013  "; } .status-failed { background: #fdd; }
+.warning { border-left: 4px solid #000; padding-left: 0.5rem; }
+.scroll { overflow-x: auto; } .chart { width: 100%; } .two { display: flex; gap: 2rem; flex-wrap: wrap; }
+table.sortable td:first-child { min-width: 9rem; } #unfused td:nth-child(4) { min-width: 11rem; }
+#unfused td:nth-child(5) { max-width: 36rem; }
+@media print {
+  body { max-width: none; margin: 0; font-size: 10pt; }
+  th button .arrow, .rangeslider-container, .modebar-container { display: none !important; }
+  .scroll { overflow: visible; } section { break-inside: auto; } tr, .chart { break-inside: avoid; }
+  thead { display: table-header-group; } h2 { break-after: avoid; }
+}
+"""
+
+_JS = r"""
+"use strict";
+(function () {
+  function sortBy(table, th, index) {
+    const numeric = th.dataset.type === "num";
+    const ascending = th.getAttribute("aria-sort") !== "ascending";
+    for (const other of table.tHead.rows[0].cells) other.setAttribute("aria-sort", "none");
+    th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+    const body = table.tBodies[0];
+    const key = (row) => {
+      const cell = row.cells[index];
+      if (!numeric) return cell.textContent.trim().toLowerCase();
+      return cell.dataset.value === "" ? -Infinity : Number(cell.dataset.value);
+    };
+    const rows = Array.from(body.rows).sort((a, b) => {
+      const x = key(a), y = key(b);
+      return (x < y ? -1 : x > y ? 1 : 0) * (ascending ? 1 : -1);
+    });
+    for (const row of rows) body.appendChild(row);
+  }
+  for (const table of document.querySelectorAll("table.sortable")) {
+    Array.from(table.tHead.rows[0].cells).forEach((th, index) => {
+      th.querySelector("button").addEventListener("click", () => sortBy(table, th, index));
+    });
+  }
+
+  window.addEventListener("beforeprint", () => {
+    for (const d of document.querySelectorAll("details")) d.open = true;
+  });
+
+  async function loadPlotly() {
+    const packed = document.getElementById("plotly-gzip-base64").textContent;
+    const bytes = Uint8Array.from(atob(packed), (c) => c.charCodeAt(0));
+    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+    const code = await new Response(stream).text();
+    (0, eval)(code);
+  }
+
+  async function draw() {
+    const figures = JSON.parse(document.getElementById("onnxfuse-figures").textContent);
+    if (typeof DecompressionStream === "undefined") {
+      document.querySelector(".nochart").hidden = false;
+      return;
+    }
+    await loadPlotly();
+    const config = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d"] };
+    const plots = [];
+    for (const [name, fig] of Object.entries(figures)) {
+      const div = document.getElementById(name + "-chart");
+      if (fig && div) plots.push(Plotly.newPlot(div, fig.data, fig.layout, config));
+    }
+    await Promise.all(plots);
+    document.body.dataset.chartsReady = "true";
+  }
+  draw().catch((err) => { console.error("onnxfuse report: " + err); });
+})();
+"""

