@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 from onnxfuse.providers import TARGETS
-from onnxfuse.report import human_bytes
+from onnxfuse.report import LONG_EXPRESSION_CHARS, human_bytes
 
 #: Chart trace names, one per kind of layer; the legend shows them, the tests look them up.
 TRACE_BEFORE = "before: original nodes"
@@ -114,25 +114,46 @@ def remedy(row: dict, target: str) -> str:
 # Numbers
 
 
-def _bytes_text(obj: dict | None, key: str) -> str:
-    """``obj[key]`` as KiB/MiB, else its ``key_expr`` (symbolic, schema 2) with a unit, else "unknown"."""
+def _bytes_text(obj: dict | None, key: str, doc: dict | None = None) -> str:
+    """``obj[key]`` as KiB/MiB, else its ``key_expr`` (symbolic, schema 2) with a unit, else "unknown". With the
+    report ``doc``, a long expression is given by its leading terms (``report.leading_terms``), as the text
+    report does."""
     value = None if obj is None else obj.get(key)
     if value is not None:
         return human_bytes(value)
     expr = None if obj is None else obj.get(f"{key}_expr")
     if expr and expr.lstrip("-").isdigit():  # an expression without symbols is a number
         return human_bytes(int(expr))
+    if expr and doc is not None and len(expr) > LONG_EXPRESSION_CHARS:
+        return _leading(expr, json.dumps(doc.get("symbols") or {}, sort_keys=True))
     return f"{expr} B" if expr else "unknown"
 
 
-def _bytes_cell(obj: dict | None, key: str) -> str:
+@functools.lru_cache(maxsize=4096)
+def _leading(expr: str, symbols_json: str) -> str:
+    from onnxfuse.report import leading_terms
+
+    return leading_terms(expr, {"symbols": json.loads(symbols_json)})
+
+
+def _bytes_cell(obj: dict | None, key: str, doc: dict | None = None) -> str:
     """A ``<td>`` for a byte count, sortable by its exact value (unknown sorts first), exact bytes on hover; an
-    expression wraps (class ``expr``)."""
+    expression wraps (class ``expr``), long ones show their leading terms and open to the exact expression."""
     value = None if obj is None else obj.get(key)
     title = f' title="{value:,} bytes"' if value is not None else ""
     sort = value if value is not None else ""
     kind = _cell_class(obj or {}, key)
-    return f'<td class="{kind}" data-value="{sort}"{title}>{_folded(_bytes_text(obj, key))}</td>'
+    return f'<td class="{kind}" data-value="{sort}"{title}>{_expression(obj, key, doc)}</td>'
+
+
+def _expression(obj: dict | None, key: str, doc: dict | None, fold: bool = True) -> str:
+    """HTML of a byte figure: the number, an expression (folded past :data:`FOLD_CHARS` when ``fold``), or the
+    leading terms of a long expression opening to the exact one."""
+    exact, readable = _bytes_text(obj, key), _bytes_text(obj, key, doc)
+    if readable == exact:
+        return _folded(exact) if fold else html.escape(exact)
+    return (f'<details class="fold"><summary>{html.escape(readable)}</summary>'
+            f"<code>{html.escape(exact)}</code></details>")
 
 
 #: Longer cell texts (byte expressions, symbolic shapes) are folded: the start shows, a click opens the rest.
@@ -279,12 +300,12 @@ def _hover(index: int, unit: dict) -> str:
     return "<br>".join(lines)
 
 
-def _exact(obj: dict, key: str) -> str:
+def _exact(obj: dict, key: str, doc: dict | None = None) -> str:
     """Hover text of a byte count: KiB/MiB and the exact bytes, or the symbolic expression, or unknown."""
     value = obj.get(key)
     if value is not None:
         return f"{human_bytes(value)} ({value:,} B)"
-    return html.escape(_short(_bytes_text(obj, key), 100))  # the tables give long expressions in full
+    return html.escape(_short(_bytes_text(obj, key, doc), 100))  # the tables give exact expressions
 
 
 def chart_unit(largest: int | None) -> tuple[str, int]:
@@ -302,7 +323,7 @@ def _scaled(value: int | None, size: int) -> float:
     return 0 if value is None else value / size
 
 
-def traffic_figure(units: list[dict]) -> dict:
+def traffic_figure(units: list[dict], doc: dict | None = None) -> dict:
     """The plotly figure (``data``, ``layout``) of bytes per layer: a wide light bar per layer for the original
     nodes and a narrow dark bar inside it for the optimized model, hatched for a fused group and dotted for a
     pattern left unfused, so that the kinds differ without colour. The x axis is the layer's position in
@@ -313,7 +334,7 @@ def traffic_figure(units: list[dict]) -> dict:
     def trace(name: str, members: list[int], side: str, **style) -> dict:
         template = f"{side}: %{{customdata[1]}}" + ("<br>%{customdata[0]}" if side == "before" else "")
         return {"type": "bar", "name": name, "x": members, "y": [_scaled(units[i][side], size) for i in members],
-                "customdata": [[_hover(i, units[i]), _exact(units[i], side)] for i in members],
+                "customdata": [[_hover(i, units[i]), _exact(units[i], side, doc)] for i in members],
                 "hovertemplate": template + "<extra></extra>", **style}
 
     everything = list(range(len(units)))
@@ -449,34 +470,36 @@ def _num(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.3g}"
 
 
+def _headline_html(doc: dict) -> str:
+    """The summary lines of the text report (``report.headline``): the traffic and saved expressions, the share
+    as the dims grow, the figures at the shapes used, unknowns and why."""
+    from onnxfuse.report import headline
+
+    return '<ul class="headline">' + "".join(f"<li>{_e(line)}</li>" for line in headline(doc)) + "</ul>"
+
+
 def _totals_html(doc: dict) -> str:
     t = doc["totals"]
     rows = []
     for side in ("before", "after"):
         s = t[side]
-        rows.append(f'<tr><th scope="row">{side}</th>{_bytes_cell(s, "read_bytes")}{_bytes_cell(s, "written_bytes")}'
+        rows.append(f'<tr><th scope="row">{side}</th>{_bytes_cell(s, "read_bytes", doc)}'
+                    f'{_bytes_cell(s, "written_bytes", doc)}'
                     f'<td class="{_cell_class(s, "total_bytes")}" id="total-{side}" '
                     f'data-bytes="{_e(s.get("total_bytes"))}">'
-                    f"<b>{_e(_bytes_text(s, 'total_bytes'))}</b></td><td class=num>{_e(s.get('nodes'))}</td>"
+                    f"<b>{_expression(s, 'total_bytes', doc, fold=False)}</b></td>"
+                    f"<td class=num>{_e(s.get('nodes'))}</td>"
                     f"<td class=num>{_e(s.get('unknown_nodes'))}</td></tr>")
     pct = t.get("saved_percent")
     pct_text = f" ({pct:.1f}%)" if pct is not None else ""
     rows.append(f'<tr><th scope="row">saved</th><td></td><td></td><td class="{_cell_class(t, "saved_bytes")}" '
                 'id="total-saved" '
-                f'data-bytes="{_e(t.get("saved_bytes"))}"><b>{_e(_bytes_text(t, "saved_bytes"))}{pct_text}</b>'
+                f'data-bytes="{_e(t.get("saved_bytes"))}">'
+                f'<b>{_expression(t, "saved_bytes", doc, fold=False)}{pct_text}</b>'
                 "</td><td></td><td></td></tr>")
-    extra = []
-    if t.get("saved_percent_as_dims_grow") is not None:
-        extra.append(f"saved about {t['saved_percent_as_dims_grow']:.1f}% as the symbolic dims grow")
-    b1 = t.get("at_batch_1")
-    if b1:
-        extra.append(f"at batch 1 ({_e(b1.get('symbol'))} = 1): before {_e(human_bytes(b1.get('before_total_bytes')))}"
-                     f", after {_e(human_bytes(b1.get('after_total_bytes')))}, saved "
-                     f"{_e(human_bytes(b1.get('saved_bytes')))}")
     return ('<div class="scroll"><table class="totals"><thead><tr><th></th><th>read</th><th>written</th>'
             "<th>total</th><th>nodes</th>"
-            f"<th>unknown nodes</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
-            + "".join(f"<p>{x}</p>" for x in extra))
+            f"<th>unknown nodes</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
 
 
 def _sortable(table_id: str, columns: list[tuple[str, str]], rows: list[str], empty: str) -> str:
@@ -499,13 +522,13 @@ def _fusion_rows(doc: dict) -> list[str]:
         names = ", ".join(_label(n) for n in f["replaced"])
         shape = "x".join("?" if d is None else str(d) for d in f["shape"]) if f.get("shape") else "unknown"
         output = f"{shape} {f.get('dtype') or ''}"
-        saved = _bytes_cell(f, "saved_bytes")
+        saved = _bytes_cell(f, "saved_bytes", doc)
         if f.get("saved_bytes") is None and f.get("unknown_reason"):
             saved = saved.replace("<td ", f'<td title="{_e(f["unknown_reason"])}" ', 1)
         rows.append(f"<tr><td><code>{_e(f['node'])}</code></td><td>{_e(f['op'])}</td>"
                     f'<td title="{_e(names)}">{_e(_chain(f["replaced"]))}</td><td>{_e(f.get("activation") or "")}'
                     f"</td><td>{_e(', '.join(f.get('passes') or []))}</td><td>{_folded(output)}"
-                    f"</td>{_bytes_cell(f, 'bytes_before')}{_bytes_cell(f, 'bytes_after')}"
+                    f"</td>{_bytes_cell(f, 'bytes_before', doc)}{_bytes_cell(f, 'bytes_after', doc)}"
                     f"{saved}</tr>")
     return rows
 
@@ -516,7 +539,7 @@ def _unfused_rows(doc: dict) -> list[str]:
         first = _label(u["nodes"][0]) if u["nodes"] else ""
         rows.append(f"<tr><td><code>{_e(first)}</code></td><td>{_e(_chain(u['nodes']))}</td>"
                     f"<td>{_e(u.get('pass') or '')}</td><td><code>{_e(u['reason'])}</code></td>"
-                    f"<td>{_e(u.get('detail') or '')}</td>{_bytes_cell(u, 'bytes')}"
+                    f"<td>{_e(u.get('detail') or '')}</td>{_bytes_cell(u, 'bytes', doc)}"
                     f"<td>{_e(remedy(u, doc['target']))}</td></tr>")
     return rows
 
@@ -592,7 +615,7 @@ def to_html(doc: dict) -> str:
     constants = sum(1 for r in doc["nodes"]["before"] if r["op"] == "Constant")
     fused_units = sum(1 for u in units if u["kind"] == "fused")
     totals_fig = totals_figure(t)
-    figures = {"traffic": traffic_figure(units), "totals": totals_fig}
+    figures = {"traffic": traffic_figure(units, doc), "totals": totals_fig}
     target = TARGETS.get(doc["target"])
     providers = ", ".join(target.providers) if target and target.providers else "standard ONNX only"
     header = (
@@ -617,7 +640,8 @@ def to_html(doc: dict) -> str:
         _unfused_rows(doc), "No pattern was left unfused.")
     body = (
         f"<header>{header}</header>"
-        f"<section id=\"totals\"><h2>Totals (bytes moved to and from device memory)</h2>{_totals_html(doc)}"
+        f"<section id=\"totals\"><h2>Totals (bytes moved to and from device memory)</h2>{_headline_html(doc)}"
+        f"{_totals_html(doc)}"
         + ('<div id="totals-chart" class="chart" role="img" aria-label="bar: bytes before and after, saved bytes '
            'hatched"></div>' if totals_fig else "")
         + f"{_notes_html(doc, units)}</section>"
@@ -662,7 +686,7 @@ th, td { border: 1px solid #bbb; padding: 0.2rem 0.45rem; text-align: left; vert
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
 td.expr { white-space: normal; text-align: left; overflow-wrap: anywhere; max-width: 30rem;
           font-family: ui-monospace, monospace; font-size: 0.85em; }
-details.fold summary { cursor: pointer; white-space: nowrap; }
+details.fold summary { cursor: pointer; overflow-wrap: anywhere; }
 details.fold code { white-space: normal; overflow-wrap: anywhere; }
 thead th { background: #eee; }
 th button { all: unset; cursor: pointer; display: block; width: 100%; }
