@@ -203,3 +203,22 @@ def test_browser_shared_model_report(name, browser, screenshots, tmp_path):
         opened.check_hover(doc, k=len(doc["fusions"]) // 2)
     opened.page.screenshot(path=str(screenshots / f"{name}.png"), full_page=True)
     opened.page.close()
+
+
+@pytest.mark.requires_shared_models
+def test_browser_shared_model_without_input_shapes(browser, tmp_path):
+    """A real model with symbolic dims and no --input-shape: every byte count is an expression (schema 2)."""
+    doc = analysed(shared_model("rapidocr_det_ppocrv4"), target="cpu")
+    assert doc["symbols"] and doc["totals"]["saved_bytes"] is None and doc["totals"]["saved_bytes_expr"]
+    path = tmp_path / "symbolic.html"
+    path.write_text(rh.to_html(doc), encoding="utf-8")
+    opened = Opened(browser, path)
+    assert not opened.errors and opened.requests == [opened.url]
+    bars = opened.bars_per_trace()
+    assert bars[rh.TRACE_BEFORE] == expected_layers(doc) and bars[rh.TRACE_FUSED] == len(doc["fusions"])
+    text = opened.hover_fused_bar(len(doc["fusions"]) // 2)
+    assert "fused group" in text  # and the bytes as an expression in the model's dims (leading terms when long):
+    assert any(symbol in text for symbol in doc["symbols"]) or "B*x[" in text, text
+    saved = opened.page.locator("#total-saved").inner_text()
+    assert saved.startswith("~") and "unknown" not in saved
+    opened.page.close()
