@@ -36,7 +36,7 @@ def main(argv: list[str]) -> None:
         page_path.write_text(rep.render(report, "html"), encoding="utf-8")
         browser = p.chromium.launch(executable_path=shutil.which("chromium"),
                                     args=["--no-sandbox"] if os.geteuid() == 0 else [])
-        page = browser.new_page(viewport={"width": 1280, "height": 1240})
+        page = browser.new_page(viewport={"width": 1280, "height": 1560})
         page.goto(page_path.as_uri())
         page.wait_for_selector("body[data-charts-ready=true]")
         box = page.evaluate("""([name, k]) => {

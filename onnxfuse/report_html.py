@@ -516,11 +516,28 @@ def _chain(nodes: list[dict]) -> str:
     return " → ".join(n["op"] for n in nodes)
 
 
+def _dim_text(dim: int | str | None, doc: dict) -> str:
+    """One output dim: its number; a symbolic one (schema 2) evaluated at ``symbol_values`` when those fix it,
+    else the expression; "?" when unknown."""
+    if dim is None:
+        return "?"
+    if isinstance(dim, int) or not doc.get("symbol_values"):
+        return str(dim)
+    import sympy
+
+    from onnxfuse.symbolic import evaluate, make_symbol
+
+    symbols = {name: make_symbol(name) for name in doc.get("symbols") or {}}
+    value = evaluate(sympy.sympify(dim, locals=symbols),
+                     {symbols[k]: v for k, v in doc["symbol_values"].items() if k in symbols})
+    return str(dim) if value is None else str(value)
+
+
 def _fusion_rows(doc: dict) -> list[str]:
     rows = []
     for f in doc["fusions"]:
         names = ", ".join(_label(n) for n in f["replaced"])
-        shape = "x".join("?" if d is None else str(d) for d in f["shape"]) if f.get("shape") else "unknown"
+        shape = "x".join(_dim_text(d, doc) for d in f["shape"]) if f.get("shape") else "unknown"
         output = f"{shape} {f.get('dtype') or ''}"
         saved = _bytes_cell(f, "saved_bytes", doc)
         if f.get("saved_bytes") is None and f.get("unknown_reason"):

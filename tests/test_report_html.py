@@ -182,3 +182,14 @@ def test_cli_writes_html_from_report_and_optimize(tmp_path):
     doc = embedded(report.read_text(encoding="utf-8"), "onnxfuse-report")
     assert doc["verification"]["status"] == "passed"
     assert rep.format_for_path("a.htm") == "html"
+
+
+def test_symbolic_output_shape_is_evaluated_at_the_symbol_values():
+    doc = analysed(SAMPLES / "resnet_block.onnx")
+    doc["symbols"] = {"N": {"input": "x", "axis": 0, "dim_param": "N"}, "H": {"input": "x", "axis": 2,
+                                                                             "dim_param": None}}
+    doc["fusions"][0]["shape"] = ["N", 8, "floor(H/2)", 16]
+    doc["symbol_values"] = {"N": 1, "H": 32}
+    assert "1x8x16x16 float32" in rh.to_html(doc)
+    doc["symbol_values"] = {}
+    assert "Nx8xfloor(H/2)x16" in rh.to_html(doc)
