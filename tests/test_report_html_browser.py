@@ -210,8 +210,10 @@ def test_browser_shared_model_without_input_shapes(browser, tmp_path):
     """A real model with symbolic dims and no --input-shape: every byte count is an expression (schema 2)."""
     doc = analysed(shared_model("rapidocr_det_ppocrv4"), target="cpu")
     assert doc["symbols"] and doc["totals"]["saved_bytes"] is None and doc["totals"]["saved_bytes_expr"]
+    page_html = rh.to_html(doc)
+    assert len(page_html.encode("utf-8")) < MAX_PAGE_BYTES
     path = tmp_path / "symbolic.html"
-    path.write_text(rh.to_html(doc), encoding="utf-8")
+    path.write_text(page_html, encoding="utf-8")
     opened = Opened(browser, path)
     assert not opened.errors and opened.requests == [opened.url]
     bars = opened.bars_per_trace()
