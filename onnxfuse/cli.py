@@ -28,7 +28,7 @@ from onnxfuse import report as rep
 from onnxfuse._version import __version__
 from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
 from onnxfuse.passes import ALL_PASSES, PASS_NAMES
-from onnxfuse.providers import DEFAULT_TARGET, TARGETS
+from onnxfuse.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET, ORT_LEVELS, TARGETS
 from onnxfuse.shapes import parse_input_shape
 
 EXIT_CODES_HELP = """\b
@@ -167,11 +167,12 @@ def _verify_options(input_shapes, input_data, input_value, input_range, input_se
                          _pairs(input_range, parse_input_range, "--input-range"), input_sets, rtol, atol)
 
 
-def _options(target, only, skip, input_shape, constant_initializer_inputs) -> pipeline.Options:
+def _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level) -> pipeline.Options:
     if only and set(only) <= set(skip):
         raise InputError("--only and --skip leave no pass to run")
     return pipeline.Options(target=target, only=tuple(only), skip=tuple(skip), input_shapes=_shapes(input_shape),
-                            constant_initializer_inputs=constant_initializer_inputs)
+                            constant_initializer_inputs=constant_initializer_inputs,
+                            ort_level=ort_level or DEFAULT_ORT_LEVEL)
 
 
 def _verbosity(ctx: click.Context) -> int:
@@ -221,6 +222,10 @@ def pass_options(fn):
                      help="Do not run this pass (repeatable)."),
         click.option("--input-shape", multiple=True, metavar="NAME=DIMS",
                      help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (repeatable)."),
+        click.option("--ort-level", type=click.Choice(list(ORT_LEVELS)), default=None,
+                     help="The onnxruntime graph optimization level your sessions run at (default: all, "
+                          "onnxruntime's own default). Forms that run slower than the unfused original at that "
+                          "level are left unfused (see BENCHMARKS.md)."),
         click.option("--constant-initializer-inputs", is_flag=True,
                      help="Treat initializers that are also graph inputs (IR < 4 style) as constants, so they "
                           "can be folded. Only if nobody feeds those inputs at run time."),
@@ -269,7 +274,7 @@ def main(ctx: click.Context) -> None:
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, constant_initializer_inputs,
+def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_level, constant_initializer_inputs,
              no_verify, require_verify, input_data, input_value, input_range, input_sets, rtol, atol, report_path,
              report_format, bandwidth, overwrite):
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
@@ -297,7 +302,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, const
             raise InputError(f"--report {report_path}: give a {', '.join(rep.REPORT_EXTENSIONS)} name, or "
                              "--report-format")
         _check_folder(report_path, "--report")
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs)
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
     options.input_data = input_data  # real inputs fix the report's shapes too
     checked = _verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol)
     verify_options = None if no_verify else checked
@@ -421,8 +426,8 @@ Exit codes:
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def report(ctx, model_path, target, only, skip, input_shape, constant_initializer_inputs, input_data, fmt, output,
-           show_all, bandwidth, baseline):
+def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant_initializer_inputs, input_data, fmt,
+           output, show_all, bandwidth, baseline):
     """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
 
     Bytes are expressions in the model's symbolic input dims; --input-shape also gives the numbers at one size.
@@ -448,7 +453,7 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
     if bandwidth is not None and not math.isfinite(bandwidth):
         raise InputError("--bandwidth must be a finite number")
     old = baseline_mod.load(baseline) if baseline is not None else None
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs)
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
     options.input_data = input_data
     with _progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)
@@ -490,8 +495,8 @@ def report(ctx, model_path, target, only, skip, input_shape, constant_initialize
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def bench(ctx, original, optimized, target, only, skip, input_shape, constant_initializer_inputs, runs, warmup,
-          threads, levels, input_data, input_value, input_range, fmt):
+def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, constant_initializer_inputs, runs,
+          warmup, threads, levels, input_data, input_value, input_range, fmt):
     """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
     options as `optimize` when not given) at each graph optimization level, alternating the two run by run.
 
@@ -505,34 +510,68 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, constant_in
 
     from onnxfuse import bench as bench_mod
 
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs)
-    bench_options = bench_mod.BenchOptions(runs=runs, warmup=warmup, threads=threads,
-                                           levels=tuple(levels) or bench_mod.LEVELS,
+    if optimized is not None:
+        ignored = [f"--{name.replace('_', '-')}" for name in ("target", "only", "skip", "ort_level",
+                                                               "constant_initializer_inputs")
+                   if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT]
+        if ignored:
+            raise InputError(f"{', '.join(ignored)} only shape{'' if len(ignored) > 1 else 's'} the in-memory "
+                             "optimization, which does not run when OPTIMIZED is given; drop "
+                             f"{'them' if len(ignored) > 1 else 'it'} or OPTIMIZED")
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
+    levels = tuple(levels) or bench_mod.LEVELS
+    bench_options = bench_mod.BenchOptions(runs=runs, warmup=warmup, threads=threads, levels=levels,
                                            input_shapes=options.input_shapes, input_data=input_data)
     checked = _verify_options({}, None, input_value, input_range, 1, None, None)
     bench_options.input_values, bench_options.input_ranges = checked.input_values, checked.input_ranges
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
         loaded = model_io.load_model(original)  # a bad ORIGINAL is an input error (exit 2), not an onnxruntime failure
         if optimized is None:
-            with _progress(ctx, f"optimizing {original} in memory"):
-                result = pipeline.analyse(original, options, loaded)
-            optimized_path = Path(tmp) / "optimized.onnx"
-            model_io.save_model(result.model, optimized_path, external_data=result.loaded.external_data)
+            # One model per timed level, optimized for that level's sessions (unless --ort-level says which).
+            targets = {level: ort_level or level for level in levels}
+            paths, changed = {}, {}
+            for wanted in dict.fromkeys(targets.values()):
+                options.ort_level = wanted
+                with _progress(ctx, f"optimizing {original} in memory for onnxruntime level {wanted}"):
+                    result = pipeline.analyse(original, options, loaded if len(paths) == 0 else None)
+                paths[wanted] = Path(tmp) / f"optimized.{wanted}.onnx"
+                changed[wanted] = result.changed
+                model_io.save_model(result.model, paths[wanted], external_data=result.loaded.external_data)
+            if not any(changed.values()):
+                log.warning("nothing was fused (target %s): the optimized model is the original; nothing to time",
+                            target)
+                return
+            optimized_for = {level: str(paths[targets[level]]) for level in levels}
         else:
-            model_io.load_model(optimized)
-            optimized_path = optimized
+            other = model_io.load_model(optimized)
+            if _same_graph(loaded.model, other.model):
+                log.warning("nothing was fused: OPTIMIZED has the same graph as ORIGINAL; nothing to time")
+                return
+            optimized_for = str(optimized)
+            targets = dict.fromkeys(levels)
         with _progress(ctx, "timing onnxruntime sessions"):
             try:
-                data = bench_mod.bench(str(original), str(optimized_path), bench_options)
+                data = bench_mod.bench(str(original), optimized_for, bench_options)
             except RuntimeError as exc:
                 raise InputError(str(exc)) from None
     data["optimized"] = str(optimized) if optimized is not None else "(optimized in memory)"
+    for row in data["levels"]:
+        row["optimized_for_ort_level"] = targets[row["level"]]
+    if data["invented_shapes"]:
+        used = ", ".join(f"{k}={'x'.join(map(str, data['input_shapes'][k]))}" for k in data["invented_shapes"])
+        log.warning("no shape given for %s; timed with invented sizes (%s), not the model's real ones: pass "
+                    "--input-shape", ", ".join(data["invented_shapes"]), used)
     if fmt == "json":
         import json
 
         click.echo(json.dumps(data, indent=2, sort_keys=True))
     else:
         click.echo(bench_mod.to_text(data), nl=False)
+
+
+def _same_graph(a, b) -> bool:
+    """True when two ModelProtos have byte-identical main graphs (metadata aside)."""
+    return a.graph.SerializeToString(deterministic=True) == b.graph.SerializeToString(deterministic=True)
 
 
 VERIFY_EXIT_CODES_HELP = """\b

@@ -21,7 +21,7 @@ from onnxfuse import report as rep
 from onnxfuse._version import __version__
 from onnxfuse.errors import InputError
 from onnxfuse.passes import Context, Fusion, Match, Pass, Skip
-from onnxfuse.providers import DEFAULT_TARGET, TARGETS, get_target
+from onnxfuse.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET, ORT_LEVELS, TARGETS, get_target
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,10 @@ class Options:
             promises that nobody feeds them).
         input_data: path of an ``.npz`` of real inputs (``--input-data``): its array shapes fix the input shapes
             of the report too, and must agree with ``input_shapes``.
+        ort_level: the onnxruntime graph optimization level the user's sessions run at (``providers.ORT_LEVELS``;
+            default ``all``, onnxruntime's default). A form that runs slower than the unfused original at this
+            level is not emitted (``providers.CPU_SLOWER_AT``). None ignores the speed rules (for
+            ``benchmarks/bench_forms.py``, which times every form).
     """
 
     target: str = DEFAULT_TARGET
@@ -54,6 +58,7 @@ class Options:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     constant_initializer_inputs: bool = False
     input_data: str | None = None
+    ort_level: str | None = DEFAULT_ORT_LEVEL
 
 
 @dataclass
@@ -84,6 +89,8 @@ class Result:
 def _check_options(options: Options) -> tuple[Pass, ...]:
     if options.target not in TARGETS:
         raise InputError(f"--target {options.target!r}: choose one of {', '.join(TARGETS)}")
+    if options.ort_level is not None and options.ort_level not in ORT_LEVELS:
+        raise InputError(f"--ort-level {options.ort_level!r}: choose one of {', '.join(ORT_LEVELS)}")
     try:
         return passes_mod.select(tuple(options.only), tuple(options.skip))
     except KeyError as exc:
@@ -189,7 +196,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     if blocker is None:
         try:
             graph = g.to_graph(model)
-            ctx = Context(get_target(options.target), overridable, info, namer=g.Namer(graph))
+            ctx = Context(get_target(options.target, options.ort_level), overridable, info, namer=g.Namer(graph))
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
             out = g.to_model(graph, model, reuse_original=True) if fusions else model

@@ -17,13 +17,28 @@ knows Celu, Elu, HardSigmoid, LeakyRelu, Softplus, Relu, Sigmoid, Softsign, Tanh
 contrib ParametricSoftplus, ScaledTanh), reading ``activation_alpha``/``activation_beta``/``activation_gamma``
 without defaults. Not Clip, HardSwish or Affine ("unknown kernel type"). No CUDA kernel was checked, so only target
 ``cpu`` emits it.
+
+Speed rules (:data:`CPU_SLOWER_AT`): onnxruntime optimizes the graph again when a session loads, at the
+session's graph optimization level (``ORT_ENABLE_ALL`` by default: NCHWc layout, its own Conv + Add/activation
+fusions). An emitted form that runs slower than the unfused original at a level is not emitted for that level.
+The rules come from ``benchmarks/bench_forms.py``, which times each form in isolation (BENCHMARKS.md, "Emitted
+forms"); they are never derived from a particular model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 import numpy as np
+
+#: onnxruntime graph optimization levels (``onnxruntime.GraphOptimizationLevel``: ORT_DISABLE_ALL,
+#: ORT_ENABLE_BASIC, ORT_ENABLE_EXTENDED, ORT_ENABLE_ALL), in increasing order.
+ORT_LEVELS = ("disable", "basic", "extended", "all")
+
+#: onnxruntime's own default for ``SessionOptions.graph_optimization_level``.
+DEFAULT_ORT_LEVEL = "all"
 
 #: Number of ``activation_params`` the CPU kernel demands for each activation (fused_conv.cc / MLAS activation).
 ACTIVATION_PARAM_COUNTS = {
@@ -56,6 +71,22 @@ FUSED_GEMM_ACTIVATIONS: dict[str, tuple[tuple[str, str, float], ...]] = {
 }
 
 
+def form_name(activation: str | None, residual: bool) -> str:
+    """The name of a FusedConv form in :data:`CPU_SLOWER_AT` and in BENCHMARKS.md: ``FusedConv(Relu)``,
+    ``FusedConv(Z)`` (residual input, no activation), ``FusedConv(Z, LeakyRelu)``."""
+    parts = (["Z"] if residual else []) + ([activation] if activation else [])
+    return f"FusedConv({', '.join(parts)})"
+
+
+#: Emitted forms measured slower than the unfused original on the CPU execution provider, and the onnxruntime
+#: levels at which they are (a form not listed was faster or the same within noise at every level). Source:
+#: ``python benchmarks/bench_forms.py`` (BENCHMARKS.md, "Emitted forms, isolated"); a form counts as slower at a
+#: level when it lost beyond the run's measured noise for some shape at 1 or 2 threads.
+CPU_SLOWER_AT: Mapping[str, frozenset[str]] = MappingProxyType({
+    "FusedConv(Z)": frozenset({"all"}),
+})
+
+
 @dataclass(frozen=True)
 class Target:
     """Rules for one target.
@@ -69,6 +100,10 @@ class Target:
         providers: onnxruntime execution providers the target stands for (for messages and docs).
         fused_gemm: FusedGemm ``activation`` values every provider of the target accepts (empty: no FusedGemm).
         fused_gemm_dtypes: Gemm dtypes for which every provider of the target has a FusedGemm kernel.
+        slower_at: form name (:func:`form_name`) -> onnxruntime levels at which that form runs slower than the
+            unfused original on this target's providers.
+        ort_level: the graph optimization level the user's sessions run at (one of :data:`ORT_LEVELS`), or None
+            to ignore the speed rules (used by ``benchmarks/bench_forms.py`` to measure every form).
     """
 
     name: str
@@ -79,15 +114,22 @@ class Target:
     providers: tuple[str, ...]
     fused_gemm: frozenset[str] = frozenset()
     fused_gemm_dtypes: frozenset[np.dtype] = frozenset()
+    slower_at: Mapping[str, frozenset[str]] = field(default_factory=dict, hash=False)
+    ort_level: str | None = DEFAULT_ORT_LEVEL
+
+    def slower(self, form: str) -> bool:
+        """True when ``form`` runs slower than the unfused original at :attr:`ort_level` (never when the level is
+        None)."""
+        return self.ort_level is not None and self.ort_level in self.slower_at.get(form, frozenset())
 
 
 _F32 = frozenset({np.dtype(np.float32)})
 
 TARGETS: dict[str, Target] = {
     "cpu+cuda": Target("cpu+cuda", True, frozenset({"Relu"}), False, _F32,
-                       ("CPUExecutionProvider", "CUDAExecutionProvider")),
+                       ("CPUExecutionProvider", "CUDAExecutionProvider"), slower_at=CPU_SLOWER_AT),
     "cpu": Target("cpu", True, frozenset(ACTIVATION_PARAM_COUNTS), True, _F32, ("CPUExecutionProvider",),
-                  fused_gemm=frozenset(FUSED_GEMM_ACTIVATIONS), fused_gemm_dtypes=_F32),
+                  fused_gemm=frozenset(FUSED_GEMM_ACTIVATIONS), fused_gemm_dtypes=_F32, slower_at=CPU_SLOWER_AT),
     "cuda": Target("cuda", True, frozenset({"Relu"}), False, _F32, ("CUDAExecutionProvider",)),
     "onnx": Target("onnx", False, frozenset(), False, frozenset(), ()),
 }
@@ -95,10 +137,14 @@ TARGETS: dict[str, Target] = {
 DEFAULT_TARGET = "cpu+cuda"
 
 
-def get_target(name: str) -> Target:
-    """The :class:`Target` called ``name``.
+def get_target(name: str, ort_level: str | None = DEFAULT_ORT_LEVEL) -> Target:
+    """The :class:`Target` called ``name``, for sessions that run at ``ort_level`` (None: ignore speed rules).
+
+    The ``cuda`` target has no speed rules: the forms were timed on the CPU provider only.
 
     Raises:
-        KeyError: no such target.
+        KeyError: no such target, or ``ort_level`` is not one of :data:`ORT_LEVELS`.
     """
-    return TARGETS[name]
+    if ort_level is not None and ort_level not in ORT_LEVELS:
+        raise KeyError(f"no onnxruntime level {ort_level!r}; levels: {', '.join(ORT_LEVELS)}")
+    return replace(TARGETS[name], ort_level=ort_level)

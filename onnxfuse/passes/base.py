@@ -65,6 +65,7 @@ class Reason(str, Enum):
     PAD_AXES = "pad-on-batch-or-channel"
     PAD_NEGATIVE = "negative-pads"
     AUTO_PAD = "conv-auto-pad-set"
+    SLOWER_AT_ORT_LEVEL = "slower-than-unfused-at-ort-level"
 
     def __str__(self) -> str:
         return self.value

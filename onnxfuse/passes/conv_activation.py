@@ -18,6 +18,8 @@ Skipped when:
     activation-not-supported-by-target e.g. Sigmoid on cpu+cuda or cuda
     clip-bounds-not-constant           a Clip bound is computed at run time
     quantized-conv                     the conv is part of a QDQ pattern
+    slower-than-unfused-at-ort-level   the form runs slower than the unfused original at the chosen onnxruntime
+                                       level (``providers.CPU_SLOWER_AT``)
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ import onnx_graphsurgeon as gs
 from onnxfuse import graph as g
 from onnxfuse.passes._checks import describe, is_op, private_check, qdq_check, replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
-from onnxfuse.passes.fusedconv import FusedConvMatch, clip_bounds, fusable_conv, target_check, to_fused_conv
+from onnxfuse.passes.fusedconv import (
+    FusedConvMatch,
+    clip_bounds,
+    fusable_conv,
+    has_z,
+    target_check,
+    to_fused_conv,
+)
 
 ACTIVATIONS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish")
 
@@ -57,7 +66,7 @@ class ConvActivation(Pass[FusedConvMatch]):
     name = "conv_activation"
     summary = "fuse Conv + Relu/Tanh/Sigmoid/LeakyRelu/Clip/HardSigmoid/HardSwish into FusedConv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.DTYPE_NO_KERNEL,
-               Reason.ACTIVATION_UNSUPPORTED, Reason.CLIP_BOUNDS_NOT_CONSTANT, Reason.QDQ)
+               Reason.ACTIVATION_UNSUPPORTED, Reason.CLIP_BOUNDS_NOT_CONSTANT, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL)
 
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:
         if not is_op(node, *ACTIVATIONS):
@@ -70,7 +79,7 @@ class ConvActivation(Pass[FusedConvMatch]):
             return skip(Reason.NOT_PRIVATE, f"{conv.outputs[0].name} * Sigmoid({conv.outputs[0].name}) is SiLU, "
                         "which FusedConv cannot express", nodes, out)
         bad = (private_check([conv.outputs[0]], [node], ctx, nodes, out) or qdq_check(conv, out, nodes)
-               or target_check(ctx, conv, node.op, nodes, out))
+               or target_check(ctx, conv, node.op, nodes, out, has_z(conv)))
         if bad:
             return bad
         params = activation_params(ctx, node)

@@ -21,6 +21,8 @@ Skipped when:
     dtype-has-no-fusedconv-kernel      the conv is not float32
     activation-not-supported-by-target HardSwish on cpu+cuda or cuda
     quantized-conv                     the conv is part of a QDQ pattern
+    slower-than-unfused-at-ort-level   the form runs slower than the unfused original at the chosen onnxruntime
+                                       level (``providers.CPU_SLOWER_AT``)
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from onnxfuse.passes.fusedconv import (
     clip_bounds,
     close,
     fusable_conv,
+    has_z,
     scalar,
     target_check,
     to_fused_conv,
@@ -111,7 +114,7 @@ class ConvHardSwish(Pass[FusedConvMatch]):
     name = "conv_hardswish"
     summary = "fuse Conv + HardSwish written out as Mul/Add/Clip/Div or HardSigmoid into FusedConv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.DTYPE_NO_KERNEL,
-               Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ)
+               Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL)
 
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:
         if not is_op(node, "Mul", "Div"):
@@ -123,7 +126,7 @@ class ConvHardSwish(Pass[FusedConvMatch]):
         nodes, out = [conv, *inner], node.outputs[0]
         intermediates = [conv.outputs[0]] + [n.outputs[0] for n in inner[:-1]]
         bad = (private_check(intermediates, inner, ctx, nodes, out) or qdq_check(conv, out, nodes)
-               or target_check(ctx, conv, "HardSwish", nodes, out))
+               or target_check(ctx, conv, "HardSwish", nodes, out, has_z(conv)))
         return bad or FusedConvMatch(nodes, "HardSwish")
 
     def rewrite(self, match: FusedConvMatch, ctx: Context) -> Fusion:

@@ -20,6 +20,9 @@ Skipped when:
     dtype-has-no-fusedconv-kernel      the conv is not float32
     activation-not-supported-by-target the target has no such activation and no FusedConv without one
     quantized-conv                     the conv is part of a QDQ pattern
+    slower-than-unfused-at-ort-level   the form (FusedConv with Z, with or without the activation) runs slower
+                                       than the unfused original at the chosen onnxruntime level
+                                       (``providers.CPU_SLOWER_AT``; FusedConv(Z) at ``all``)
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ class ConvResidual(Pass[FusedConvMatch]):
     name = "conv_residual"
     summary = "fuse Conv + residual Add (+ activation) into FusedConv with the Z input"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.RESIDUAL_SHAPE, Reason.NO_CONTRIB_OPS,
-               Reason.DTYPE_NO_KERNEL, Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.CONSTANT_NOT_FOLDED)
+               Reason.DTYPE_NO_KERNEL, Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.CONSTANT_NOT_FOLDED,
+               Reason.SLOWER_AT_ORT_LEVEL)
 
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:
         if not is_op(node, "Add") or len(node.inputs) != 2:
@@ -88,13 +92,13 @@ class ConvResidual(Pass[FusedConvMatch]):
             return skip(Reason.RESIDUAL_SHAPE, f"Z {z.name} shape {_dims(z_shape)} is not exactly the conv "
                         f"output shape {_dims(y_shape)}{why}", nodes, out)
         params = activation_params(ctx, act) if act is not None else []
-        if act is not None and (params is None or target_check(ctx, conv, act.op, nodes, out)):
+        if act is not None and (params is None or target_check(ctx, conv, act.op, nodes, out, True)):
             # The activation cannot be fused: fuse Conv + Add alone if the target allows a plain FusedConv.
-            plain = target_check(ctx, conv, None, nodes[:2], add.outputs[0])
+            plain = target_check(ctx, conv, None, nodes[:2], add.outputs[0], True)
             if plain:
-                return target_check(ctx, conv, act.op, nodes, out) or plain
+                return target_check(ctx, conv, act.op, nodes, out, True) or plain
             return FusedConvMatch(nodes[:2], None, [], z)
-        bad = target_check(ctx, conv, act.op if act is not None else None, nodes, out)
+        bad = target_check(ctx, conv, act.op if act is not None else None, nodes, out, True)
         if bad:
             return bad
         return FusedConvMatch(nodes, act.op if act is not None else None, params, z)

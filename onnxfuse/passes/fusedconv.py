@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse import graph as g
 from onnxfuse.passes._checks import is_op, skip
 from onnxfuse.passes.base import Context, Match, Reason, Skip
+from onnxfuse.providers import form_name
 
 #: ``numpy.finfo(float32)`` bounds: what onnxruntime's CPU kernel uses for a missing Clip bound.
 FLOAT32_LOWEST = float(np.finfo(np.float32).min)
@@ -45,9 +46,10 @@ def fusable_conv(node: gs.Node | None) -> bool:
 
 
 def target_check(ctx: Context, conv: gs.Node, activation: str | None, nodes: list[gs.Node],
-                 output: gs.Tensor) -> Skip | None:
+                 output: gs.Tensor, residual: bool = False) -> Skip | None:
     """Skip when ``ctx.target`` cannot run a FusedConv of ``conv``'s dtype with ``activation`` (None: no
-    activation, only Z)."""
+    activation, only Z), or when that form (with a Z input if ``residual``) runs slower than the unfused original
+    at the onnxruntime level the target is chosen for (``providers.CPU_SLOWER_AT``)."""
     target = ctx.target
     if not target.fused_conv:
         return skip(Reason.NO_CONTRIB_OPS, f"target {target.name} emits standard ONNX only (no FusedConv)",
@@ -65,7 +67,17 @@ def target_check(ctx: Context, conv: gs.Node, activation: str | None, nodes: lis
     if activation is not None and activation not in target.activations:
         return skip(Reason.ACTIVATION_UNSUPPORTED,
                     f"activation {activation} is not supported by target {target.name}", nodes, output)
+    form = form_name(activation, residual)
+    if target.slower(form):
+        return skip(Reason.SLOWER_AT_ORT_LEVEL, f"{form} runs slower than the unfused original in onnxruntime at "
+                    f"level {target.ort_level} (BENCHMARKS.md, emitted forms); pass --ort-level if your sessions "
+                    "run at another level", nodes, output)
     return None
+
+
+def has_z(conv: gs.Node) -> bool:
+    """True when ``conv`` is a FusedConv that already has a Z (residual) input."""
+    return conv.op == "FusedConv" and len(conv.inputs) > 3 and bool(conv.inputs[3].name)
 
 
 def to_fused_conv(ctx: Context, conv: gs.Node, activation: str | None, params: list[float],

@@ -290,6 +290,21 @@ def test_skip_activation_not_supported_by_target(fuse):
     assert "activation Sigmoid is not supported by target cpu+cuda" in s.detail
 
 
+def test_skip_slower_than_unfused_at_ort_level(fuse, monkeypatch):
+    # The rule is data (providers.CPU_SLOWER_AT); here a made-up rule says FusedConv(Tanh) loses at "basic".
+    import dataclasses
+
+    from onnxfuse import providers
+
+    rules = {"FusedConv(Tanh)": frozenset({"basic"})}
+    monkeypatch.setitem(providers.TARGETS, "cpu", dataclasses.replace(providers.TARGETS["cpu"], slower_at=rules))
+    model, _ = conv_act("Tanh")
+    s = assert_skipped(fuse(model, ort_level="basic"), model, Reason.SLOWER_AT_ORT_LEVEL)
+    assert "FusedConv(Tanh) runs slower than the unfused original in onnxruntime at level basic" in s.detail
+    assert op_counts(fuse(model, ort_level="all").model) == {"FusedConv": 1}
+    assert op_counts(fuse(model, ort_level=None).model) == {"FusedConv": 1}  # None: no speed rules
+
+
 def test_skip_clip_bounds_not_constant(fuse):
     b = GraphBuilder()
     conv = b.conv(b.input("x", [1, 3, 6, 6]), 3, 4)

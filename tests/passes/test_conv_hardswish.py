@@ -104,12 +104,14 @@ def test_wrong_constant_is_not_matched(fuse, form):
 
 def test_after_bn_and_residual_add_becomes_one_fused_conv(fuse):
     # Conv -> BN -> Add(z) -> HardSwish(written out): BN folds, the Add becomes Z, HardSwish the activation.
+    # The Z-only FusedConv in between is a form onnxfuse does not emit at ORT_ENABLE_ALL (providers.CPU_SLOWER_AT),
+    # so this chain is fused for sessions at a lower level.
     b = GraphBuilder()
     x, z = b.input("x", [1, 3, 6, 6]), b.input("z", [1, 4, 6, 6])
     y = b.op("Add", [b.bn(b.conv(x, 3, 4), 4), z])
     k = b.const(np.float32(3.0)), b.const(np.float32(0.0)), b.const(np.float32(6.0))
     model = b.build(b.op("Div", [b.op("Mul", [y, b.op("Clip", [b.op("Add", [y, k[0]]), k[1], k[2]])]), k[2]]))
-    result = fuse(model, target="cpu")
+    result = fuse(model, target="cpu", ort_level="extended")
     assert op_counts(result.model) == {"FusedConv": 1}
     (node,) = fused_nodes(result.model)
     assert attr(node, "activation") == b"HardSwish" and node.input[3] == "z"
@@ -165,6 +167,20 @@ def test_skip_activation_not_supported_by_target(fuse, target):
     model = build("hardsigmoid")
     s = assert_skipped(fuse(model, target=target), model, Reason.ACTIVATION_UNSUPPORTED)
     assert "HardSwish" in s.detail and f"target {target}" in s.detail
+
+
+def test_skip_slower_than_unfused_at_ort_level(fuse, monkeypatch):
+    # The rule is data (providers.CPU_SLOWER_AT); here a made-up rule says FusedConv(HardSwish) loses at "all".
+    import dataclasses
+
+    from onnxfuse import providers
+
+    rules = {"FusedConv(HardSwish)": frozenset({"all"})}
+    monkeypatch.setitem(providers.TARGETS, "cpu", dataclasses.replace(providers.TARGETS["cpu"], slower_at=rules))
+    model = build("hardsigmoid")
+    s = assert_skipped(fuse(model), model, Reason.SLOWER_AT_ORT_LEVEL)
+    assert "FusedConv(HardSwish)" in s.detail and "level all" in s.detail
+    assert op_counts(fuse(model, ort_level="extended").model) == {"FusedConv": 1}
 
 
 def test_skip_quantized_conv(fuse):

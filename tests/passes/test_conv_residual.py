@@ -61,9 +61,10 @@ def test_conv_without_bias_gets_empty_b(fuse):
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
 
 
-def test_add_alone_becomes_plain_fused_conv_on_cpu(fuse):
+@pytest.mark.parametrize("level", ["disable", "basic", "extended"])
+def test_add_alone_becomes_plain_fused_conv_on_cpu(fuse, level):
     model, _ = residual()
-    result = fuse(model, target="cpu")
+    result = fuse(model, target="cpu", ort_level=level)
     assert op_counts(result.model) == {"FusedConv": 1}
     node = the_fused(result.model)
     assert len(node.input) == 4 and attr(node, "activation") is None
@@ -114,7 +115,7 @@ def test_clip_with_run_time_bound_leaves_clip_after_plain_fused_conv(fuse):
     b = GraphBuilder()
     x, z, hi = b.input("x", [1, 3, 6, 6]), b.input("z", SHAPE), b.input("hi", [])
     model = b.build(b.op("Clip", [b.op("Add", [b.conv(x, 3, 4), z]), "", hi]))
-    result = fuse(model, target="cpu")
+    result = fuse(model, target="cpu", ort_level="disable")
     assert op_counts(result.model) == {"FusedConv": 1, "Clip": 1}
     assert attr(the_fused(result.model), "activation") is None
     assert skip_of(result, "conv_activation").reason == Reason.CLIP_BOUNDS_NOT_CONSTANT
@@ -144,6 +145,25 @@ def test_fuses_after_a_fused_conv_already_in_the_model(fuse):
 
 # --------------------------------------------------------------------------------------------------------------
 # Skips: one per reason the pass gives
+
+
+def test_skip_slower_than_unfused_at_ort_level_add_alone_at_all(fuse):
+    # FusedConv(Z) loses to onnxruntime's own NCHWc Conv + Add at ORT_ENABLE_ALL (providers.CPU_SLOWER_AT), and
+    # ORT_ENABLE_ALL is the default level; the skip still reports the bytes the fusion would save.
+    model, _ = residual()
+    result = fuse(model, target="cpu")
+    s = assert_skipped(result, model, Reason.SLOWER_AT_ORT_LEVEL)
+    assert "FusedConv(Z)" in s.detail and "level all" in s.detail
+    (row,) = result.report.unfused
+    assert row["reason"] == Reason.SLOWER_AT_ORT_LEVEL and row["bytes"] > 0
+    assert_skipped(fuse(model, target="cpu", ort_level="all"), model, Reason.SLOWER_AT_ORT_LEVEL)
+
+
+def test_add_relu_is_fused_at_every_level(fuse):
+    # Only the form without an activation is on the slower-at list.
+    model, _ = residual("Relu")
+    for level in ("disable", "basic", "extended", "all"):
+        assert op_counts(fuse(model, target="cpu+cuda", ort_level=level).model) == {"FusedConv": 1}
 
 
 def assert_skipped(result, model, reason):
