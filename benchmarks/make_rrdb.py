@@ -12,7 +12,7 @@ So every dense block ends in ``Conv -> Mul(0.2) -> Add(x)``: onnxfuse folds the 
 with ``Conv -> Add(x)``, the FusedConv(Z) form without an activation. LeakyRelu alpha 0.2. Weights from
 ``numpy.random.default_rng(--seed)``, scaled 0.1 / sqrt(fan-in) so activations stay moderate.
 
-    python benchmarks/make_rrdb.py -o rrdb.onnx              # F=64, G=32, 2 blocks, input 1x3x64x64
+    python benchmarks/make_rrdb.py -o rrdb.onnx              # F=64, G=32, 1 block (3 dense blocks), input 1x3x64x64
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import onnx
 from onnx import TensorProto, helper
 
 
-def make_rrdb(features: int = 64, growth: int = 32, blocks: int = 2, size: int = 64, seed: int = 0
+def make_rrdb(features: int = 64, growth: int = 32, blocks: int = 1, size: int = 64, seed: int = 0
               ) -> onnx.ModelProto:
     """The model described in the module docstring; input ``input`` [1, 3, size, size], output ``output``."""
     rng = np.random.default_rng(seed)
@@ -83,7 +83,7 @@ def main() -> int:
     parser.add_argument("-o", "--output", required=True)
     parser.add_argument("--features", type=int, default=64)
     parser.add_argument("--growth", type=int, default=32)
-    parser.add_argument("--blocks", type=int, default=2)
+    parser.add_argument("--blocks", type=int, default=1)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -81,9 +81,14 @@ def form_name(activation: str | None, residual: bool) -> str:
 #: Emitted forms measured slower than the unfused original on the CPU execution provider, and the onnxruntime
 #: levels at which they are (a form not listed was faster or the same within noise at every level). Source:
 #: ``python benchmarks/bench_forms.py`` (BENCHMARKS.md, "Emitted forms, isolated"); a form counts as slower at a
-#: level when it lost beyond the run's measured noise for some shape at 1 or 2 threads.
+#: level when it lost beyond the run's measured noise, confirmed by a second timing, for some shape at 1 or 2
+#: threads. Every FusedConv with a Z input loses at ``all`` for one reason: onnxruntime's NCHWc transformer
+#: (``core/optimizer/nchwc_transformer.cc``, run at ORT_ENABLE_ALL) converts a Conv, and fuses the Add and the
+#: activation after it into the NCHWc Conv itself, but leaves a FusedConv with a fourth (Z) input in NCHW; the
+#: graph onnxruntime saves at that level shows it (``FusedConv`` instead of ``nchwc::Conv``).
 CPU_SLOWER_AT: Mapping[str, frozenset[str]] = MappingProxyType({
-    "FusedConv(Z)": frozenset({"all"}),
+    form_name(activation, residual=True): frozenset({"all"})
+    for activation in (None, *ACTIVATION_PARAM_COUNTS)
 })
 
 

@@ -100,7 +100,7 @@ def test_residual_block_with_z_equal_to_x(fuse):
     b = GraphBuilder()
     x = b.input("x", [1, 4, 8, 8])
     model = b.build(b.op("Relu", [b.op("Add", [b.conv(x, 4, 4), x])]))
-    report = fuse(model).report
+    report = fuse(model, ort_level="extended").report  # no FusedConv with Z at "all" (providers.CPU_SLOWER_AT)
     assert report.totals["before"]["total_bytes"] == (1024 + 576 + 16 + 1024) + (2048 + 1024) + (1024 + 1024)
     assert report.totals["after"]["total_bytes"] == 1024 + 576 + 16 + 1024
     assert report.fusions[0]["saved_bytes"] == 5120

@@ -70,8 +70,7 @@ def target_check(ctx: Context, conv: gs.Node, activation: str | None, nodes: lis
     form = form_name(activation, residual)
     if target.slower(form):
         return skip(Reason.SLOWER_AT_ORT_LEVEL, f"{form} runs slower than the unfused original in onnxruntime at "
-                    f"level {target.ort_level} (BENCHMARKS.md, emitted forms); pass --ort-level if your sessions "
-                    "run at another level", nodes, output)
+                    f"level {target.ort_level} (see --ort-level)", nodes, output)
     return None
 
 
