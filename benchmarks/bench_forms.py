@@ -46,7 +46,8 @@ from onnxfuse.verification import session  # noqa: E402
 
 OPSET = 17
 
-#: form name -> what follows the Conv: ("act", op, attrs) | ("z", activation or None, attrs) | ("fold", op)
+#: form name -> what follows the Conv: ("act", op, attrs) | ("z", activation or None, attrs) | ("fold", op).
+#: Clip is Clip(0, 6) (ReLU6); the Z input is the conv's own input x.
 FORMS: dict[str, tuple] = {
     "FusedConv(Relu)": ("act", "Relu", {}),
     "FusedConv(Tanh)": ("act", "Tanh", {}),
@@ -58,6 +59,11 @@ FORMS: dict[str, tuple] = {
     "FusedConv(Z)": ("z", None, {}),
     "FusedConv(Z, Relu)": ("z", "Relu", {}),
     "FusedConv(Z, LeakyRelu)": ("z", "LeakyRelu", {"alpha": 0.2}),
+    "FusedConv(Z, Tanh)": ("z", "Tanh", {}),
+    "FusedConv(Z, Sigmoid)": ("z", "Sigmoid", {}),
+    "FusedConv(Z, Clip)": ("z", "Clip", {}),
+    "FusedConv(Z, HardSigmoid)": ("z", "HardSigmoid", {"alpha": 0.2, "beta": 0.5}),
+    "FusedConv(Z, HardSwish)": ("z", "HardSwish", {}),
     "fold BatchNormalization": ("fold", "BatchNormalization"),
     "fold Add": ("fold", "Add"),
     "fold Mul": ("fold", "Mul"),
@@ -97,7 +103,9 @@ def build(form: str, channels: int, pixels: int, kernel: int, seed: int = 0) -> 
             add(op, [last], **attrs)
     elif kind[0] == "z":
         add("Add", [last, "x"])
-        if kind[1]:
+        if kind[1] == "Clip":
+            add("Clip", [last, const("lo", np.array(0.0, np.float32)), const("hi", np.array(6.0, np.float32))])
+        elif kind[1]:
             add(kind[1], [last], **kind[2])
     elif kind[1] == "BatchNormalization":
         add("BatchNormalization", [last, const("s", rng.uniform(0.5, 1.5, c).astype(np.float32)),

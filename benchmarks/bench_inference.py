@@ -69,6 +69,10 @@ def main() -> int:
                 for s in shapes:
                     cmd += ["--input-shape", s]
                 out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+                if out.returncode == 0 and "nothing was fused" in out.stderr:
+                    results.append({"model": name, "target": target, "levels": [], "nothing_fused": True})
+                    print(f"{name} {target}: nothing was fused", file=sys.stderr, flush=True)
+                    continue
                 if out.returncode != 0 or not out.stdout.strip():
                     print(f"{name} {target}: {out.stderr.strip() or 'failed'}", file=sys.stderr)
                     continue
@@ -80,6 +84,8 @@ def main() -> int:
                                                        for lv in data["levels"]), file=sys.stderr, flush=True)
     print(summary(results))
     for data in results:
+        if data.get("nothing_fused"):
+            continue
         print(f"\n#### {data['model']}, --target {data['target']}\n")
         print("| level | original ms | optimized ms | ratio | control | noise | verdict | nodes run (orig/opt) |")
         print("|---|---:|---:|---:|---:|---:|---|---:|")
@@ -99,6 +105,9 @@ def summary(results: list[dict]) -> str:
     lines = ["| model | target | " + " | ".join(levels) + " |", "|---|---|" + "---|" * len(levels)]
     for data in results:
         by = {lv["level"]: lv for lv in data["levels"]}
+        if data.get("nothing_fused"):
+            lines.append(f"| {data['model']} | {data['target']} | " + " | ".join(["nothing fused"] * 4) + " |")
+            continue
         cells = [f"{by[lv]['ratio']:.3f} {by[lv]['verdict']} (±{by[lv]['noise'] * 100:.1f}%)" if lv in by else ""
                  for lv in levels]
         lines.append(f"| {data['model']} | {data['target']} | " + " | ".join(cells) + " |")
