@@ -664,3 +664,17 @@ except SystemExit as exc:
 def test_readme_says_where_to_run_python_dash_m():
     readme = (REPO / "README.md").read_text()
     assert "python -m onnxfuse" in readme and "folder above a clone" in readme
+
+
+def test_ort_level_option_on_optimize_and_report(tmp_path):
+    # resnet_block's Conv -> BN -> Add -> Relu: FusedConv(Z, Relu) below ORT_ENABLE_ALL, left unfused at "all"
+    # (the default) with the speed reason; an unknown level is a usage error.
+    at_all = json.loads(invoke("report", SAMPLE, "--target", "cpu", "--format", "json").stdout)
+    assert [u["reason"] for u in at_all["unfused"]] == ["slower-than-unfused-at-ort-level"]
+    low = json.loads(invoke("report", SAMPLE, "--target", "cpu", "--format", "json", "--ort-level", "basic").stdout)
+    assert low["unfused"] == [] and low["totals"]["saved_bytes"] > at_all["totals"]["saved_bytes"]
+    out = tmp_path / "o.onnx"
+    assert invoke("optimize", SAMPLE, out, "--target", "cpu", "--ort-level", "extended").exit_code == 0
+    assert [n.op_type for n in onnx.load(str(out)).graph.node] == ["FusedConv", "FusedConv"]
+    bad = CliRunner().invoke(main, ["report", str(SAMPLE), "--ort-level", "fast"])
+    assert bad.exit_code == 2 and "fast" in bad.stderr
