@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from onnxfuse import pipeline  # noqa: E402
 from onnxfuse.providers import ORT_LEVELS  # noqa: E402
-from onnxfuse.verification import session  # noqa: E402
+from onnxfuse.runtime import session  # noqa: E402
 
 OPSET = 17
 
