@@ -78,6 +78,21 @@ def test_optimize_without_verification_and_symbolic_shapes():
     assert result.report.saved_bytes == 4 * (2 * 8 * 8 * 8 * 4) + 4 * 32
 
 
+def test_ort_level_decides_whether_the_residual_is_fused():
+    # Conv -> Add(x) -> Relu: FusedConv with Z loses to onnxruntime's own NCHWc path at ORT_ENABLE_ALL
+    b = GraphBuilder(seed=4)
+    x = b.input("x", [1, 8, 16, 16])
+    model = b.build(b.op("Relu", [b.op("Add", [b.conv(x, 8, 8), x])]))
+    at_all = onnxfuse.optimize(model, target="cpu")
+    assert "FusedConv" not in [n.op_type for n in at_all.model.graph.node]
+    assert [u["reason"] for u in at_all.report.unfused] == ["slower-than-unfused-at-ort-level"]
+    at_basic = onnxfuse.optimize(model, target="cpu", ort_level="basic")
+    assert [n.op_type for n in at_basic.model.graph.node] == ["FusedConv"]
+    assert at_basic.verification.status == "passed"
+    with pytest.raises(onnxfuse.InputError, match="choose one of"):
+        onnxfuse.analyse(model, ort_level="fastest")
+
+
 def test_analyse_rewrites_nothing_and_verifies_nothing():
     model = conv_bn_relu()
     before = model.SerializeToString()
