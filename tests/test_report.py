@@ -243,3 +243,17 @@ def test_long_expressions_are_shown_by_their_leading_terms():
     # short expressions stay exact in the headline; long ones are approximated
     assert rep._expr_text("12*N_", doc, code=False) == "12*N_ B"
     assert rep._expr_text(expr, doc, code=True).startswith("`~16 B*N*x[2]*x[3]")
+
+
+def test_nothing_fused_on_a_symbolic_model_says_saved_0_and_never_unknown_totals():
+    import onnxfuse
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", ["batch", 3, 8, 8])
+    report = onnxfuse.analyse(b.build(b.op("Sigmoid", [b.conv(x, 3, 4)])), target="onnx")
+    lines = rep.summary_lines(report)
+    assert not report.fusions and report.saved_bytes == 0
+    assert not any("unknown" in line for line in lines), lines
+    assert any(line.startswith("at batch 1 (batch is the only symbolic dim)") and "saved 0 B" in line
+               for line in lines), lines
