@@ -337,7 +337,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     _hints(report)
     if not result.changed:
         log.info("no pattern was fused: %s is the input model with onnxfuse metadata added", output_path)
-    log.info("wrote %s", ", ".join(str(p) for p in written))
+    log.info("wrote %s", ", ".join(str(p) for p in [*written, *([report_path] if report_path else [])]))
 
 
 def _check_folder(path: Path, what: str) -> None:
@@ -381,7 +381,10 @@ def _write_text(path: Path, text: str) -> None:
 
     _check_folder(path, "report")
     folder = path.resolve().parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:  # /proc, /sys: the folder passes os.access but takes no new file
+        raise InputError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
     replaced = False
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -83,13 +83,16 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto, reuse_original: bool = 
     (graphsurgeon's export copies every initializer into the new GraphProto). The bytes are the same either way
     (tests/test_graph_export.py). ``original`` must not be used afterwards except as the result.
     """
+    node_metadata = _node_metadata(original.graph)
     if reuse_original and _export_in_place(graph, original):
+        _restore_node_metadata(original.graph, node_metadata)
         return original
     try:
         model = gs.export_onnx(graph, do_type_check=False)
     except Exception as exc:
         raise InputError(f"onnx-graphsurgeon cannot export this model ({type(exc).__name__}: "
                          f"{one_line(exc)})") from None
+    _restore_node_metadata(model.graph, node_metadata)
     _hoist_outer_initializers(model.graph, {t.name for t in original.graph.initializer})
     _restore_initializer_inputs(model.graph, original.graph, original.ir_version)
     # Replace every model-level field with the original's; the exported graph stays (no copy of the weights).
@@ -99,6 +102,29 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto, reuse_original: bool = 
     copy_model_fields(original, model)
     _fix_ms_import(model)
     return model
+
+
+def _node_key(node: onnx.NodeProto) -> str:
+    return node.name or (node.output[0] if node.output else "")
+
+
+def _node_metadata(graph: onnx.GraphProto) -> dict[str, list[onnx.StringStringEntryProto]]:
+    """Each node's ``metadata_props`` (IR 10; torch's exporter writes its module namespace there), by node name
+    (or first output for unnamed nodes), in every graph; graphsurgeon's export drops them."""
+    return {_node_key(n): list(n.metadata_props) for g, _ in proto_graphs(graph) for n in g.node
+            if n.metadata_props}
+
+
+def _restore_node_metadata(graph: onnx.GraphProto, metadata: dict[str, list]) -> None:
+    """Give every node of ``graph`` that has none the ``metadata_props`` its namesake had in the input (a fused
+    node keeps its Conv's)."""
+    if not metadata:
+        return
+    for g, _ in proto_graphs(graph):
+        for node in g.node:
+            props = metadata.get(_node_key(node))
+            if props and not node.metadata_props:
+                node.metadata_props.extend(props)
 
 
 def _export_in_place(graph: gs.Graph, model: onnx.ModelProto) -> bool:

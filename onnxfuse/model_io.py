@@ -363,7 +363,11 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
     if use_external and any(same_file(folder / location, p) for p in protected):
         raise InputError(f"{given}: its data file {location} would replace the input model's external data; "
                          "choose another OUTPUT name")
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder))
+    try:
+        tmpdir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder))
+    except OSError as exc:  # /proc, /sys: the folder passes os.access but takes no new file
+        raise InputError(f"{given}: cannot write in the output folder {folder} ({exc.strerror or exc}); "
+                         "nothing was written") from None
     written = []
     try:
         tmp_model = tmpdir / target.name

@@ -240,6 +240,7 @@ class _Acc:
     shape_ok: bool = True
     needed_atol: float = 0.0
     elementwise_ok: bool = True
+    compared: int = 0
 
 
 def _exact(dtype: np.dtype) -> bool:
@@ -271,6 +272,7 @@ def _accumulate(acc: _Acc, ref: np.ndarray, got: np.ndarray, opts: VerifyOptions
         return
     if ref.size == 0:
         return
+    acc.compared += ref.size
     if _exact(ref.dtype):
         diff = int(np.count_nonzero(ref != got))
         if diff:
@@ -386,6 +388,7 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
                                 f"{runtime.short(exc)}{runtime.random_inputs_hint(ref_sess, spec)}",
                                 seeds=seeds, input_shapes=used_shapes)
         ref_inputs, ref_outputs = _signature(ref_sess.get_inputs()), _signature(ref_sess.get_outputs())
+        empty_hint = runtime.random_inputs_hint(ref_sess, spec)
         del ref_sess
 
     def failed(reason: str) -> Verification:
@@ -415,6 +418,11 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
     for ref, got in zip(refs, gots, strict=True):
         for acc, r, g in zip(accs, ref, got, strict=True):
             _accumulate(acc, r, g, opts)
+    if all(a.shape_ok and a.compared == 0 for a in accs):
+        # Nothing to compare is no evidence: a Loop that ran 0 times, a branch that returned an empty tensor.
+        return Verification("skipped", "every output of the original is empty on the generated inputs "
+                            f"{used_shapes}, so nothing was compared{empty_hint}", seeds=seeds,
+                            input_shapes=used_shapes)
     floor_note = None
     if opts.explicit_tolerance:
         floor_note = "not measured: --rtol/--atol replace the noise-floor rule"

@@ -176,3 +176,19 @@ def test_package_exports_and_version():
         assert getattr(onnxfuse, name) is not None
     assert callable(onnxfuse.verify)  # the function, not the onnxfuse.verification module
     assert (REPO / "onnxfuse" / "py.typed").exists()
+
+
+def test_node_metadata_props_are_kept():
+    # torch's exporter writes each node's module namespace into NodeProto.metadata_props (IR 10)
+    b = GraphBuilder(seed=5)
+    x = b.input("x", [1, 3, 8, 8])
+    y = b.op("Relu", [b.bn(b.conv(x, 3, 4), 4)])
+    model = b.build(b.op("Sigmoid", [y]), ir_version=10, opset=20)
+    for node in model.graph.node:
+        node.metadata_props.add(key="namespace", value=f"model.{node.name}")
+    result = onnxfuse.optimize(model, target="cpu", verify=False)
+    meta = {n.op_type: {p.key: p.value for p in n.metadata_props} for n in result.model.graph.node}
+    sigmoid = next(n for n in model.graph.node if n.op_type == "Sigmoid")
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    assert meta["Sigmoid"] == {"namespace": f"model.{sigmoid.name}"}  # an untouched node
+    assert meta["FusedConv"] == {"namespace": f"model.{conv.name}"}  # the fused node keeps its Conv's

@@ -678,3 +678,20 @@ def test_ort_level_option_on_optimize_and_report(tmp_path):
     assert [n.op_type for n in onnx.load(str(out)).graph.node] == ["FusedConv", "FusedConv"]
     bad = CliRunner().invoke(main, ["report", str(SAMPLE), "--ort-level", "fast"])
     assert bad.exit_code == 2 and "fast" in bad.stderr
+
+
+def test_a_folder_that_takes_no_new_file_is_an_input_error(tmp_path, monkeypatch):
+    # /proc and /sys pass os.access(W_OK) but refuse new files: the temporary file fails, not the check
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    for args in (["optimize", SAMPLE, tmp_path / "o.onnx"], ["report", SAMPLE, "-o", tmp_path / "r.json"],
+                 ["optimize", SAMPLE, tmp_path / "o.onnx", "--no-verify", "--report", tmp_path / "r.json"]):
+        result = CliRunner().invoke(main, [str(a) for a in args])
+        assert result.exit_code == 2, result.output
+        assert result.output.count("\n") == 1 and result.output.startswith("error: ")
+    assert list(tmp_path.iterdir()) == []

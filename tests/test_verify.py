@@ -495,3 +495,38 @@ def test_public_api_takes_input_values():
     assert onnxfuse.verify(model, result.model, input_values={"sr": 16000}, input_sets=2).seeds == [0, 1]
     skipped = onnxfuse.verify(model, result.model)
     assert skipped.status == "skipped" and "sr" in skipped.reason and "--input-value" in skipped.reason
+
+
+def loop_model(weight_scale: float = 1.0) -> onnx.ModelProto:
+    """A Loop whose body runs Conv -> Relu on the outer x once per iteration; its scan output [n, 1, 4, 8, 8] is
+    empty when the loop runs 0 times (trip count n = 0, or cond c0 false)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * weight_scale).astype(np.float32), "w")
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["scan"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("scan", TensorProto.FLOAT, [1, 4, 8, 8])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["n", "c0"], ["y"], body=body)], "loop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+         helper.make_tensor_value_info("n", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c0", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n_iter", 1, 4, 8, 8])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_empty_outputs_are_no_evidence():
+    # a candidate with wrong weights inside the Loop body
+    original, broken = loop_model(), loop_model(weight_scale=2.0)
+    ran = verify.verify_models(original, broken, verify.VerifyOptions(input_values={"n": 2, "c0": 1}))
+    assert ran.status == "failed"
+    empty = verify.verify_models(original, broken, verify.VerifyOptions(input_values={"n": 0, "c0": 1}))
+    assert empty.status == "skipped", empty  # nothing compared: never "passed"
+    assert "empty" in empty.reason and "nothing was compared" in empty.reason
