@@ -409,9 +409,9 @@ def leading_terms(expr: str, doc: dict) -> str:
             continue
         factors = [names[str(s)] + (f"^{k}" if k > 1 else "") for s, k in zip(values.values(), monom, strict=True)
                    if k]
-        parts.append(f"{float(coeff):.4g} B*" + "*".join(factors))
+        parts.append(f"{float(coeff):.4g}*" + "*".join(factors))
     const = poly.coeff_monomial(1)
-    text = " + ".join(parts)
+    text = " + ".join(parts) + " bytes"  # not "B": a model may call its batch dim B
     if const:
         text += f" + {human_bytes(int(sympy.ceiling(const)))}"
     return "~" + text + (" (+ smaller terms)" if dropped else "")

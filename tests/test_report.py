@@ -237,12 +237,12 @@ def test_long_expressions_are_shown_by_their_leading_terms():
                        "p2o_D_2": {"input": "x", "axis": 3, "dim_param": "p2o.D.2"}}}
     # a stride-2 conv output: floor((H - 1)/2) + 1 ~ H/2; the weights (the constant) in KiB
     expr = "64*N_*(floor(p2o_D_1/2 - 1/2) + 1)*(floor(p2o_D_2/2 - 1/2) + 1) + 12*N_*p2o_D_1 + 2048"
-    assert rep.leading_terms(expr, doc) == "~16 B*N*x[2]*x[3] + 2.0 KiB (+ smaller terms)"
-    assert rep.leading_terms("12*N_*p2o_D_1*p2o_D_2", doc) == "~12 B*N*x[2]*x[3]"
+    assert rep.leading_terms(expr, doc) == "~16*N*x[2]*x[3] bytes + 2.0 KiB (+ smaller terms)"
+    assert rep.leading_terms("12*N_*p2o_D_1*p2o_D_2", doc) == "~12*N*x[2]*x[3] bytes"
     assert rep.leading_terms("3072", doc) == "3.0 KiB"
     # short expressions stay exact in the headline; long ones are approximated
     assert rep._expr_text("12*N_", doc, code=False) == "12*N_ B"
-    assert rep._expr_text(expr, doc, code=True).startswith("`~16 B*N*x[2]*x[3]")
+    assert rep._expr_text(expr, doc, code=True).startswith("`~16*N*x[2]*x[3] bytes")
 
 
 def test_nothing_fused_on_a_symbolic_model_says_saved_0_and_never_unknown_totals():
