@@ -123,3 +123,32 @@ def set_weights(conv: gs.Node, ctx: Context, weight: np.ndarray | None, bias: np
         conv.inputs[2] = b
     else:
         conv.inputs.append(b)
+
+
+def batchnorm_scale_shift(bn: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor,
+                          features: int | None):
+    """``(s, t, None)`` with ``BN(x) = x * s + t`` per channel (float64 vectors, ONNX Operators.md,
+    BatchNormalization: ``s = scale / sqrt(var + epsilon)``, ``t = bias - mean * s``, epsilon default 1e-5), or
+    ``(None, None, Skip)`` for a BN with spatial=0 (``batchnorm-spatial-0``), in training mode or with its
+    running statistics used (``batchnorm-training-mode``), with run-time parameters, or whose parameters do not
+    all have ``features`` values (the scale's count when ``features`` is None; ``parameter-shape-mismatch``)."""
+    extra = [t for t in bn.outputs[1:] if t.name]
+    if int(bn.attrs.get("spatial", 1)) == 0:
+        return None, None, skip(Reason.BN_SPATIAL, "BatchNormalization has spatial=0 (per-element statistics)",
+                                nodes, output)
+    if int(bn.attrs.get("training_mode", 0)) or any(t.outputs or g.is_graph_output(t, ctx.graph) for t in extra):
+        return None, None, skip(Reason.TRAINING_MODE, "BatchNormalization is in training mode", nodes, output)
+    params = []
+    for t in bn.inputs[1:5]:
+        value, why = ctx.constant(t)
+        if value is None:
+            return None, None, skip(why, f"BatchNormalization parameter {t.name} is not a constant", nodes, output)
+        params.append(value)
+    features = params[0].size if features is None else features
+    if any(p.size != features for p in params):
+        return None, None, skip(Reason.PARAM_SHAPE, f"BatchNormalization parameters do not have {features} "
+                                "values", nodes, output)
+    scale, bias, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
+    with np.errstate(all="ignore"):
+        s = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+        return s, bias - mean * s, None

@@ -32,7 +32,8 @@ Skipped when:
     weights-not-constant               B or C is computed at run time
     initializer-is-graph-input         B, C or a BN parameter is an overridable initializer (IR < 4 style)
     parameters-not-constant            a BN parameter (scale, bias, mean, var) is computed at run time
-    batchnorm-training-mode            training_mode=1, spatial=0, or the running-statistics outputs are used
+    batchnorm-training-mode            training_mode=1, or the running-statistics outputs are used
+    batchnorm-spatial-0                spatial=0 (opset < 9: per-element statistics)
     parameter-shape-mismatch           the BN parameters' count does not divide K (or differ from each other),
                                        or B / C does not have a Gemm shape
     dtype-not-foldable                 B is not float16/float32/float64
@@ -49,7 +50,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
-from onnxfuse.passes._fold import fold_fits
+from onnxfuse.passes._fold import batchnorm_scale_shift, fold_fits
 from onnxfuse.passes._gemm import (
     GemmAttrs,
     GemmFoldMatch,
@@ -62,7 +63,6 @@ from onnxfuse.passes._gemm import (
     set_gemm_weights,
 )
 from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
-from onnxfuse.passes.gemm_batchnorm import batchnorm_scale_shift
 
 #: Nodes that may sit between the BN and the Gemm: they turn the BN output into the Gemm's 2-D input.
 RESHAPE_OPS = ("Flatten", "Reshape")
@@ -76,7 +76,7 @@ class BatchNormGemm(Pass[GemmFoldMatch]):
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.GEMM_TRANS_A, Reason.FLATTEN_REORDERS,
                Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT, Reason.PARAMS_NOT_CONSTANT,
                Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE, Reason.FOLD_NOT_FINITE,
-               Reason.QDQ)
+               Reason.QDQ, Reason.BN_SPATIAL)
 
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:
         if not is_op(node, "Gemm"):

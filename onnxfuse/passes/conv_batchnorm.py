@@ -33,8 +33,16 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced, skip
-from onnxfuse.passes._fold import FoldMatch, fold_fits, fold_inputs, out_channels, scale_output_channels, set_weights
+from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced
+from onnxfuse.passes._fold import (
+    FoldMatch,
+    batchnorm_scale_shift,
+    fold_fits,
+    fold_inputs,
+    out_channels,
+    scale_output_channels,
+    set_weights,
+)
 from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
 
 
@@ -54,31 +62,18 @@ class ConvBatchNorm(Pass[FoldMatch]):
         if not is_op(conv, *CONV_OPS):
             return None
         nodes, out = [conv, node], node.outputs[0]
-        extra = [t for t in node.outputs[1:] if t.name]
-        if int(node.attrs.get("spatial", 1)) == 0:
-            return skip(Reason.BN_SPATIAL, "BatchNormalization has spatial=0 (per-element statistics)",
-                        nodes, out)
-        if int(node.attrs.get("training_mode", 0)) or any(
-            t.outputs or g.is_graph_output(t, ctx.graph) for t in extra
-        ):
-            return skip(Reason.TRAINING_MODE, "BatchNormalization is in training mode", nodes, out)
+        mode = batchnorm_scale_shift(node, ctx, nodes, out, None)[2]
+        if mode is not None and mode.reason in (Reason.BN_SPATIAL, Reason.TRAINING_MODE):
+            return mode  # refused before the conv is looked at, whatever else is wrong with it
         w, b, bad = fold_inputs(conv, node, ctx, nodes, out)
         if bad:
             return bad
-        params = []
-        for t in node.inputs[1:5]:
-            value, why = ctx.constant(t)
-            if value is None:
-                return skip(why, f"BatchNormalization parameter {t.name} is not a constant", nodes, out)
-            params.append(value)
-        m = out_channels(conv, w.shape)
-        if any(p.size != m for p in params):
-            return skip(Reason.PARAM_SHAPE, f"BatchNormalization parameters do not have {m} values", nodes, out)
-        scale, bias, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
+        s, t, bad = batchnorm_scale_shift(node, ctx, nodes, out, out_channels(conv, w.shape))
+        if bad:
+            return bad
         with np.errstate(all="ignore"):
-            s = scale / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
             b64 = np.zeros_like(s) if b is None else b.astype(np.float64).reshape(-1)
-            new_w, new_b = scale_output_channels(conv, w, s), (b64 - mean) * s + bias
+            new_w, new_b = scale_output_channels(conv, w, s), b64 * s + t
         bad = fold_fits(w.dtype, new_w, new_b, nodes, out)
         return bad or FoldMatch(nodes, new_w, new_b, w.dtype)
 

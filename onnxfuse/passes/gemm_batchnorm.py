@@ -20,7 +20,8 @@ Skipped when:
     weights-not-constant               B or C is computed at run time
     initializer-is-graph-input         B, C or a BN parameter is an overridable initializer (IR < 4 style)
     parameters-not-constant            a BN parameter (scale, bias, mean, var) is computed at run time
-    batchnorm-training-mode            training_mode=1, spatial=0, or the running-statistics outputs are used
+    batchnorm-training-mode            training_mode=1, or the running-statistics outputs are used
+    batchnorm-spatial-0                spatial=0 (opset < 9: per-element statistics)
     parameter-shape-mismatch           a BN parameter does not have one value per output feature, or B / C
                                        does not have a Gemm shape
     dtype-not-foldable                 B is not float16/float32/float64
@@ -34,8 +35,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
-from onnxfuse.passes._fold import fold_fits
+from onnxfuse.passes._checks import describe, is_op, private_check, replaced
+from onnxfuse.passes._fold import batchnorm_scale_shift, fold_fits
 from onnxfuse.passes._gemm import (
     GemmAttrs,
     GemmFoldMatch,
@@ -49,33 +50,6 @@ from onnxfuse.passes._gemm import (
 from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
 
 
-def batchnorm_scale_shift(bn: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor,
-                          features: int | None):
-    """``(s, t, None)`` with ``BN(x) = x * s + t`` per channel (float64 vectors), or ``(None, None, Skip)`` for a
-    BN in training mode, with run-time parameters, or whose parameters do not all have ``features`` values (the
-    scale's count when ``features`` is None)."""
-    extra = [t for t in bn.outputs[1:] if t.name]
-    if int(bn.attrs.get("spatial", 1)) == 0:
-        return None, None, skip(Reason.TRAINING_MODE, "BatchNormalization has spatial=0 (per-element statistics)",
-                                nodes, output)
-    if int(bn.attrs.get("training_mode", 0)) or any(t.outputs or g.is_graph_output(t, ctx.graph) for t in extra):
-        return None, None, skip(Reason.TRAINING_MODE, "BatchNormalization is in training mode", nodes, output)
-    params = []
-    for t in bn.inputs[1:5]:
-        value, why = ctx.constant(t)
-        if value is None:
-            return None, None, skip(why, f"BatchNormalization parameter {t.name} is not a constant", nodes, output)
-        params.append(value)
-    features = params[0].size if features is None else features
-    if any(p.size != features for p in params):
-        return None, None, skip(Reason.PARAM_SHAPE, f"BatchNormalization parameters do not have {features} "
-                                "values", nodes, output)
-    scale, bias, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
-    with np.errstate(all="ignore"):
-        s = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
-        return s, bias - mean * s, None
-
-
 class GemmBatchNorm(Pass[GemmFoldMatch]):
     """Gemm -> BatchNormalization => Gemm with folded B and C."""
 
@@ -83,7 +57,7 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
     summary = "fold BatchNormalization (inference mode) into the preceding Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
-               Reason.FOLD_NOT_FINITE, Reason.QDQ)
+               Reason.FOLD_NOT_FINITE, Reason.QDQ, Reason.BN_SPATIAL)
 
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:
         if not is_op(node, "BatchNormalization"):

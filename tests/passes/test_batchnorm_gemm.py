@@ -261,3 +261,12 @@ def test_unfused_row_would_save_the_bn_traffic(fuse):
     (row,) = result.report.unfused
     bn = next(r for r in result.report.nodes["before"] if r["op"] == "BatchNormalization")
     assert row["bytes"] == bn["read_bytes"] + bn["written_bytes"]
+
+
+def test_skip_batchnorm_spatial_0(fuse):
+    # opset 7: BatchNormalization's spatial=0 keeps one statistic per element, not per feature
+    b = GraphBuilder()
+    y = b.bn(b.input("x", [M, C]), C, spatial=0)
+    model = b.build(b.gemm(y, C, N), opset=7)
+    s = assert_skipped(fuse(model), model, Reason.BN_SPATIAL)
+    assert "spatial=0" in s.detail

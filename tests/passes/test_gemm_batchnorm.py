@@ -207,3 +207,12 @@ def test_skip_quantized_conv(fuse):
     model = b.build(b.bn(b.gemm(b.dequantized(b.input("x", [M, K])), K, N), N))
     s = assert_skipped(fuse(model), model, Reason.QDQ)
     assert "Gemm" in s.detail
+
+
+def test_skip_batchnorm_spatial_0(fuse):
+    # opset 7: BatchNormalization's spatial=0 keeps one statistic per element, not per feature
+    b = GraphBuilder()
+    y = b.bn(b.gemm(b.input("x", [M, K]), K, N), N, spatial=0)
+    model = b.build(y, opset=7)
+    s = assert_skipped(fuse(model), model, Reason.BN_SPATIAL)
+    assert "spatial=0" in s.detail
