@@ -17,12 +17,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-import sympy
 
 from onnxfuse._version import __version__
 from onnxfuse.passes import CANONICALIZE_NAMES, Fusion, Skip
 from onnxfuse.symbolic import SymbolicShapes, evaluate, growth_share, make_symbol, printer
-from onnxfuse.traffic import ModelIndex, NodeTraffic, Sizes, chain_bytes, fused_estimate, totals
+from onnxfuse.traffic import Bytes, ModelIndex, NodeTraffic, Sizes, chain_bytes, fused_estimate, totals
 
 SCHEMA_VERSION = 2
 
@@ -181,7 +180,7 @@ class _Numbers:
         return {name: self(expr), f"{name}_expr": None if expr is None else self.print(expr)}
 
 
-def _side(rows: list[NodeTraffic], num: _Numbers) -> tuple[dict, sympy.Expr]:
+def _side(rows: list[NodeTraffic], num: _Numbers) -> tuple[dict, Bytes]:
     t = totals(rows)
     out = {**num.pair("read_bytes", t.read_bytes), **num.pair("written_bytes", t.written_bytes),
            **num.pair("total_bytes", t.total_bytes), "nodes": t.nodes, "unknown_nodes": t.unknown_nodes}
@@ -296,7 +295,7 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         if name in CANONICALIZE_NAMES:
             keys = [k for f in fusions if f.pass_name == name for k in removed_outputs(f)]
             row["removed_nodes"] = len(keys)
-            row.update(num.pair("removed_bytes", chain_bytes(before, keys) if keys else sympy.Integer(0)))
+            row.update(num.pair("removed_bytes", chain_bytes(before, keys) if keys else 0))
         stats.append(row)
     return Report(
         model={"path": loaded.label, "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,
@@ -391,6 +390,8 @@ def leading_terms(expr: str, doc: dict) -> str:
     only the terms of the highest degree in the symbols kept plus the constant term (weights), coefficients to 4
     significant digits, the constant in KiB/MiB; symbols by :func:`_display_names`. An approximation for large
     inputs, prefixed "~"; the exact expression stays in the JSON report."""
+    import sympy
+
     values = {name: make_symbol(name) for name in doc.get("symbols", {})}
     e = sympy.sympify(expr, locals=values)
     e = sympy.expand(e.replace(sympy.floor, lambda a: a).replace(sympy.ceiling, lambda a: a))
@@ -437,6 +438,8 @@ def _sort_value(row: dict, key: str) -> float:
     text = row.get(f"{key}_expr")
     if text is None:
         return 0.0
+    import sympy
+
     try:
         expr = sympy.sympify(text)
         return float(expr.xreplace({s: 64 for s in expr.free_symbols}))

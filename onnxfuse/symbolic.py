@@ -26,12 +26,17 @@ import contextlib
 import keyword
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
-import sympy
-from sympy.printing.str import StrPrinter
 
 from onnxfuse.graph import proto_graphs
+
+if TYPE_CHECKING:
+    import sympy
+
+# sympy (about 0.5 s to import) is imported inside the functions that need it: a model whose dims are all
+# numbers gets plain ``int`` byte counts (:func:`static_shapes`) and never imports it.
 
 #: Ops whose output size depends on the values of their inputs, not only on shapes.
 DATA_DEPENDENT_OPS = {"NonZero", "NonMaxSuppression", "Unique", "Compress", "TopK", "Range", "ConstantOfShape",
@@ -46,11 +51,15 @@ _RESERVED = {"floor", "ceiling", "Mod", "Max", "Min", "Piecewise", "Eq", "Ne", "
 
 def make_symbol(name: str) -> sympy.Symbol:
     """The sympy symbol of an input dim: integer and positive (a tensor dim of a run is at least 1)."""
+    import sympy
+
     return sympy.Symbol(name, integer=True, positive=True)
 
 
 def _plain_symbol(name: str) -> bool:
     """True when ``sympy.sympify(name)`` reads ``name`` as a plain symbol (not ``sequence``, ``N``, ``E``...)."""
+    import sympy
+
     try:
         got = sympy.sympify(name)
     except (sympy.SympifyError, SyntaxError, TypeError, ValueError, AttributeError):
@@ -95,6 +104,8 @@ class SymbolTable:
         for (inp, axis), name in self.dims.items():
             dims = input_shapes.get(inp)
             if dims is not None and axis < len(dims):
+                import sympy
+
                 out[make_symbol(name)] = sympy.Integer(int(dims[axis]))
         return out
 
@@ -153,6 +164,8 @@ def _shape_from_sympy(sympy_shape):
 
 
 def _inference_class():
+    import sympy
+
     ssi = _ssi()
 
     class Inference(ssi.SymbolicShapeInference):
@@ -184,6 +197,38 @@ def _inference_class():
                             d.Clear()
                             d.dim_param = _str(self._new_symbolic_dim_from_output(node, i, di))
             return run
+
+        def _add_suggested_merge(self, symbols, apply=False):
+            # onnxruntime keeps the first dim of a set() in iteration order, which changes with PYTHONHASHSEED,
+            # and so did the report's expressions. The same preference (a number, an input dim, a plain symbol,
+            # the shortest expression), with ties broken in a fixed order: input dims as the graph inputs list
+            # them, else by name.
+            if not hasattr(self, "input_order_"):
+                dims = (d.dim_param for vi in self.out_mp_.graph.input
+                        for d in vi.type.tensor_type.shape.dim if d.dim_param)
+                self.input_order_ = {name: i for i, name in enumerate(dict.fromkeys(dims))}
+
+            def rank(dim):
+                if ssi.is_literal(dim):
+                    return 0, 0, str(dim)
+                if dim in self.input_symbols_:
+                    return 1, self.input_order_.get(dim, len(self.input_order_)), dim
+                if type(self.symbolic_dims_[dim]) is sympy.Symbol:
+                    return 2, 0, dim
+                return 3, len(dim), dim
+
+            symbols = {self.suggested_merge_.get(d, d) if not ssi.is_literal(d) else d for d in symbols}
+            ordered = sorted(symbols, key=rank)
+            keep = ordered[0]
+            for dim in ordered[1:]:
+                if ssi.is_literal(keep) and ssi.is_literal(dim):
+                    assert int(keep) == int(dim)
+                self.suggested_merge_[dim] = int(keep) if ssi.is_literal(keep) else keep
+                for k, v in self.suggested_merge_.items():
+                    if v == dim:
+                        self.suggested_merge_[k] = keep
+            if apply and self.auto_merge_:
+                self._apply_suggested_merge()
 
         def _onnx_infer_single_node(self, node):
             # Merge the dims that a broadcasting op requires equal *before* onnx infers it (onnxruntime does it
@@ -323,6 +368,8 @@ class _SympyWithoutSimplify:
         return expr
 
     def __getattr__(self, name):
+        import sympy
+
         return getattr(sympy, name)
 
 
@@ -357,7 +404,8 @@ class SymbolicShapes:
         elem_types: tensor name -> ONNX ``TensorProto.DataType``.
         reasons: tensor name -> why its size is unknown (only for tensors with an unknown dim).
         assumptions: dims that onnxruntime's inference assumed equal (where an elementwise op or MatMul
-            combines two tensors, the model can only run when they are), as ``"a == b"`` strings.
+            combines two tensors, the model can only run when they are), as ``"a == b"`` strings (sides and
+            list sorted, so the same model always gives the same list).
         failure: why onnxruntime's inference stopped early ('' when it finished).
     """
 
@@ -408,14 +456,45 @@ def _reason(op: str, name: str) -> str:
     return f"{where}: shape inference cannot derive its output size"
 
 
+def static_shapes(skel: onnx.ModelProto, table: SymbolTable, info: dict[str, tuple] | None
+                  ) -> SymbolicShapes | None:
+    """The shapes of a model with no symbolic dim, as plain ``int`` tuples, when ``info`` (tensor name ->
+    ``(shape, dtype)`` from :func:`onnxfuse.shapes.infer`, i.e. ``onnx.shape_inference`` with data propagation)
+    already gives every node input and output of every graph of ``skel`` a shape of numbers. None otherwise:
+    then only onnxruntime's inference can say more, and :func:`infer` runs it.
+
+    On such a model onnxruntime's inference has nothing symbolic to derive; this path gives the same numbers
+    without importing sympy (about 0.5 s) or onnxruntime's inference (its cost grows with the node count).
+    """
+    if table.symbols or info is None:
+        return None
+    shapes: dict[str, tuple] = {}
+    for name, (shape, _) in info.items():
+        if shape is not None and all(type(d) is int and d >= 0 for d in shape):
+            shapes[name] = shape
+    for graph, _ in proto_graphs(skel.graph):
+        for node in graph.node:
+            for name in (*node.input, *node.output):
+                if name and name not in shapes:
+                    return None
+    return SymbolicShapes(table, shapes, {}, {}, [])
+
+
 def infer(skel: onnx.ModelProto, fallback: dict[str, tuple] | None = None) -> SymbolicShapes:
     """Symbolic shapes of every tensor of ``skel`` (a :func:`onnxfuse.shapes.skeleton`; not modified).
 
     ``fallback`` (tensor name -> ``(shape, dtype)`` as :func:`onnxfuse.shapes.infer` returns) supplies the
     tensors that onnxruntime's inference leaves out; its named dims count only when they are input dims.
-    Never raises for a model onnx can load: an inference failure leaves tensors unknown, with the reason.
+    When it already gives every tensor of a model without symbolic dims a shape of numbers, those are the
+    result (:func:`static_shapes`: ``int`` dims, no sympy). Never raises for a model onnx can load: an
+    inference failure leaves tensors unknown, with the reason.
     """
     table = symbol_table(skel)
+    static = static_shapes(skel, table, fallback)
+    if static is not None:
+        return static
+    import sympy
+
     syms = table.sympy_symbols()
     prepared = _prepare(skel, table)
     failure, inferred, merges = "", None, {}
@@ -482,7 +561,9 @@ def infer(skel: onnx.ModelProto, fallback: dict[str, tuple] | None = None) -> Sy
             for o in node.output:
                 if o and (shapes.get(o) is None or None in shapes[o]):
                     reasons[o] = inherited or failure or _reason(node.op_type, node.name)
-    assumptions = [f"{a} == {b}" for a, b in merges.items()]
+    # onnxruntime records each merge in whichever direction its set iteration met it (it varies with
+    # PYTHONHASHSEED); "a == b" is symmetric, so print both sides and the list in a fixed order
+    assumptions = sorted({" == ".join(sorted((str(a), str(b)))) for a, b in merges.items()})
     return SymbolicShapes(table, shapes, elem, reasons, assumptions, failure)
 
 
@@ -497,10 +578,12 @@ def _renamed(table: SymbolTable, dim_param: str) -> str | None:
 # Expressions
 
 
-def evaluate(expr: sympy.Expr | None, values: dict[sympy.Symbol, int]) -> int | None:
+def evaluate(expr: sympy.Expr | int | None, values: dict[sympy.Symbol, int]) -> int | None:
     """``expr`` at the symbol ``values`` as an int, or None when ``expr`` is None or a symbol is unbound."""
-    if expr is None:
-        return None
+    if expr is None or type(expr) is int:
+        return expr
+    import sympy
+
     got = sympy.sympify(expr.xreplace(values) if values and expr.free_symbols else expr)
     return int(got) if got.is_Integer else None
 
@@ -509,7 +592,11 @@ def growth_share(part: sympy.Expr, whole: sympy.Expr) -> float | None:
     """Limit of ``part / whole`` as every symbol grows at the same rate: the ratio of their leading coefficients
     (floor and ceiling do not change it). Computed exactly at every symbol = 2**40 and checked at a second point
     with the symbols in other proportions; None when ``whole`` does not grow or the two disagree (the limit
-    depends on the ratio of the symbols, say H against W)."""
+    depends on the ratio of the symbols, say H against W), or when both are plain ints."""
+    if type(part) is int and type(whole) is int:
+        return None
+    import sympy
+
     symbols = sorted(whole.free_symbols | part.free_symbols, key=str)
     if not symbols:
         return None
@@ -528,26 +615,42 @@ def growth_share(part: sympy.Expr, whole: sympy.Expr) -> float | None:
     return shares[0]
 
 
-class _Printer(StrPrinter):
-    """sympy's ``str()`` with each subexpression printed once: the same floor chains recur in every row."""
+def _printer_class():
+    from sympy.printing.str import StrPrinter
 
-    def __init__(self):
-        super().__init__()
-        self._memo: dict = {}
+    class Printer(StrPrinter):
+        """sympy's ``str()`` with each subexpression printed once: the same floor chains recur in every row."""
 
-    def _print(self, expr, **kwargs):
-        if kwargs:
-            return super()._print(expr, **kwargs)
-        try:
-            return self._memo[expr]
-        except KeyError:
-            text = self._memo[expr] = super()._print(expr)
-            return text
-        except TypeError:
-            return super()._print(expr)
+        def __init__(self):
+            super().__init__()
+            self._memo: dict = {}
+
+        def _print(self, expr, **kwargs):
+            if kwargs:
+                return super()._print(expr, **kwargs)
+            try:
+                return self._memo[expr]
+            except KeyError:
+                text = self._memo[expr] = super()._print(expr)
+                return text
+            except TypeError:
+                return super()._print(expr)
+
+    return Printer
 
 
 def printer():
-    """A function that prints sympy expressions as ``str()`` does, faster on many related expressions (keep one
-    per report; it remembers what it printed)."""
-    return _Printer().doprint
+    """A function that prints sympy expressions (and plain ints) as ``str()`` does, faster on many related
+    expressions (keep one per report; it remembers what it printed). sympy is imported at the first
+    expression that is not an int."""
+    doprint = None
+
+    def text(expr) -> str:
+        nonlocal doprint
+        if type(expr) is int:
+            return str(expr)
+        if doprint is None:
+            doprint = _printer_class()().doprint
+        return doprint(expr)
+
+    return text

@@ -8,16 +8,17 @@ one execution of the body (both If branches are listed). A node with a tensor of
 totals and counted as unknown: sizes are never guessed.
 
 Bytes are sympy expressions in the model's symbolic input dims (:mod:`onnxfuse.symbolic`), e.g. ``32*N*H*W``
-for a float32 ``[N, 8, H, W]`` tensor, and ``sympy.Integer`` where every dim is a number; None means unknown.
+for a float32 ``[N, 8, H, W]`` tensor, and plain ``int`` where every dim is a number (a sum or product of ints
+stays an int, so a model with only numeric dims never imports sympy); None means unknown.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-import sympy
 
 from onnxfuse.graph import proto_graphs
 
@@ -41,11 +42,22 @@ def itemsize(elem_type: int) -> int | None:
     return _ITEMSIZE.get(elem_type)
 
 
-Bytes = sympy.Expr  # bytes as an expression in the input symbols (sympy.Integer when concrete)
+Bytes = "sympy.Expr | int"  # bytes: an int, or an expression in the input symbols
+
+
+def add(parts) -> Bytes:
+    """The sum of byte counts: an ``int`` when every part is one, else a sympy expression (``sympy.Add``)."""
+    parts = list(parts)
+    if all(type(p) is int for p in parts):
+        return sum(parts)
+    import sympy
+
+    return sympy.Add(*parts)
 
 
 def tensor_bytes(shape: tuple | None, elem_type: int | None) -> Bytes | None:
-    """Bytes of a tensor: product of ``shape`` times the itemsize of ``elem_type``, as a sympy expression.
+    """Bytes of a tensor: product of ``shape`` times the itemsize of ``elem_type``; an ``int`` when every dim is
+    a number, else a sympy expression.
 
     ``shape`` holds ints or sympy expressions; None when the shape, a dim (None, a negative number, a dim name
     given as a string) or the dtype is unknown. A scalar (shape ``()``) has one element.
@@ -53,13 +65,19 @@ def tensor_bytes(shape: tuple | None, elem_type: int | None) -> Bytes | None:
     if shape is None or elem_type is None or itemsize(elem_type) is None:
         return None
     dims = []
+    symbolic = False
     for d in shape:
         if isinstance(d, (int, np.integer)) and d >= 0:
-            dims.append(sympy.Integer(int(d)))
-        elif isinstance(d, sympy.Expr) and not (d.is_number and d < 0):
+            dims.append(int(d))
+        elif hasattr(d, "free_symbols") and not (d.is_number and d < 0):  # a sympy expression
             dims.append(d)
+            symbolic = True
         else:
             return None
+    if not symbolic:
+        return math.prod(dims) * itemsize(elem_type)
+    import sympy
+
     return sympy.Mul(*dims) * itemsize(elem_type)
 
 
@@ -143,7 +161,7 @@ def node_traffic(model: onnx.ModelProto, sizes: Sizes) -> list[NodeTraffic]:
         for node in graph.node:
             key = node.output[0] if node.output else node.name
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                rows.append(NodeTraffic(key, node.name, node.op_type, sympy.Integer(0), sympy.Integer(0), (), inside))
+                rows.append(NodeTraffic(key, node.name, node.op_type, 0, 0, (), inside))
                 continue
             unknown, read, written = [], [], []
             for name in dict.fromkeys(i for i in node.input if i):
@@ -163,8 +181,7 @@ def node_traffic(model: onnx.ModelProto, sizes: Sizes) -> list[NodeTraffic]:
                               "shape inference gives no shape for " + ", ".join(unknown))
                 rows.append(NodeTraffic(key, node.name, node.op_type, None, None, tuple(unknown), inside, reason))
             else:
-                rows.append(NodeTraffic(key, node.name, node.op_type, sympy.Add(*read), sympy.Add(*written), (),
-                                        inside))
+                rows.append(NodeTraffic(key, node.name, node.op_type, add(read), add(written), (), inside))
     return rows
 
 
@@ -186,7 +203,7 @@ class Totals:
 def totals(rows: list[NodeTraffic]) -> Totals:
     """Add up ``rows``; nodes of unknown traffic are counted in ``unknown_nodes`` and not in the byte sums."""
     known = [r for r in rows if r.total_bytes is not None]
-    return Totals(sympy.Add(*(r.read_bytes for r in known)), sympy.Add(*(r.written_bytes for r in known)),
+    return Totals(add(r.read_bytes for r in known), add(r.written_bytes for r in known),
                   len(rows), len(rows) - len(known))
 
 
@@ -198,7 +215,7 @@ def chain_bytes(rows_by_key: dict[str, NodeTraffic], keys: list[str]) -> Bytes |
         if row is None or row.total_bytes is None:
             return None
         parts.append(row.total_bytes)
-    return sympy.Add(*parts)
+    return add(parts)
 
 
 class ModelIndex:
@@ -254,4 +271,4 @@ def fused_estimate(index: ModelIndex, keys: list[str], output: str, sizes: Sizes
         if b is None:
             return None
         parts.append(b)
-    return sympy.Add(*parts)
+    return add(parts)

@@ -3,6 +3,8 @@ input once, writes each output once; bytes = elements x itemsize; weights read b
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import sympy
@@ -249,3 +251,64 @@ def test_loop_with_run_time_trip_count_is_unknown_and_says_why(fuse):
     assert loop["node"] == "loop" and "trip count is known only at run time" in loop["reason"]
     relu = next(r for r in report.nodes["before"] if r["op"] == "Relu")
     assert relu["read_bytes"] == 16 and relu["subgraph"]  # the body itself is counted once
+
+
+def test_static_model_shapes_equal_onnxruntime_symbolic_inference():
+    """A model with numbers for every dim takes the int path (symbolic.static_shapes); onnxruntime's inference
+    (forced by giving no onnx shapes) finds the same shapes, and the byte counts are plain ints."""
+    b = GraphBuilder()
+    x = b.input("x", [2, 3, 17, 9])
+    y = b.op("Relu", [b.bn(b.conv(x, 3, 8, stride=2), 8)])
+    model = b.build(b.op("Add", [y, b.conv(y, 8, 8)]))
+    skel = shapes.skeleton(model)
+    info, _ = shapes.infer(skel)
+    fast, slow = symbolic.infer(skel, info), symbolic.infer(skel, None)
+    assert not slow.failure
+    known = {k: v for k, v in fast.shapes.items() if k in slow.shapes}
+    assert known and all(type(d) is int for s in fast.shapes.values() for d in s)
+    assert known == {k: tuple(int(d) for d in slow.shapes[k]) for k in known}
+    rows = rows_of(model)
+    assert rows and all(type(r.read_bytes) is int and type(r.written_bytes) is int for r in rows)
+
+
+def test_static_model_imports_neither_sympy_nor_onnxruntime(tmp_path):
+    """Speed (issue 13): ``optimize --no-verify`` of a model without symbolic dims never imports sympy (about
+    0.5 s) or onnxruntime; its report still has every byte figure and expression."""
+    import subprocess
+    import sys
+
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 16, 16])
+    onnx.save(b.build(b.op("Relu", [b.bn(b.conv(x, 3, 8), 8)])), tmp_path / "m.onnx")
+    code = ("import sys, json; from onnxfuse import cli\n"
+            f"sys.argv = ['onnxfuse', 'optimize', {str(tmp_path / 'm.onnx')!r}, {str(tmp_path / 'o.onnx')!r}, "
+            f"'--no-verify', '-q', '--report', {str(tmp_path / 'r.json')!r}]\n"
+            "try:\n    cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(json.dumps(sorted(m for m in ('sympy', 'onnxruntime') if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    import json
+
+    totals = json.loads((tmp_path / "r.json").read_text())["totals"]
+    assert totals["saved_bytes"] > 0 and totals["saved_bytes_expr"] == str(totals["saved_bytes"])
+
+
+def test_shape_assumptions_do_not_depend_on_the_hash_seed(tmp_path):
+    """onnxruntime's inference meets dim merges in set order, which changes with PYTHONHASHSEED; the report's
+    ``shape_assumptions`` (and so the whole JSON) must not."""
+    import os
+    import subprocess
+    import sys
+
+    b = GraphBuilder()
+    x, y = b.input("x", ["N", 4, "H", "W"]), b.input("y", ["M", 4, "P", "Q"])
+    onnx.save(b.build(b.op("Add", [b.op("Relu", [x]), b.op("Sigmoid", [y])])), tmp_path / "m.onnx")
+    outs = set()
+    for seed in ("0", "1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        r = subprocess.run([sys.executable, "-m", "onnxfuse", "report", str(tmp_path / "m.onnx"), "--format",
+                            "json"], capture_output=True, text=True, env=env, check=True)
+        doc = json.loads(r.stdout)
+        assert len(doc["shape_assumptions"]) == 3
+        outs.add(json.dumps(doc, sort_keys=True))
+    assert len(outs) == 1
