@@ -373,6 +373,20 @@ def is_graph_output(tensor: gs.Tensor, graph: gs.Graph) -> bool:
     return any(t is tensor for t in graph.outputs)
 
 
+_CONSTANT_ATTRS = ("value_float", "value_floats", "value_int", "value_ints")
+
+
+def is_constant(tensor: gs.Tensor, overridable: frozenset[str] = frozenset()) -> bool:
+    """True when ``tensor`` is a constant as :func:`constant_value` defines it, decided from the graph alone
+    (no weight is read or converted: walks over many tensors stay cheap)."""
+    if isinstance(tensor, gs.Constant):
+        return tensor.name not in overridable
+    node = producer(tensor)
+    if node is None or node.op != "Constant" or node.domain not in ("", "ai.onnx", None):
+        return False
+    return isinstance(node.attrs.get("value"), gs.Constant) or any(a in node.attrs for a in _CONSTANT_ATTRS)
+
+
 def constant_value(tensor: gs.Tensor, overridable: frozenset[str] = frozenset()) -> np.ndarray | None:
     """The constant value of ``tensor`` as a read-only numpy array, or None if it is not a constant.
 

@@ -47,7 +47,7 @@ def computed_from_constants(tensor: gs.Tensor, ctx: Context, limit: int = 64) ->
     """True when ``tensor`` is not itself a constant but every path back from it ends at constants: it is
     computed by at most ``limit`` default-domain nodes from initializers and ``Constant`` nodes only (no graph
     input, no overridable initializer). Such a value is one ``constant_fold`` would have folded."""
-    if ctx.constant(tensor)[0] is not None:
+    if g.is_constant(tensor, ctx.overridable):
         return False
     seen, todo = set(), [tensor]
     while todo:
@@ -55,7 +55,7 @@ def computed_from_constants(tensor: gs.Tensor, ctx: Context, limit: int = 64) ->
         if id(t) in seen:
             continue
         seen.add(id(t))
-        if ctx.constant(t)[0] is not None:
+        if g.is_constant(t, ctx.overridable):
             continue
         node = g.producer(t)
         if node is None or node.domain not in ONNX_DOMAINS or len(seen) > limit:
