@@ -1,10 +1,5 @@
-"""The installed onnxfuse version, read once from the package metadata (pyproject.toml's ``version``)."""
+"""The onnxfuse version: the one place it is written (pyproject.toml reads it from here, as setuptools'
+``dynamic`` version). A plain assignment, not ``importlib.metadata``: that scans the installed distributions,
+which costs more than the rest of this package's start-up checks."""
 
-from __future__ import annotations
-
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("onnxfuse")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+__version__ = "0.1.0"
