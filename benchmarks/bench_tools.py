@@ -23,7 +23,11 @@ How it measures
 Tools (each skipped with a printed reason when it is not installed in the benchmark's Python)
     onnxfuse            ``onnxfuse optimize IN OUT`` (default target cpu+cuda, verification on), run from this
                         checkout (the repository root is put on PYTHONPATH), so install only its dependencies
-    onnxfuse-noverify   ``onnxfuse optimize IN OUT --no-verify``
+    onnxfuse-noverify   ``onnxfuse optimize IN OUT --no-verify`` (no report file: with input shapes that fix every
+                        dim, the summary is counted at those shapes, without symbolic expressions)
+    onnxfuse-report     ``onnxfuse optimize IN OUT --no-verify --report OUT.json``: the symbolic JSON report's
+                        cost (sympy and onnxruntime's SymbolicShapeInference on models with symbolic dims);
+                        shown for information, no target applies to it
     onnxslim            ``onnxslim IN OUT`` (its defaults; no --model-check)
     onnxsim             ``onnxsim IN OUT`` (its defaults: check_n is 0, so no output check; its z3 certify step
                         only runs when z3-solver is installed, which the benchmark requirements do not install)
@@ -93,9 +97,10 @@ SYNTHETIC = {
 BIG = {"resnet_big": ["--blocks", "60", "--channels", "1024", "--hw", "7", "--external"]}
 
 FUSE = "onnxfuse-noverify"
+FUSE_REPORT = "onnxfuse-report"  # --no-verify --report OUT.json: the symbolic JSON report's cost (no target)
 PYTHON_PEERS = ["onnxslim", "onnxsim", "onnxoptimizer"]
 ORT = "ort-offline"
-ALL_TOOLS = ["onnxfuse", FUSE, "onnxslim", "onnxsim", "onnxoptimizer", ORT]
+ALL_TOOLS = ["onnxfuse", FUSE, FUSE_REPORT, "onnxslim", "onnxsim", "onnxoptimizer", ORT]
 
 ORT_SNIPPET = """
 import sys, os, onnxruntime as ort
@@ -242,7 +247,7 @@ def count_nodes(path: Path) -> int:
 
 def tool_available(tool: str, python: str) -> str | None:
     """None when the tool can run, else the reason it cannot."""
-    mod = {"onnxfuse": "onnxfuse", FUSE: "onnxfuse", "onnxslim": "onnxslim", "onnxsim": "onnxsim",
+    mod = {"onnxfuse": "onnxfuse", FUSE: "onnxfuse", FUSE_REPORT: "onnxfuse", "onnxslim": "onnxslim", "onnxsim": "onnxsim",
            "onnxoptimizer": "onnxoptimizer", ORT: "onnxruntime"}[tool]
     r = subprocess.run([python, "-c", f"import importlib.util, sys; sys.exit(importlib.util.find_spec({mod!r}) is None)"],
                        capture_output=True)
@@ -256,15 +261,17 @@ def tool_available(tool: str, python: str) -> str | None:
 def tool_argv(tool: str, python: str, model: Model, out: Path) -> list[str]:
     bindir = Path(python).parent
     src = str(model.path)
-    if tool in ("onnxfuse", FUSE):
+    if tool in ("onnxfuse", FUSE, FUSE_REPORT):
         argv = [python, "-m", "onnxfuse", "optimize", src, str(out)]
         for s in INPUT_SHAPES.get(model.name, []):
             argv += ["--input-shape", s]
-        if tool != FUSE:
+        if tool == "onnxfuse":
             for v in INPUT_VALUES.get(model.name, []):
                 argv += ["--input-value", v]
-        if tool == FUSE:
+        else:
             argv.append("--no-verify")
+        if tool == FUSE_REPORT:
+            argv += ["--report", str(out.with_suffix(".json"))]
         return argv
     if tool == "onnxslim":
         return [str(bindir / "onnxslim"), src, str(out)]

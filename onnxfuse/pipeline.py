@@ -50,6 +50,13 @@ class Options:
             default ``all``, onnxruntime's default). A form that runs slower than the unfused original at this
             level is not emitted (``providers.CPU_SLOWER_AT``). None ignores the speed rules (for
             ``benchmarks/bench_forms.py``, which times every form).
+        expressions: count bytes as expressions in the model's symbolic dims (the report's ``*_expr``
+            fields; sympy and onnxruntime's symbolic shape inference). False, when the input shapes fix every
+            symbolic dim, counts at those shapes only, from ``onnx.shape_inference`` with the shapes applied:
+            the same numbers without the symbolic work (about 1 s on a small model); the report's symbols are
+            then empty and each ``*_expr`` is the number. Where those shapes leave a tensor unsized, the
+            expressions are computed anyway. ``optimize`` without ``--report`` uses False: its summary shows
+            numbers only.
     """
 
     target: str = DEFAULT_TARGET
@@ -59,6 +66,7 @@ class Options:
     constant_initializer_inputs: bool = False
     input_data: str | None = None
     ort_level: str | None = DEFAULT_ORT_LEVEL
+    expressions: bool = True
 
 
 @dataclass
@@ -180,11 +188,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
                                                {vi.name for vi in model.graph.input} - inits, options.input_data)
     input_shapes = shapes.complete_input_shapes(model, given) if given else {}
     info, elem_types = shapes.infer(skel)  # the model's own (symbolic) shapes: what the passes may rely on
-    sym = symbolic.infer(skel, info)  # every dim as an expression in the input dims: what the report counts
-    mismatches: list[str] = []
-    if input_shapes:
-        shapes.apply_input_shapes(skel, input_shapes)  # rejects unknown names, wrong ranks and fixed dims
-        mismatches = _cross_check(sym, shapes.infer(skel)[0], sym.table.values(input_shapes))
+    sym, mismatches = _count_shapes(skel, info, input_shapes, options.expressions)
     before_sizes = traffic.Sizes(sym.shapes, {**elem_types, **sym.elem_types}, sym.reasons).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
     missing = _missing_shapes(model, input_shapes)
@@ -248,6 +252,32 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
         log.debug("verifying the optimized model against the original in onnxruntime")
         result.report.verification = verify.verify_models(result.loaded.ort_source(), result.model, verify_options)
     return result
+
+
+def _count_shapes(skel: onnx.ModelProto, info: dict, input_shapes: dict[str, tuple[int, ...]], expressions: bool
+                  ) -> tuple[symbolic.SymbolicShapes, list[str]]:
+    """The shapes the report counts, and warnings where two shape inferences disagree.
+
+    With ``expressions`` (or without input shapes): every dim as an expression in the input dims
+    (:func:`symbolic.infer`), cross-checked at ``input_shapes`` against ``onnx.shape_inference`` with the shapes
+    applied. Without: the shapes ``onnx.shape_inference`` gives with ``input_shapes`` applied, when they size
+    every tensor (:func:`symbolic.static_shapes`), else as with ``expressions``. ``skel`` is not modified.
+
+    Raises:
+        InputError: ``input_shapes`` names an input the model lacks, or contradicts its rank or fixed dims.
+    """
+    if not input_shapes:
+        return symbolic.infer(skel, info), []
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(skel)
+    shapes.apply_input_shapes(fixed, input_shapes)  # rejects unknown names, wrong ranks and fixed dims
+    concrete, _ = shapes.infer(fixed)
+    if not expressions:
+        static = symbolic.static_shapes(fixed, symbolic.symbol_table(fixed), concrete)
+        if static is not None:
+            return static, []
+    sym = symbolic.infer(skel, info)  # every dim as an expression in the input dims: what the report counts
+    return sym, _cross_check(sym, concrete, sym.table.values(input_shapes))
 
 
 def _cross_check(sym: symbolic.SymbolicShapes, concrete: dict, values: dict) -> list[str]:

@@ -509,7 +509,8 @@ def headline(doc: dict, code: bool = False, hints: bool = True) -> list[str]:
                      + (f" (about {share:.1f}% of the traffic as the input grows)" if share is not None else ""))
     at = None
     if t["saved_bytes"] is not None and before["total_bytes"] is not None:
-        at = (f"at {_shapes_text(doc)}" if doc["input_shapes"] else "traffic",
+        label = f"at {_shapes_text(doc)}" if doc["input_shapes"] else ""
+        at = (label if symbolic else f"traffic {label}".strip(),
               before["total_bytes"], after["total_bytes"], t["saved_bytes"], t["saved_percent"])
     elif t["at_batch_1"] and t["at_batch_1"]["saved_bytes"] is not None:
         b = t["at_batch_1"]

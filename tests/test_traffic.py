@@ -258,7 +258,7 @@ def test_static_model_shapes_equal_onnxruntime_symbolic_inference():
     (forced by giving no onnx shapes) finds the same shapes, and the byte counts are plain ints."""
     b = GraphBuilder()
     x = b.input("x", [2, 3, 17, 9])
-    y = b.op("Relu", [b.bn(b.conv(x, 3, 8, stride=2), 8)])
+    y = b.op("Relu", [b.bn(b.conv(x, 3, 8, strides=[2, 2]), 8)])
     model = b.build(b.op("Add", [y, b.conv(y, 8, 8)]))
     skel = shapes.skeleton(model)
     info, _ = shapes.infer(skel)
@@ -312,3 +312,77 @@ def test_shape_assumptions_do_not_depend_on_the_hash_seed(tmp_path):
         assert len(doc["shape_assumptions"]) == 3
         outs.add(json.dumps(doc, sort_keys=True))
     assert len(outs) == 1
+
+
+def _numbers(report) -> dict:
+    """Every byte number of a report (totals, fusion rows, unfused rows, per-node rows), without expressions."""
+    doc = report.to_dict()
+    t = doc["totals"]
+    keys = ("read_bytes", "written_bytes", "total_bytes", "unknown_nodes", "nodes")
+    return {"before": [t["before"][k] for k in keys], "after": [t["after"][k] for k in keys],
+            "saved": t["saved_bytes"],
+            "fusions": [(f["output"], f["bytes_before"], f["bytes_after"], f["saved_bytes"]) for f in doc["fusions"]],
+            "unfused": [(u["output"], u["bytes"]) for u in doc["unfused"]],
+            "nodes": [(r["output"], r["read_bytes"], r["written_bytes"]) for side in ("before", "after")
+                      for r in doc["nodes"][side]]}
+
+
+def test_counting_at_the_input_shapes_only_gives_the_numbers_of_the_expressions(fuse):
+    """``expressions=False`` (optimize without --report) with shapes that fix every dim: no symbols, every
+    ``*_expr`` is its number, and every number equals the one the symbolic report gives at those shapes
+    (strided and padded convs, a residual, an unfused Sigmoid tail)."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", "W"])
+    y = b.op("Relu", [b.bn(b.conv(x, 3, 8, strides=[2, 2]), 8)])
+    y = b.op("Relu", [b.op("Add", [b.conv(y, 8, 8), y])])
+    model = b.build(b.op("Sigmoid", [b.conv(y, 8, 4, strides=[2, 2])]))
+    shapes_ = {"x": (2, 3, 37, 50)}
+    full = fuse(model, input_shapes=shapes_).report
+    quick = fuse(model, input_shapes=shapes_, expressions=False).report
+    assert full.symbols and not quick.symbols and quick.symbol_values == {}
+    assert _numbers(quick) == _numbers(full)
+    assert quick.totals["saved_bytes"] > 0
+    assert quick.totals["saved_bytes_expr"] == str(quick.totals["saved_bytes"])
+    assert "traffic at x=2x3x37x50:" in "\n".join(rep.summary_lines(quick))
+
+
+def test_counting_at_the_input_shapes_falls_back_to_expressions_where_a_size_stays_unknown(fuse):
+    """A NonZero's output size is unknown at any input shape: ``expressions=False`` cannot size every tensor,
+    so the report is the symbolic one (same numbers, the symbols kept)."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 4, 8, 8])
+    nz = b.op("NonZero", [x], name="nz")
+    model = b.build(b.op("Relu", [b.conv(x, 4, 4)]))
+    model.graph.output.append(helper.make_tensor_value_info(nz, TensorProto.INT64, [4, "nonzero_count"]))
+    full = fuse(model, input_shapes={"x": (3, 4, 8, 8)}).report
+    quick = fuse(model, input_shapes={"x": (3, 4, 8, 8)}, expressions=False).report
+    assert quick.symbols == full.symbols != {}
+    assert {**quick.to_dict(), "model": None} == {**full.to_dict(), "model": None}
+    assert quick.totals["before"]["unknown_nodes"] == 1
+
+
+def test_optimize_without_report_counts_at_the_given_shapes_without_sympy(tmp_path):
+    """The CLI: ``optimize --input-shape`` without ``--report`` on a model with symbolic dims prints the numbers
+    at those shapes without importing sympy; with ``--report`` the JSON has the expressions and the same
+    numbers."""
+    import subprocess
+    import sys
+
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", "W"])
+    onnx.save(b.build(b.op("Relu", [b.bn(b.conv(x, 3, 8), 8)])), tmp_path / "m.onnx")
+    code = ("import sys; from onnxfuse import cli\n"
+            f"sys.argv = ['onnxfuse', 'optimize', {str(tmp_path / 'm.onnx')!r}, {str(tmp_path / 'o.onnx')!r}, "
+            "'--no-verify', '--input-shape', 'x=1x3x64x48']\n"
+            "try:\n    cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('sympy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[-1] == "False"
+    assert "traffic at x=1x3x64x48: " in out.stdout
+    r = subprocess.run([sys.executable, "-m", "onnxfuse", "optimize", str(tmp_path / "m.onnx"),
+                        str(tmp_path / "o2.onnx"), "--no-verify", "--input-shape", "x=1x3x64x48", "--report",
+                        str(tmp_path / "r.json")], capture_output=True, text=True, check=True)
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["symbols"] and "N_" in doc["totals"]["saved_bytes_expr"]
+    saved = rep.human_bytes(doc["totals"]["saved_bytes"])
+    assert f"(saved {saved}," in out.stdout and f"(saved {saved}," in r.stdout
