@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ class InputSpec:
 
 
 def session(model: str | os.PathLike | bytes, level: str = "disable", threads: int | None = None,
-            save_to: str | None = None, profile_prefix: str | None = None) -> Any:
+            save_to: str | None = None, profile_prefix: str | None = None, spinning: bool = True) -> Any:
     """An onnxruntime CPU ``InferenceSession`` for a model path or serialized bytes.
 
     Args:
@@ -78,6 +79,9 @@ def session(model: str | os.PathLike | bytes, level: str = "disable", threads: i
         threads: intra-op threads (inter-op is then 1); None keeps onnxruntime's default.
         save_to: write the graph onnxruntime optimized to this path (``optimized_model_filepath``).
         profile_prefix: turn profiling on, writing the profile under this prefix.
+        spinning: False sets ``session.intra_op.allow_spinning`` and ``session.inter_op.allow_spinning`` to 0
+            (onnxruntime_session_options_config_keys.h): idle pool threads sleep instead of busy-waiting for
+            work. Same results, less CPU time; busy-waiting only pays where a core is free for each thread.
 
     Raises:
         whatever onnxruntime raises when it cannot load the model (callers turn it into a reason).
@@ -95,17 +99,27 @@ def session(model: str | os.PathLike | bytes, level: str = "disable", threads: i
     if profile_prefix:
         opts.enable_profiling = True
         opts.profile_file_prefix = profile_prefix
+    if not spinning:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if isinstance(model, os.PathLike):
         model = str(model)
     return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 @contextlib.contextmanager
-def loadable(model: str | os.PathLike | bytes | onnx.ModelProto) -> Iterator[str | bytes]:
+def loadable(model: str | os.PathLike | bytes | onnx.ModelProto, as_file: bool = False) -> Iterator[str | bytes]:
     """What :func:`session` accepts for ``model``: a path as a string, serialized bytes as they are, or a
     ModelProto's serialized bytes; a proto over protobuf's 2 GB limit is written with external data to a
     temporary folder that lives as long as the context (its weights are read back into the proto afterwards, so
-    the caller's proto is left whole)."""
+    the caller's proto is left whole).
+
+    ``as_file``: a proto (of any size) is written to a temporary file, one part at a time
+    (:func:`onnxfuse.model_io.serialized_parts`), and its path given instead of its bytes, so that no serialized
+    copy of it (the proto's size, twice while protobuf encodes it) is in memory beside the session onnxruntime
+    builds: onnxruntime's Python ``InferenceSession`` keeps the bytes it was made from for as long as it lives
+    (``_model_bytes``, onnxruntime_inference_collection.py), on top of its own parsed copy and weights.
+    """
     from onnxfuse import model_io
 
     if isinstance(model, bytes):
@@ -114,16 +128,43 @@ def loadable(model: str | os.PathLike | bytes | onnx.ModelProto) -> Iterator[str
     if not isinstance(model, onnx.ModelProto):
         yield str(model)
         return
-    if not model_io.exceeds_protobuf_limit(model):
+    too_large = model_io.exceeds_protobuf_limit(model)
+    if not too_large and not as_file:
         yield model.SerializeToString()
         return
     with tempfile.TemporaryDirectory(prefix="onnxfuse-session-") as tmp:
         path = Path(tmp) / "model.onnx"
+        if not too_large:
+            parts, _ = model_io.serialized_parts(model)  # written part by part: never one bytes object
+            with open(path, "wb") as fh:
+                for part in parts:
+                    fh.write(part if isinstance(part, bytes) else part.SerializeToString())
+            del parts
+            yield str(path)
+            return
         model_io.save_model(model, path, external_data=True)
         try:
             yield str(path)
         finally:  # saving moved the weights out of the proto into the file: take them back
             onnx.load_external_data_for_model(model, tmp)
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the operating system (glibc ``malloc_trim(0)``; nothing elsewhere).
+
+    A freed onnxruntime session leaves its weights and arena in glibc's free lists, which keep counting in the
+    process's resident memory; the next session then grows the heap past them instead of into them when its
+    blocks do not fit the holes. Called between sessions so that they do not stack up in peak RSS.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        pass
 
 
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
