@@ -336,18 +336,24 @@ def _signature(values) -> list[tuple[str, str]]:
 
 
 def _run_all(sess, feeds_list: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
-    return [[np.asarray(a) for a in sess.run(None, feeds)] for feeds in feeds_list]
+    # Copies: the arrays onnxruntime returns wrap its own output buffers (their base is a PyCapsule), which keep
+    # the session's memory arena, activations and all, alive after the session is freed.
+    return [[np.array(a) for a in sess.run(None, feeds)] for feeds in feeds_list]
 
 
 def verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None) -> Verification:
     """Compare ``candidate`` with ``original`` (each a model path, serialized model bytes or a ModelProto, left
     unmodified) in onnxruntime by the rule of the module docstring.
 
-    Cost: one onnxruntime session per model at ``ORT_DISABLE_ALL`` plus one of the original at
-    ``ORT_ENABLE_ALL`` for the noise floor (not created when every output is bit-identical or rtol/atol are
-    given), and, only when an output would otherwise fail, one of the original with its weights moved by one ulp
-    (the rounding floor); created one after the other and each freed before the next, so at most one session is
-    held at a time; each runs ``options.input_sets`` input sets.
+    Cost: one onnxruntime session per model at ``ORT_DISABLE_ALL``, plus one of the original at
+    ``ORT_ENABLE_ALL`` for the noise floor (not created when every output is bit-identical, within
+    FLOOR_MULTIPLE x its one-ulp minimum floor, or rtol/atol are given), and, only when an output would otherwise
+    fail, one of the original with its weights moved by one ulp (the rounding floor). They are created one after
+    the other and each is freed (its heap pages handed back, :func:`onnxfuse.runtime.trim_heap`) before the
+    next, so at most one session is held at a time; the outputs kept are copies, which do not hold a session's
+    memory arena. Each runs ``options.input_sets`` input sets, without busy-waiting threads (``spinning=False``
+    of :func:`onnxfuse.runtime.session`). A candidate given as a ModelProto is loaded from a temporary file
+    (``as_file`` of :func:`onnxfuse.runtime.loadable`), not from a second, serialized copy in memory.
 
     Returns ``skipped`` (with the reason) when onnxruntime cannot load or run the *original*; ``failed`` when
     the candidate's output names, order or dtypes or its inputs differ, onnxruntime cannot load or run it while it
@@ -364,9 +370,10 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
                              data=runtime.load_npz(opts.input_data) if opts.input_data else {})
     with runtime.loadable(original) as src:
         try:
-            ref_sess = runtime.session(src)
+            ref_sess = runtime.session(src, spinning=False)
         except Exception as exc:
             return Verification("skipped", f"onnxruntime cannot load the original: {runtime.short(exc)}")
+        del src  # serialized bytes, when the original came as bytes or a proto: the session holds what it needs
         runtime.check_names(ref_sess, spec)
         all_given = set(spec.data) >= {i.name for i in ref_sess.get_inputs()}
         seeds = [0] if all_given else list(range(max(1, opts.input_sets)))
@@ -378,6 +385,8 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
             raise InputError(f"random inputs of shapes {opts.input_shapes} do not fit in memory; give smaller "
                              "--input-shape values") from None
         used_shapes = {k: list(v.shape) for k, v in feeds_list[-1].items()}
+        ref_inputs, ref_outputs = _signature(ref_sess.get_inputs()), _signature(ref_sess.get_outputs())
+        empty_hint = runtime.random_inputs_hint(ref_sess, spec)
         try:
             refs = _run_all(ref_sess, feeds_list)
         except Exception as exc:
@@ -385,34 +394,13 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
                 raise InputError(f"--input-data {opts.input_data}: onnxruntime cannot run the original on it: "
                                  f"{runtime.short(exc)}") from None
             return Verification("skipped", f"onnxruntime cannot run the original on inputs {used_shapes}: "
-                                f"{runtime.short(exc)}{runtime.random_inputs_hint(ref_sess, spec)}",
-                                seeds=seeds, input_shapes=used_shapes)
-        ref_inputs, ref_outputs = _signature(ref_sess.get_inputs()), _signature(ref_sess.get_outputs())
-        empty_hint = runtime.random_inputs_hint(ref_sess, spec)
+                                f"{runtime.short(exc)}{empty_hint}", seeds=seeds, input_shapes=used_shapes)
         del ref_sess
-
-    def failed(reason: str) -> Verification:
-        return Verification("failed", reason, seeds=seeds, input_shapes=used_shapes)
-
-    with runtime.loadable(candidate) as src:
-        try:
-            cand_sess = runtime.session(src)
-        except Exception as exc:
-            return failed(f"onnxruntime cannot load the candidate model: {runtime.short(exc)}")
-        cand_outputs = _signature(cand_sess.get_outputs())
-        if cand_outputs != ref_outputs:
-            return failed(f"the candidate's outputs {_sig_text(cand_outputs)} are not the original's "
-                          f"{_sig_text(ref_outputs)} (names, order and dtypes must match)")
-        extra = sorted(set(_signature(cand_sess.get_inputs())) - set(ref_inputs))
-        if extra:
-            return failed(f"the candidate has input(s) {_sig_text(extra)} that the original has not "
-                          f"(original: {_sig_text(ref_inputs)})")
-        names = {i.name for i in cand_sess.get_inputs()}
-        try:
-            gots = _run_all(cand_sess, [{k: v for k, v in f.items() if k in names} for f in feeds_list])
-        except Exception as exc:
-            return failed(f"onnxruntime cannot run the candidate model: {runtime.short(exc)}")
-        del cand_sess
+    runtime.trim_heap()
+    gots = _run_candidate(candidate, feeds_list, ref_inputs, ref_outputs)
+    runtime.trim_heap()
+    if isinstance(gots, str):
+        return Verification("failed", gots, seeds=seeds, input_shapes=used_shapes)
 
     accs = [_Acc(name, refs[0][i].dtype, list(refs[0][i].shape)) for i, (name, _) in enumerate(ref_outputs)]
     for ref, got in zip(refs, gots, strict=True):
@@ -448,15 +436,39 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
                         floor_multiple=opts.floor_multiple, floor_note=floor_note)
 
 
+def _run_candidate(candidate: Model, feeds_list, ref_inputs, ref_outputs) -> list[list[np.ndarray]] | str:
+    """The candidate's outputs on every input set, or why it fails: onnxruntime cannot load or run it, or its
+    outputs (names, order, dtypes) or inputs are not the original's."""
+    with runtime.loadable(candidate, as_file=True) as src:
+        try:
+            cand_sess = runtime.session(src, spinning=False)
+        except Exception as exc:
+            return f"onnxruntime cannot load the candidate model: {runtime.short(exc)}"
+        del src  # serialized bytes: the session holds what it needs
+        cand_outputs = _signature(cand_sess.get_outputs())
+        if cand_outputs != ref_outputs:
+            return (f"the candidate's outputs {_sig_text(cand_outputs)} are not the original's "
+                    f"{_sig_text(ref_outputs)} (names, order and dtypes must match)")
+        extra = sorted(set(_signature(cand_sess.get_inputs())) - set(ref_inputs))
+        if extra:
+            return (f"the candidate has input(s) {_sig_text(extra)} that the original has not "
+                    f"(original: {_sig_text(ref_inputs)})")
+        names = {i.name for i in cand_sess.get_inputs()}
+        try:
+            return _run_all(cand_sess, [{k: v for k, v in f.items() if k in names} for f in feeds_list])
+        except Exception as exc:
+            return f"onnxruntime cannot run the candidate model: {runtime.short(exc)}"
+
+
 def _measure_floor(original, feeds_list, refs, accs: list[_Acc]) -> str | None:
     """Set each float output's ``floor`` from one ORT_ENABLE_ALL session of the original; a note when that
     session cannot be made or run (the floor then stays None and min_floor alone applies)."""
     with runtime.loadable(original) as src:
         try:
-            sess = runtime.session(src, "all")
-            alls = _run_all(sess, feeds_list)
+            alls = _run_all(runtime.session(src, "all", spinning=False), feeds_list)
         except Exception as exc:
             return f"not measured: onnxruntime cannot run the original at ORT_ENABLE_ALL: {runtime.short(exc)}"
+    runtime.trim_heap()
     for ref, alt in zip(refs, alls, strict=True):
         for acc, r, a in zip(accs, ref, alt, strict=True):
             if _exact(acc.dtype) or r.shape != a.shape:
@@ -473,10 +485,11 @@ def _measure_rounding_floor(original, feeds_list, refs, accs: list[_Acc]) -> str
         model = _proto(original)
         moved = weights_moved_by_one_ulp(model)
         del model
-        with runtime.loadable(moved) as src:
-            outs = _run_all(runtime.session(src), feeds_list)
+        with runtime.loadable(moved, as_file=True) as src:
+            outs = _run_all(runtime.session(src, spinning=False), feeds_list)
     except Exception as exc:
         return f"rounding floor not measured: {runtime.short(exc)}"
+    runtime.trim_heap()
     for ref, alt in zip(refs, outs, strict=True):
         for acc, r, a in zip(accs, ref, alt, strict=True):
             if not _exact(acc.dtype) and r.shape == a.shape:
