@@ -118,7 +118,8 @@ def loadable(model: str | os.PathLike | bytes | onnx.ModelProto, as_file: bool =
     (:func:`onnxfuse.model_io.serialized_parts`), and its path given instead of its bytes, so that no serialized
     copy of it (the proto's size, twice while protobuf encodes it) is in memory beside the session onnxruntime
     builds: onnxruntime's Python ``InferenceSession`` keeps the bytes it was made from for as long as it lives
-    (``_model_bytes``, onnxruntime_inference_collection.py), on top of its own parsed copy and weights.
+    (``_model_bytes``, onnxruntime_inference_collection.py), on top of its own parsed copy and weights. Where no
+    temporary file can be written, the bytes are given as without ``as_file``.
     """
     from onnxfuse import model_io
 
@@ -129,24 +130,40 @@ def loadable(model: str | os.PathLike | bytes | onnx.ModelProto, as_file: bool =
         yield str(model)
         return
     too_large = model_io.exceeds_protobuf_limit(model)
-    if not too_large and not as_file:
+    written = _write_temporary(model) if as_file and not too_large else None
+    if written is not None:
+        with written as folder:
+            yield str(Path(folder) / "model.onnx")
+        return
+    if not too_large:  # as bytes, also when no temporary file can be written (a full or read-only temp dir)
         yield model.SerializeToString()
         return
     with tempfile.TemporaryDirectory(prefix="onnxfuse-session-") as tmp:
         path = Path(tmp) / "model.onnx"
-        if not too_large:
-            parts, _ = model_io.serialized_parts(model)  # written part by part: never one bytes object
-            with open(path, "wb") as fh:
-                for part in parts:
-                    fh.write(part if isinstance(part, bytes) else part.SerializeToString())
-            del parts
-            yield str(path)
-            return
         model_io.save_model(model, path, external_data=True)
         try:
             yield str(path)
         finally:  # saving moved the weights out of the proto into the file: take them back
             onnx.load_external_data_for_model(model, tmp)
+
+
+def _write_temporary(model: onnx.ModelProto) -> tempfile.TemporaryDirectory | None:
+    """A temporary folder holding ``model.onnx``, written one part at a time, or None when it cannot be written."""
+    from onnxfuse import model_io
+
+    try:
+        tmp = tempfile.TemporaryDirectory(prefix="onnxfuse-session-")
+    except OSError:
+        return None
+    try:
+        parts, _ = model_io.serialized_parts(model)  # never the whole model as one bytes object
+        with open(Path(tmp.name) / "model.onnx", "wb") as fh:
+            for part in parts:
+                fh.write(part if isinstance(part, bytes) else part.SerializeToString())
+    except OSError:
+        tmp.cleanup()
+        return None
+    return tmp
 
 
 def trim_heap() -> None:

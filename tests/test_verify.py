@@ -5,6 +5,7 @@ deep net passes, a wrong rewrite fails), NaN/inf and integer outputs exact, `onn
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -296,6 +297,47 @@ def test_each_session_is_created_once_and_input_sets_are_an_option(monkeypatch):
     assert made == ["disable", "disable"]
     assert tiny.status == "passed" and "one-ulp minimum" in tiny.floor_note
     assert 0 < tiny.outputs[0].max_abs_error <= tiny.outputs[0].tolerance
+
+
+def test_sessions_do_not_spin_and_outputs_kept_are_copies(monkeypatch):
+    original = conv_model()
+    sess = runtime.session(original.SerializeToString(), spinning=False)
+    feeds = runtime.make_inputs(sess, {}, 0)
+    # onnxruntime's own arrays wrap its buffers (and so keep the session's arena alive); verification keeps copies
+    assert not sess.run(None, feeds)[0].flags.owndata
+    kept = verify._run_all(sess, [feeds])[0][0]
+    assert kept.flags.owndata and np.array_equal(kept, sess.run(None, feeds)[0])
+    made = []
+    real = runtime.session
+
+    def keeping(model, level="disable", *args, **kwargs):
+        made.append(real(model, level, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(runtime, "session", keeping)
+    assert verify.verify_models(original, conv_model(bias_shift=1e-5)).status == "passed"
+    assert len(made) == 3  # original, candidate, noise floor: none busy-waits for work
+    assert {s.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") for s in made} == {"0"}
+
+
+def test_a_candidate_proto_is_loaded_from_a_temporary_file_or_as_bytes_when_none_can_be_written(monkeypatch):
+    import tempfile
+
+    model = conv_model()
+    with runtime.loadable(model, as_file=True) as src:
+        assert isinstance(src, str) and onnx.load(src) == model
+        written = src
+    assert not Path(written).exists()  # removed with the context
+    with runtime.loadable(model) as src:
+        assert src == model.SerializeToString()
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    with runtime.loadable(model, as_file=True) as src:
+        assert src == model.SerializeToString()
+    assert verify.verify_models(model, conv_model(bias_shift=1e-5)).status == "passed"
 
 
 def test_nothing_rewritten_means_nothing_run(tmp_path, monkeypatch):
