@@ -12,6 +12,7 @@ bools.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import tempfile
@@ -173,15 +174,21 @@ def trim_heap() -> None:
     process's resident memory; the next session then grows the heap past them instead of into them when its
     blocks do not fit the holes. Called between sessions so that they do not stack up in peak RSS.
     """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
     if not sys.platform.startswith("linux"):
-        return
+        return None
     import ctypes
-    import ctypes.util
 
     try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+        return ctypes.CDLL(None).malloc_trim  # the C library already loaded into the process
     except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        pass
+        return None
 
 
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -320,6 +320,17 @@ def test_sessions_do_not_spin_and_outputs_kept_are_copies(monkeypatch):
     assert {s.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") for s in made} == {"0"}
 
 
+def test_trim_heap_reaches_glibc_malloc_trim_where_there_is_one():
+    import platform
+    import sys
+
+    runtime.trim_heap()  # never raises, whatever the C library
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert runtime._malloc_trim() is not None
+    elif not sys.platform.startswith("linux"):
+        assert runtime._malloc_trim() is None
+
+
 def test_a_candidate_proto_is_loaded_from_a_temporary_file_or_as_bytes_when_none_can_be_written(monkeypatch):
     import tempfile
 
