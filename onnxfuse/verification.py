@@ -373,7 +373,6 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
             ref_sess = runtime.session(src, spinning=False)
         except Exception as exc:
             return Verification("skipped", f"onnxruntime cannot load the original: {runtime.short(exc)}")
-        del src  # serialized bytes, when the original came as bytes or a proto: the session holds what it needs
         runtime.check_names(ref_sess, spec)
         all_given = set(spec.data) >= {i.name for i in ref_sess.get_inputs()}
         seeds = [0] if all_given else list(range(max(1, opts.input_sets)))
@@ -444,7 +443,6 @@ def _run_candidate(candidate: Model, feeds_list, ref_inputs, ref_outputs) -> lis
             cand_sess = runtime.session(src, spinning=False)
         except Exception as exc:
             return f"onnxruntime cannot load the candidate model: {runtime.short(exc)}"
-        del src  # serialized bytes: the session holds what it needs
         cand_outputs = _signature(cand_sess.get_outputs())
         if cand_outputs != ref_outputs:
             return (f"the candidate's outputs {_sig_text(cand_outputs)} are not the original's "
