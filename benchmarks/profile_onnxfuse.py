@@ -13,9 +13,9 @@ Needs py-spy (benchmarks/requirements.txt) and permission to ptrace the child (r
 
 ``--stages N`` instead runs the command N times, each in a fresh process, and prints the CPU time
 (``time.process_time``: user + system of the process, so unlike wall time it hardly depends on what else the
-machine runs) of each pipeline stage in the run with the median total (imports, load, shape inference, traffic,
-graphsurgeon import, passes, export, report, verification, save) and the median max RSS. ``--src DIR`` runs the
-onnxfuse found in DIR (another checkout, or a ``git archive`` of an older commit) instead of this one:
+machine runs) of each pipeline stage in the run with the median total (imports, load, shape inference, symbolic
+shape inference, traffic, graphsurgeon import, passes, export, report, verification, save) and the median max
+RSS. ``--src DIR`` runs the onnxfuse found in DIR (another checkout, or a ``git archive`` of an older commit) instead of this one:
 
     python benchmarks/profile_onnxfuse.py benchmarks/out/resnet400.onnx --no-verify --stages 5
     mkdir -p benchmarks/out/old && git archive 1ca2625 | tar -x -C benchmarks/out/old
@@ -74,7 +74,8 @@ print(json.dumps({**marks, "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF
 STAGE_FUNCS = ("onnxfuse.model_io:load_model:load,onnxfuse.shapes:skeleton:shapes,onnxfuse.shapes:infer:shapes,"
                "onnxfuse.shapes:measure:shapes,onnxfuse.traffic:node_traffic:traffic,onnxfuse.graph:to_graph:import,"
                "onnxfuse.pipeline:run_passes:passes,onnxfuse.graph:to_model:export,onnxfuse.report:build:report,"
-               "onnxfuse.verification:verify:verification,onnxfuse.model_io:save_model:save")
+               "onnxfuse.verification:verify_models:verification,onnxfuse.symbolic:infer:symbolic,"
+               "onnxfuse.model_io:save_model:save")
 
 
 def stages(model: str, rest: list[str], runs: int, src: Path) -> int:
