@@ -15,7 +15,8 @@ Needs py-spy (benchmarks/requirements.txt) and permission to ptrace the child (r
 (``time.process_time``: user + system of the process, so unlike wall time it hardly depends on what else the
 machine runs) of each pipeline stage in the run with the median total (imports, load, shape inference, symbolic
 shape inference, traffic, graphsurgeon import, passes, export, report, verification, save) and the median max
-RSS. ``--src DIR`` runs the onnxfuse found in DIR (another checkout, or a ``git archive`` of an older commit) instead of this one:
+RSS. ``--src DIR`` runs the onnxfuse found in DIR (another checkout, or a ``git archive`` of an older commit)
+instead of this one:
 
     python benchmarks/profile_onnxfuse.py benchmarks/out/resnet400.onnx --no-verify --stages 5
     mkdir -p benchmarks/out/old && git archive 1ca2625 | tar -x -C benchmarks/out/old
