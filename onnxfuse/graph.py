@@ -181,6 +181,9 @@ def _export_in_place(graph: gs.Graph, model: onnx.ModelProto) -> bool:
         if proto is None:
             proto = target.initializer.add()
             _write_constant(proto, constant)
+            # the written message now holds the values: let the graph read them from there, so that the folded
+            # array is freed now, not when the graph is (peak memory held both, as large as the weights)
+            constant._values = LazyValues(proto)
         else:
             proto.name = constant.name  # what OnnxExporter.export_tensor_proto does
         order.append(proto)
