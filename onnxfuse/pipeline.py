@@ -128,7 +128,10 @@ def _run_stage(sub, stage: tuple[Pass, ...], ctx: Context, fusions: list[Fusion]
     for _ in range(MAX_ROUNDS if stage else 0):
         changed, round_skips = False, []
         for p in stage:
+            anchors = frozenset(p.anchors)
             for node in list(sub.nodes):
+                if anchors and node.op not in anchors:
+                    continue  # not a node this pass's patterns end on (its match would return None)
                 if not node.outputs:
                     continue  # removed by an earlier rewrite of this round
                 found = p.match(node, ctx)

@@ -47,20 +47,29 @@ def computed_from_constants(tensor: gs.Tensor, ctx: Context, limit: int = 64) ->
     """True when ``tensor`` is not itself a constant but every path back from it ends at constants: it is
     computed by at most ``limit`` default-domain nodes from initializers and ``Constant`` nodes only (no graph
     input, no overridable initializer). Such a value is one ``constant_fold`` would have folded."""
-    if g.is_constant(tensor, ctx.overridable):
+    overridable = ctx.overridable
+    if g.is_constant(tensor, overridable):
         return False
+    # g.is_constant and g.producer inlined: a residual Add's walk visits `limit` tensors on every round
     seen, todo = set(), [tensor]
     while todo:
         t = todo.pop()
-        if id(t) in seen:
+        key = id(t)
+        if key in seen:
             continue
-        seen.add(id(t))
-        if g.is_constant(t, ctx.overridable):
-            continue
-        node = g.producer(t)
-        if node is None or node.domain not in ONNX_DOMAINS or len(seen) > limit:
+        seen.add(key)
+        if isinstance(t, gs.Constant):
+            if t.name not in overridable:
+                continue
+            return False  # an overridable initializer
+        node = t.inputs[0] if t.inputs else None
+        if node is None or node.domain not in ONNX_DOMAINS:
             return False
-        todo.extend(i for i in node.inputs if i.name)
+        if node.op == "Constant" and g.is_constant(t, overridable):
+            continue
+        if len(seen) > limit:
+            return False
+        todo.extend([i for i in node.inputs if i.name])
     return True
 
 

@@ -132,12 +132,9 @@ def batchnorm_scale_shift(bn: gs.Node, ctx: Context, nodes: list[gs.Node], outpu
     ``(None, None, Skip)`` for a BN with spatial=0 (``batchnorm-spatial-0``), in training mode or with its
     running statistics used (``batchnorm-training-mode``), with run-time parameters, or whose parameters do not
     all have ``features`` values (the scale's count when ``features`` is None; ``parameter-shape-mismatch``)."""
-    extra = [t for t in bn.outputs[1:] if t.name]
-    if int(bn.attrs.get("spatial", 1)) == 0:
-        return None, None, skip(Reason.BN_SPATIAL, "BatchNormalization has spatial=0 (per-element statistics)",
-                                nodes, output)
-    if int(bn.attrs.get("training_mode", 0)) or any(t.outputs or g.is_graph_output(t, ctx.graph) for t in extra):
-        return None, None, skip(Reason.TRAINING_MODE, "BatchNormalization is in training mode", nodes, output)
+    bad = batchnorm_mode_check(bn, ctx, nodes, output)
+    if bad:
+        return None, None, bad
     params = []
     for t in bn.inputs[1:5]:
         value, why = ctx.constant(t)
@@ -152,3 +149,15 @@ def batchnorm_scale_shift(bn: gs.Node, ctx: Context, nodes: list[gs.Node], outpu
     with np.errstate(all="ignore"):
         s = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
         return s, bias - mean * s, None
+
+
+def batchnorm_mode_check(bn: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor) -> Skip | None:
+    """Skip a BatchNormalization with spatial=0 (``batchnorm-spatial-0``) or in training mode, or whose
+    running-statistics outputs are read (``batchnorm-training-mode``); None otherwise. Reads attributes and
+    edges only, no parameter values (:func:`batchnorm_scale_shift` makes this check first)."""
+    if int(bn.attrs.get("spatial", 1)) == 0:
+        return skip(Reason.BN_SPATIAL, "BatchNormalization has spatial=0 (per-element statistics)", nodes, output)
+    extra = [t for t in bn.outputs[1:] if t.name]
+    if int(bn.attrs.get("training_mode", 0)) or any(t.outputs or g.is_graph_output(t, ctx.graph) for t in extra):
+        return skip(Reason.TRAINING_MODE, "BatchNormalization is in training mode", nodes, output)
+    return None

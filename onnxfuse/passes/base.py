@@ -194,11 +194,14 @@ class Pass(Generic[M]):
         summary: one line for ``onnxfuse passes``.
         reasons: every :class:`Reason` its ``match`` can return in a Skip (each has a test named after it in
             ``tests/passes/test_<name>.py``).
+        anchors: the default-domain op types of the node a pattern ends on; ``match`` returns None for any other
+            node, so the pipeline does not call it there. Empty: ``match`` is called on every node.
     """
 
     name: str = ""
     summary: str = ""
     reasons: tuple[Reason, ...] = ()
+    anchors: tuple[str, ...] = ()
 
     def match(self, node: gs.Node, ctx: Context) -> M | Skip | None:  # pragma: no cover - interface
         """Read-only: None when ``node`` does not end this pass's pattern, a Skip when it does but the rewrite

@@ -77,9 +77,10 @@ class BatchNormGemm(Pass[GemmFoldMatch]):
                Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT, Reason.PARAMS_NOT_CONSTANT,
                Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE, Reason.FOLD_NOT_FINITE,
                Reason.QDQ, Reason.BN_SPATIAL)
+    anchors = ("Gemm",)
 
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:
-        if not is_op(node, "Gemm"):
+        if not is_op(node, *self.anchors):
             return None
         reshape = g.producer(node.inputs[0])
         bn = g.producer(reshape.inputs[0]) if is_op(reshape, *RESHAPE_OPS) and reshape.inputs else reshape

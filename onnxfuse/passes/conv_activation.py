@@ -67,9 +67,10 @@ class ConvActivation(Pass[FusedConvMatch]):
     summary = "fuse Conv + Relu/Tanh/Sigmoid/LeakyRelu/Clip/HardSigmoid/HardSwish into FusedConv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.DTYPE_NO_KERNEL,
                Reason.ACTIVATION_UNSUPPORTED, Reason.CLIP_BOUNDS_NOT_CONSTANT, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL)
+    anchors = ACTIVATIONS
 
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:
-        if not is_op(node, *ACTIVATIONS):
+        if not is_op(node, *self.anchors):
             return None
         conv = g.producer(node.inputs[0])
         if not fusable_conv(conv):

@@ -58,9 +58,10 @@ class ConvAffine(Pass[FoldMatch]):
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.NOT_PER_CHANNEL, Reason.CONV_IS_DIVISOR, Reason.ZERO_DIVISOR, Reason.DTYPE_NOT_FOLDABLE,
                Reason.FOLD_NOT_FINITE, Reason.QDQ)
+    anchors = ("Add", "Sub", "Mul", "Div")
 
     def match(self, node: gs.Node, ctx: Context) -> FoldMatch | Skip | None:
-        if not is_op(node, "Add", "Sub", "Mul", "Div") or len(node.inputs) != 2:
+        if not is_op(node, *self.anchors) or len(node.inputs) != 2:
             return None
         for side in (0, 1):
             conv = g.producer(node.inputs[side])

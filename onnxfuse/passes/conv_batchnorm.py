@@ -36,6 +36,7 @@ from onnxfuse import graph as g
 from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced
 from onnxfuse.passes._fold import (
     FoldMatch,
+    batchnorm_mode_check,
     batchnorm_scale_shift,
     fold_fits,
     fold_inputs,
@@ -54,16 +55,17 @@ class ConvBatchNorm(Pass[FoldMatch]):
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
                Reason.FOLD_NOT_FINITE, Reason.QDQ, Reason.BN_SPATIAL)
+    anchors = ("BatchNormalization",)
 
     def match(self, node: gs.Node, ctx: Context) -> FoldMatch | Skip | None:
-        if not is_op(node, "BatchNormalization"):
+        if not is_op(node, *self.anchors):
             return None
         conv = g.producer(node.inputs[0])
         if not is_op(conv, *CONV_OPS):
             return None
         nodes, out = [conv, node], node.outputs[0]
-        mode = batchnorm_scale_shift(node, ctx, nodes, out, None)[2]
-        if mode is not None and mode.reason in (Reason.BN_SPATIAL, Reason.TRAINING_MODE):
+        mode = batchnorm_mode_check(node, ctx, nodes, out)
+        if mode is not None:
             return mode  # refused before the conv is looked at, whatever else is wrong with it
         w, b, bad = fold_inputs(conv, node, ctx, nodes, out)
         if bad:

@@ -115,9 +115,10 @@ class ConvHardSwish(Pass[FusedConvMatch]):
     summary = "fuse Conv + HardSwish written out as Mul/Add/Clip/Div or HardSigmoid into FusedConv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.DTYPE_NO_KERNEL,
                Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL)
+    anchors = ("Mul", "Div")
 
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:
-        if not is_op(node, "Mul", "Div"):
+        if not is_op(node, *self.anchors):
             return None
         found = _find(ctx, node)
         if found is None:

@@ -55,9 +55,10 @@ class ConvResidual(Pass[FusedConvMatch]):
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.RESIDUAL_SHAPE, Reason.NO_CONTRIB_OPS,
                Reason.DTYPE_NO_KERNEL, Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.CONSTANT_NOT_FOLDED,
                Reason.SLOWER_AT_ORT_LEVEL)
+    anchors = ("Add",)
 
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:
-        if not is_op(node, "Add") or len(node.inputs) != 2:
+        if not is_op(node, *self.anchors) or len(node.inputs) != 2:
             return None
         first_skip = None
         for side in (0, 1):

@@ -69,9 +69,10 @@ class ConvUnfused(Pass[ChainMatch]):
     name = "conv_unfused"
     summary = "list Conv chains that stay unfused and no other pass explains (never rewrites)"
     reasons = (Reason.NO_FUSEDCONV_FORM, Reason.CONSTANT_NOT_FOLDED, Reason.CHAIN_BROKEN)
+    anchors = CONV_OPS
 
     def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
-        if not is_op(node, *CONV_OPS) or not node.outputs:
+        if not is_op(node, *self.anchors) or not node.outputs:
             return None
         y = node.outputs[0]
         for reader in g.consumers(y):

@@ -54,9 +54,10 @@ class GemmActivation(Pass[GemmActivationMatch]):
     summary = "fuse Gemm + Relu/Tanh/Sigmoid/LeakyRelu/HardSigmoid/Elu/Selu/... into FusedGemm (target cpu)"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.ACTIVATION_UNSUPPORTED,
                Reason.DTYPE_NO_FUSED_GEMM, Reason.QDQ)
+    anchors = MATCHED
 
     def match(self, node: gs.Node, ctx: Context) -> GemmActivationMatch | Skip | None:
-        if not is_op(node, *MATCHED):
+        if not is_op(node, *self.anchors):
             return None
         gemm = g.producer(node.inputs[0])
         if not is_op(gemm, "Gemm"):

@@ -57,9 +57,10 @@ class GemmAffine(Pass[GemmFoldMatch]):
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.NOT_PER_FEATURE, Reason.GEMM_IS_DIVISOR, Reason.ZERO_DIVISOR, Reason.PARAM_SHAPE,
                Reason.DTYPE_NOT_FOLDABLE, Reason.FOLD_NOT_FINITE, Reason.QDQ)
+    anchors = ("Add", "Sub", "Mul", "Div")
 
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:
-        if not is_op(node, "Add", "Sub", "Mul", "Div") or len(node.inputs) != 2:
+        if not is_op(node, *self.anchors) or len(node.inputs) != 2:
             return None
         for side in (0, 1):
             gemm = g.producer(node.inputs[side])

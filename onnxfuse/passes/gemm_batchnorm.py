@@ -58,9 +58,10 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
                Reason.FOLD_NOT_FINITE, Reason.QDQ, Reason.BN_SPATIAL)
+    anchors = ("BatchNormalization",)
 
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:
-        if not is_op(node, "BatchNormalization"):
+        if not is_op(node, *self.anchors):
             return None
         gemm = g.producer(node.inputs[0])
         if not is_op(gemm, "Gemm"):

@@ -48,9 +48,10 @@ class MatMulAdd(Pass[MatMulAddMatch]):
     summary = "turn a 2-D MatMul by a constant matrix + bias Add into Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.MATMUL_NOT_2D, Reason.WEIGHTS_NOT_CONSTANT,
                Reason.INITIALIZER_IS_INPUT, Reason.NOT_PER_FEATURE, Reason.DTYPE_NOT_FOLDABLE, Reason.QDQ)
+    anchors = ("Add",)
 
     def match(self, node: gs.Node, ctx: Context) -> MatMulAddMatch | Skip | None:
-        if not is_op(node, "Add") or len(node.inputs) != 2:
+        if not is_op(node, *self.anchors) or len(node.inputs) != 2:
             return None
         for side in (0, 1):
             mm = g.producer(node.inputs[side])

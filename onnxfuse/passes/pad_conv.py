@@ -52,9 +52,10 @@ class PadConv(Pass[PadConvMatch]):
     summary = "fold a zero constant-mode Pad of the spatial axes into the Conv's pads"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.PAD_MODE, Reason.PARAMS_NOT_CONSTANT,
                Reason.PAD_VALUE, Reason.PAD_NEGATIVE, Reason.PAD_AXES, Reason.AUTO_PAD)
+    anchors = ("Conv",)
 
     def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
-        if not is_op(node, "Conv") or len(node.inputs) < 2:
+        if not is_op(node, *self.anchors) or len(node.inputs) < 2:
             return None
         pad = g.producer(node.inputs[0])
         if not is_op(pad, "Pad"):

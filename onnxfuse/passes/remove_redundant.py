@@ -59,9 +59,10 @@ class RemoveRedundant(Pass[BypassMatch]):
     name = "remove_redundant"
     summary = "remove Identity, inference Dropout, Cast to the same dtype and Transpose pairs that cancel"
     reasons = (Reason.GRAPH_OUTPUT, Reason.DROPOUT_TRAINING, Reason.DROPOUT_MASK)
+    anchors = ("Identity", "Dropout", "Cast", "Transpose")
 
     def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
-        if not is_op(node, "Identity", "Dropout", "Cast", "Transpose") or not node.inputs or not node.outputs:
+        if not is_op(node, *self.anchors) or not node.inputs or not node.outputs:
             return None
         source, removed = node.inputs[0], []
         if node.op == "Cast":

@@ -54,3 +54,29 @@ def test_match_is_typed_per_pass():
         (base,) = [b for b in type(p).__orig_bases__ if typing.get_origin(b) is Pass]
         (match_type,) = typing.get_args(base)
         assert issubclass(match_type, Match) and match_type is not Match, p.name
+
+
+@pytest.mark.parametrize("p", [p for p in ALL_PASSES if p.anchors], ids=lambda p: p.name)
+def test_match_returns_none_on_every_node_that_is_no_anchor(p: Pass):
+    """The pipeline calls ``match`` only on nodes whose op is in ``anchors``; that is exact only when ``match``
+    returns None on every other node, even one whose producers would complete a pattern."""
+    import numpy as np
+    import onnx_graphsurgeon as gs
+
+    from onnxfuse.passes import Context
+    from onnxfuse.providers import get_target
+
+    ops = sorted({op for q in ALL_PASSES for op in q.anchors} | {"Relu", "Conv", "Gemm", "MatMul", "Reshape",
+                                                                  "Flatten", "Pad", "Clip", "Sigmoid"})
+    for op in ops:
+        if op in p.anchors:
+            continue
+        x = gs.Variable("x", np.float32, (1, 4, 8, 8))
+        w = gs.Constant("w", np.ones((4, 4, 1, 1), np.float32))
+        y = gs.Variable("y", np.float32, (1, 4, 8, 8))
+        conv = gs.Node("Conv", "conv", inputs=[x, w], outputs=[y])
+        k = gs.Constant("k", np.ones((1, 4, 1, 1), np.float32))
+        node = gs.Node(op, "n", inputs=[y, k], outputs=[gs.Variable("z", np.float32, (1, 4, 8, 8))])
+        graph = gs.Graph(nodes=[conv, node], inputs=[x], outputs=node.outputs)
+        ctx = Context(get_target("cpu"), frozenset(), {}, graph=graph)
+        assert p.match(node, ctx) is None, (p.name, op)
