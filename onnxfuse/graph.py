@@ -428,6 +428,19 @@ def constant_value(tensor: gs.Tensor, overridable: frozenset[str] = frozenset())
 #: The fields of a TensorProto that ``make_tensor(name, data_type, dims, raw bytes, raw=True)`` writes.
 _RAW_TENSOR_FIELDS = frozenset({"name", "data_type", "dims", "raw_data"})
 
+#: Every other field of TensorProto: ``(name, repeated)``.
+_OTHER_TENSOR_FIELDS = tuple((f.name, f.is_repeated) for f in onnx.TensorProto.DESCRIPTOR.fields
+                             if f.name not in _RAW_TENSOR_FIELDS)
+
+
+def _raw_tensor_fields_only(proto: onnx.TensorProto) -> bool:
+    """True when ``proto`` has raw_data and data_type set and no field outside :data:`_RAW_TENSOR_FIELDS` (what
+    ``{d.name for d, _ in proto.ListFields()}`` would say, without ListFields' copy of the raw bytes)."""
+    if not (proto.HasField("raw_data") and proto.HasField("data_type")):
+        return False
+    return not any(len(getattr(proto, name)) if repeated else proto.HasField(name)
+                   for name, repeated in _OTHER_TENSOR_FIELDS)
+
 
 def _load(constant: gs.Constant):
     """``constant.values`` without graphsurgeon's extra copy (``np.array(to_array(...))``); the array may be
@@ -443,9 +456,7 @@ def _load(constant: gs.Constant):
     if type(lazy) is LazyValues:
         proto = lazy.tensor
         array = onnx.numpy_helper.to_array(proto)
-        fields = {desc.name for desc, _ in proto.ListFields()}
-        if fields <= _RAW_TENSOR_FIELDS and {"raw_data", "data_type"} <= fields and (
-                _onnx_type(array.dtype) == proto.data_type):
+        if _raw_tensor_fields_only(proto) and _onnx_type(array.dtype) == proto.data_type:
             return array
         constant._values = array
     return constant.values
