@@ -14,6 +14,7 @@ lives here, so the passes stay declarative. graphsurgeon pitfalls fenced in here
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import onnx
@@ -433,6 +434,15 @@ _OTHER_TENSOR_FIELDS = tuple((f.name, f.is_repeated) for f in onnx.TensorProto.D
                              if f.name not in _RAW_TENSOR_FIELDS)
 
 
+#: ONNX data types whose raw bytes ``onnx.numpy_helper.to_array`` reads as ``np.frombuffer(raw, dtype)
+#: .reshape(dims)`` on a little-endian machine (on a big-endian one it byte-swaps: no entries there).
+_RAW_DTYPES = {} if sys.byteorder != "little" else {
+    t: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t)) for t in (
+        onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT8,
+        onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT8,
+        onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL)}
+
+
 def _raw_tensor_fields_only(proto: onnx.TensorProto) -> bool:
     """True when ``proto`` has raw_data and data_type set and no field outside :data:`_RAW_TENSOR_FIELDS` (what
     ``{d.name for d, _ in proto.ListFields()}`` would say, without ListFields' copy of the raw bytes)."""
@@ -455,8 +465,12 @@ def _load(constant: gs.Constant):
     lazy = constant._values
     if type(lazy) is LazyValues:
         proto = lazy.tensor
+        raw_only = _raw_tensor_fields_only(proto)
+        dtype = _RAW_DTYPES.get(proto.data_type) if raw_only else None
+        if dtype is not None:  # what to_array returns for these, without its per-call lookups
+            return np.frombuffer(proto.raw_data, dtype=dtype).reshape(proto.dims)
         array = onnx.numpy_helper.to_array(proto)
-        if _raw_tensor_fields_only(proto) and _onnx_type(array.dtype) == proto.data_type:
+        if raw_only and _onnx_type(array.dtype) == proto.data_type:
             return array
         constant._values = array
     return constant.values

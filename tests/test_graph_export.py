@@ -133,3 +133,27 @@ def test_weights_in_constant_nodes_over_the_limit_take_the_graphsurgeon_path(mon
     monkeypatch.setattr(g, "IN_PLACE_MAX_ATTRIBUTE_ELEMENTS", 0)
     out = g.to_model(g.to_graph(model), model, reuse_original=True)
     assert out is not model
+
+
+@pytest.mark.parametrize("data_type", sorted(g._RAW_DTYPES))
+def test_constant_value_reads_raw_bytes_as_onnx_to_array_does(data_type):
+    """The raw-bytes path of graph.constant_value (np.frombuffer, without onnx.numpy_helper.to_array) gives
+    to_array's dtype, shape and values, for every data type it takes, and leaves the weight lazily referenced."""
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(data_type)
+    values = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
+    proto = helper.make_tensor("w", data_type, values.shape, values.tobytes(), raw=True)
+    constant = gs.Constant("w", gs.ir.tensor.LazyValues(proto))
+    got = g.constant_value(constant)
+    want = onnx.numpy_helper.to_array(proto)
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    assert not got.flags.writeable
+    assert isinstance(constant._values, gs.ir.tensor.LazyValues)
+
+
+def test_constant_value_of_a_tensor_with_other_fields_is_cached_as_to_array_reads_it():
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    proto = helper.make_tensor("w", TensorProto.FLOAT, values.shape, values.tobytes(), raw=True)
+    proto.doc_string = "a field make_tensor(raw=True) does not write"
+    constant = gs.Constant("w", gs.ir.tensor.LazyValues(proto))
+    assert np.array_equal(g.constant_value(constant), values)
+    assert isinstance(constant._values, np.ndarray)  # exported from the array, as graphsurgeon would
