@@ -90,6 +90,11 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     # The file is read once: the checker, the parse and the SHA-256 all use these bytes (the checker on the path
     # read the file again and was several times slower than on bytes). The checker runs before Python parses
     # its own copy; its verdict is reported after the more specific checks below.
+    # It checks the whole model, not the weight-stripped skeleton of onnxfuse.shapes: onnx.checker (1.23)
+    # compares every tensor's raw_data size with its dims and data type and refuses a tensor with no data field,
+    # so a skeleton would pass truncated weights it refuses, or fail on the stripped ones. Its C++ parse of the
+    # bytes is most of its cost (after the one-time operator schema set-up that shape inference would pay
+    # anyway). It releases the GIL, but running it beside the parse would hold a third copy of the weights.
     fmt = onnx.serialization.registry.get_format_from_file_extension(p.suffix) or "protobuf"
     try:
         data = p.read_bytes()
