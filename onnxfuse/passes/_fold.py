@@ -21,7 +21,7 @@ class FoldMatch(Match):
     """A fold of the node after a Conv/ConvTranspose into its weights.
 
     Attributes:
-        weight: W' in float64, the conv weight's shape; None keeps W.
+        weight: W', the conv weight's shape, in float64 or already in ``dtype``; None keeps W.
         bias: B' in float64, shape [M]; None keeps B (or no bias).
         dtype: the conv weight's dtype, which W' and B' are stored in.
     """
@@ -56,6 +56,34 @@ def scale_output_channels(conv: gs.Node, weight: np.ndarray, scale: np.ndarray) 
     # one pass: the float64 product without a float64 copy of the weight first (the same values: float16/32 ->
     # float64 is exact)
     return np.multiply(weight, s.reshape((-1, 1, *spatial)), dtype=np.float64)
+
+
+def scaled_weight(conv: gs.Node, weight: np.ndarray, scale: np.ndarray, nodes: list[gs.Node],
+                  output: gs.Tensor) -> tuple[np.ndarray | None, Skip | None]:
+    """``(W', None)``: :func:`scale_output_channels` computed in float64 and stored in ``weight``'s dtype (the
+    bytes ``scale_output_channels(...).astype(dtype)`` gives), or ``(None, Skip)`` where :func:`fold_fits`
+    refuses the float64 values.
+
+    A Conv's W' is computed straight into ``weight``'s dtype (numpy's ufunc casts each float64 buffer), without a
+    float64 copy of the whole weight. When every stored value is finite and below the dtype's largest finite
+    value in magnitude, every float64 value was within it too (rounding is monotonic, and a float64 value above
+    it rounds to it or to inf); only otherwise are the float64 values computed and checked as fold_fits does.
+    """
+    dtype = weight.dtype
+    with np.errstate(all="ignore"):
+        if conv.op != "Conv":
+            wide = scale_output_channels(conv, weight, scale)
+            bad = fold_fits(dtype, wide, None, nodes, output)
+            return (None, bad) if bad else (wide.astype(dtype), None)
+        s = np.asarray(scale, dtype=np.float64).reshape((-1,) + (1,) * (weight.ndim - 1))
+        out = np.empty(weight.shape, dtype)
+        np.multiply(weight, s, out=out, dtype=np.float64, casting="same_kind")
+        limit = float(np.finfo(dtype).max)
+        if out.size and not (-limit < float(out.min()) and float(out.max()) < limit):
+            bad = fold_fits(dtype, scale_output_channels(conv, weight, scale), None, nodes, output)
+            if bad:
+                return None, bad
+    return out, None
 
 
 def fold_inputs(conv: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):
@@ -115,7 +143,7 @@ def set_weights(conv: gs.Node, ctx: Context, weight: np.ndarray | None, bias: np
     """
     base = conv.name or conv.outputs[0].name
     if weight is not None:
-        conv.inputs[1] = g.new_constant(ctx.namer, f"{base}.weight_folded", weight.astype(dtype))
+        conv.inputs[1] = g.new_constant(ctx.namer, f"{base}.weight_folded", weight.astype(dtype, copy=False))
     if bias is None:
         return
     b = g.new_constant(ctx.namer, f"{base}.bias_folded", np.asarray(bias).astype(dtype).reshape(-1))

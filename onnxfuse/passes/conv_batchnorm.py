@@ -41,7 +41,7 @@ from onnxfuse.passes._fold import (
     fold_fits,
     fold_inputs,
     out_channels,
-    scale_output_channels,
+    scaled_weight,
     set_weights,
 )
 from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
@@ -73,10 +73,13 @@ class ConvBatchNorm(Pass[FoldMatch]):
         s, t, bad = batchnorm_scale_shift(node, ctx, nodes, out, out_channels(conv, w.shape))
         if bad:
             return bad
+        new_w, bad = scaled_weight(conv, w, s, nodes, out)
+        if bad:
+            return bad
         with np.errstate(all="ignore"):
             b64 = np.zeros_like(s) if b is None else b.astype(np.float64).reshape(-1)
-            new_w, new_b = scale_output_channels(conv, w, s), b64 * s + t
-        bad = fold_fits(w.dtype, new_w, new_b, nodes, out)
+            new_b = b64 * s + t
+        bad = fold_fits(w.dtype, None, new_b, nodes, out)
         return bad or FoldMatch(nodes, new_w, new_b, w.dtype)
 
     def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:

@@ -363,3 +363,38 @@ def test_skip_batchnorm_spatial_0(fuse):
     model = spatial_0_bn()
     s = assert_skipped(fuse(model), model, Reason.BN_SPATIAL)
     assert "spatial=0" in s.detail
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_scaled_weight_stores_the_float64_fold_and_refuses_what_fold_fits_refuses(dtype, recwarn):
+    """_fold.scaled_weight (W' computed straight into the weight's dtype) writes the bytes of the float64 fold
+    cast to the dtype, and refuses exactly the folds fold_fits refuses on the float64 values: overflow, inf, NaN,
+    and a product just above the dtype's largest value that rounds down to it. It warns about nothing."""
+    import onnx_graphsurgeon as gs
+
+    from onnxfuse.passes import _fold
+
+    rng = np.random.default_rng(7)
+    top = float(np.finfo(dtype).max)
+    conv = gs.Node("Conv", "conv", inputs=[], outputs=[gs.Variable("y")])
+    refused = 0
+    for trial in range(120):
+        m = int(rng.integers(1, 6))
+        w = (rng.standard_normal((m, 2, 3, 3)) * rng.choice([1e-3, 1.0, top / 4])).astype(dtype)
+        s = rng.standard_normal(m) * rng.choice([1e-30, 1.0, 1e5, 1e30])
+        if trial % 7 == 0:
+            w.flat[0], s[0] = top, 1 + 2.0**-40  # float64 product above the dtype's max, stored as the max
+        if trial % 11 == 0:
+            s[-1] = np.nan if trial % 2 else np.inf
+        w.flags.writeable = False
+        with np.errstate(all="ignore"):  # the reference: the float64 fold, checked, then cast
+            wide = _fold.scale_output_channels(conv, w, s)
+            want = _fold.fold_fits(w.dtype, wide, None, [conv], conv.outputs[0])
+            stored = wide.astype(dtype)
+        got, bad = _fold.scaled_weight(conv, w, s, [conv], conv.outputs[0])
+        assert bad == want, trial
+        if bad is None:
+            assert got.dtype == w.dtype and got.tobytes() == stored.tobytes(), trial
+        refused += bad is not None
+    assert 0 < refused < 120
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
