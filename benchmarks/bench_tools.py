@@ -642,6 +642,9 @@ def main(argv: list[str] | None = None) -> int:
     python = args.python
     # onnxfuse runs from this checkout (never an installed copy): every tool process gets it on PYTHONPATH.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    # Byte-compile the checkout's package first, as `pip install` does for every installed peer: with
+    # PYTHONDONTWRITEBYTECODE set (as on some CI images) onnxfuse would otherwise compile its modules in every run.
+    subprocess.run([python, "-m", "compileall", "-q", str(REPO / "onnxfuse")], check=True)
     tools = list(dict.fromkeys(args.tools))
     skipped = {}
     for t in tools:
