@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -381,6 +382,9 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
                 onnx.save_model(model, target.name, save_as_external_data=True, all_tensors_to_one_file=True,
                                 location=location, size_threshold=1024)
             if (tmpdir / location).exists():
+                # onnx creates the data file with mode 0600; give it the model file's (0666 less the umask), so
+                # that whoever may read the model may read its weights too
+                os.chmod(tmpdir / location, stat.S_IMODE(os.stat(tmp_model).st_mode))
                 _fsync(tmpdir / location)
                 os.replace(tmpdir / location, folder / location)
                 written.append(given.parent / location)

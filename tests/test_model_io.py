@@ -74,3 +74,22 @@ def test_load_model_reads_once_and_hashes_the_file(tmp_path):
     assert loaded.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     assert loaded.model.SerializeToString() == onnx.load(str(path)).SerializeToString()
     assert loaded.file_bytes == path.stat().st_size and not loaded.external_data
+
+
+def test_external_data_file_gets_the_model_files_permissions(tmp_path):
+    """onnx writes the external data file with mode 0600; a CI artifact whose .onnx others may read but whose
+    .data they may not cannot be loaded. Both files get 0666 less the umask."""
+    import os
+    import stat
+
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])
+    model = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w]))
+    old = os.umask(0o022)
+    try:
+        model_io.save_model(model, tmp_path / "m.onnx", external_data=True)
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert modes == {"m.onnx": 0o644, "m.onnx.data": 0o644}
