@@ -475,12 +475,16 @@ def _plural(n: int, word: str) -> str:
 
 
 def _shapes_text(doc: dict) -> str:
-    return ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in doc["input_shapes"].items())
+    """``x=1x3x640x640, sr=scalar``: a scalar input has no dims to join."""
+    return ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in doc["input_shapes"].items())
 
 
 def _kinds(doc: dict) -> str:
-    fused = sum(1 for f in doc["fusions"] if f["op"] == "FusedConv")
-    return f"{fused} FusedConv, {_plural(len(doc['fusions']) - fused, 'fold')}"
+    """``11 FusedConv, 31 folds``, with ``1 FusedGemm`` where there is one (a fold keeps the op it folded into)."""
+    conv = sum(1 for f in doc["fusions"] if f["op"] == "FusedConv")
+    gemm = sum(1 for f in doc["fusions"] if f["op"] == "FusedGemm")
+    folds = _plural(len(doc["fusions"]) - conv - gemm, "fold")
+    return f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "") + folds
 
 
 def _fused_count(doc: dict) -> str:

@@ -97,10 +97,14 @@ def apply_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]
         InputError: a name that is not a graph input, or a rank or fixed dim that contradicts the model.
     """
     inputs = {i.name: i for i in model.graph.input}
+    inits = {t.name for t in model.graph.initializer}
     for name, dims in shapes.items():
         if name not in inputs:
+            # name the run-time inputs only: old exporters (IR < 4) list every initializer as a graph input too
+            runtime = [i for i in inputs if i not in inits]
+            listed = ", ".join(runtime[:10]) + (f" and {len(runtime) - 10} more" if len(runtime) > 10 else "")
             raise InputError(f"--input-shape {name}: the model has no graph input named {name!r} "
-                             f"(inputs: {', '.join(i.name for i in model.graph.input)})")
+                             f"(inputs: {listed or 'none'})")
         tensor_type = inputs[name].type.tensor_type
         old = tensor_type.shape.dim if tensor_type.HasField("shape") else None
         if old is not None and len(old) != len(dims):

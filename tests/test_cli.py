@@ -697,3 +697,20 @@ def test_a_folder_that_takes_no_new_file_is_an_input_error(tmp_path, monkeypatch
         assert result.exit_code == 2, result.output
         assert result.output.count("\n") == 1 and result.output.startswith("error: ")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_wrong_input_name_lists_only_run_time_inputs(tmp_path):
+    """Old exporters (IR < 4) list every initializer as a graph input too: the error names the run-time inputs
+    only, not the hundreds of weights."""
+    b = GraphBuilder()
+    x = b.input("input.1", [1, 4, 8, 8])
+    model = b.build(b.op("Relu", [b.conv(b.conv(x, 4, 4), 4, 4)]))
+    for t in model.graph.initializer:
+        model.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    model.ir_version = 3
+    src = tmp_path / "old.onnx"
+    onnx.save(model, str(src))
+    result = invoke("optimize", src, tmp_path / "o.onnx", "--input-shape", "input=1x4x8x8")
+    assert result.exit_code == 2
+    assert result.output.strip() == ("error: --input-shape input: the model has no graph input named 'input' "
+                                     "(inputs: input.1)")
