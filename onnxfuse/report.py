@@ -460,14 +460,13 @@ def _chain(nodes: list[dict]) -> str:
 
 def _verification_line(doc: dict) -> str:
     v = doc["verification"]
-    line = f"verification: {v['status']}"
-    if v.get("summary"):
-        line += f" ({v['summary']})"
-    elif v.get("reason"):
-        line += f" ({v['reason']})"
-    elif v.get("max_abs_error") is not None:
-        line += f" (max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g})"
-    return line
+    detail = v.get("summary") or v.get("reason")
+    if not detail and v.get("max_abs_error") is not None:
+        detail = f"max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g}"
+    if v["status"] in ("passed", "failed") and v.get("input_shapes"):  # what was run: sizes may be generated
+        shapes = _shapes_text({"input_shapes": v["input_shapes"]})
+        detail = f"{detail}; inputs {shapes}" if detail else f"inputs {shapes}"
+    return f"verification: {v['status']}" + (f" ({detail})" if detail else "")
 
 
 def _plural(n: int, word: str) -> str:

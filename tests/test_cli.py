@@ -714,3 +714,17 @@ def test_wrong_input_name_lists_only_run_time_inputs(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip() == ("error: --input-shape input: the model has no graph input named 'input' "
                                      "(inputs: input.1)")
+
+
+def test_verification_line_names_the_input_sizes_it_ran(tmp_path):
+    """Generated inputs can be small (symbolic dims default to 1 and 32): the summary says which sizes the
+    verdict rests on."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", "W"])
+    onnx.save(b.build(b.op("Relu", [b.bn(b.conv(x, 3, 8), 8)])), str(tmp_path / "m.onnx"))
+    result = invoke("optimize", tmp_path / "m.onnx", tmp_path / "o.onnx")
+    assert result.exit_code == 0
+    [line] = [ln for ln in result.output.splitlines() if ln.startswith("verification: ")]
+    assert line.startswith("verification: passed (") and line.endswith("; inputs x=1x3x32x32)")
+    result = invoke("optimize", tmp_path / "m.onnx", tmp_path / "o2.onnx", "--input-shape", "x=2x3x20x24")
+    assert "; inputs x=2x3x20x24)" in result.output
