@@ -418,6 +418,12 @@ def leading_terms(expr: str, doc: dict) -> str:
     return "~" + text + (" (+ smaller terms)" if dropped else "")
 
 
+def _cell(number: int | None, expr: str | None, doc: dict, code: bool = False) -> str:
+    """A byte figure for a table cell or line: the number when there is one, else the expression (by its leading
+    terms when long, :func:`_expr_text`)."""
+    return human_bytes(number) if number is not None else _expr_text(expr, doc, code)
+
+
 def _expr_text(expr: str | None, doc: dict, code: bool) -> str:
     """An expression for the headline: exact when short, else :func:`leading_terms`."""
     if expr is not None and len(expr) > LONG_EXPRESSION_CHARS:
@@ -584,7 +590,11 @@ def _label(node: dict) -> str:
 
 
 def _shape_text(row: dict) -> str:
-    return f"{'x'.join(map(str, row['shape'] or ['?']))} {row['dtype'] or '?'}"
+    """``1x8x32x32 float32``; a symbolic shape as ``[N_, 8, H, W]`` (an ``x`` between expressions would read as a
+    product), or "(see JSON)" when longer than a table cell."""
+    dims = row["shape"] or ["?"]
+    text = "x".join(map(str, dims)) if all(isinstance(d, int) for d in dims) else f"[{', '.join(map(str, dims))}]"
+    return f"{_short(text)} {row['dtype'] or '?'}"
 
 
 def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
@@ -619,9 +629,9 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
         s = t[side]
         tab.add_row(side, _short(bytes_text(s["read_bytes"], s["read_bytes_expr"])),
                     _short(bytes_text(s["written_bytes"], s["written_bytes_expr"])),
-                    bytes_text(s["total_bytes"], s["total_bytes_expr"]), str(s["nodes"]), str(s["unknown_nodes"]))
+                    _cell(s["total_bytes"], s["total_bytes_expr"], doc), str(s["nodes"]), str(s["unknown_nodes"]))
     pct = f" ({t['saved_percent']:.1f}%)" if t["saved_percent"] is not None else ""
-    tab.add_row("saved", "", "", bytes_text(t["saved_bytes"], t["saved_bytes_expr"]) + pct, "", "")
+    tab.add_row("saved", "", "", _cell(t["saved_bytes"], t["saved_bytes_expr"], doc) + pct, "", "")
     console.print()
     console.print(tab)
     if doc["fusions"]:
@@ -631,7 +641,7 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
                      ("saved", right)])
         for r in rows:
             tab.add_row(r["node"], _chain(r["replaced"]), r["activation"] or "", _shape_text(r),
-                        bytes_text(r["saved_bytes"], r["saved_bytes_expr"]))
+                        _cell(r["saved_bytes"], r["saved_bytes_expr"], doc))
         console.print(tab)
         if hidden:
             console.print(f"... {hidden} more fusions (use --all to show every row)")
@@ -641,7 +651,7 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
                     [("nodes", fold), ("reason", {"no_wrap": True}), ("detail", fold), ("would save", right)])
         for r in rows:
             tab.add_row(f"{_label(r['nodes'][0])}: {_chain(r['nodes'])}", r["reason"], r["detail"],
-                        bytes_text(r["bytes"], r["bytes_expr"]))
+                        _cell(r["bytes"], r["bytes_expr"], doc))
         console.print()
         console.print(tab)
         if hidden:
@@ -701,11 +711,11 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
     out += [_md_row(["", "read", "written", "total", "nodes", "unknown nodes"]), _md_row(["---"] * 6)]
     for side in ("before", "after"):
         s = t[side]
-        out.append(_md_row([side, bytes_text(s["read_bytes"], s["read_bytes_expr"], True),
-                            bytes_text(s["written_bytes"], s["written_bytes_expr"], True),
-                            bytes_text(s["total_bytes"], s["total_bytes_expr"], True), s["nodes"], s["unknown_nodes"]]))
+        out.append(_md_row([side, _cell(s["read_bytes"], s["read_bytes_expr"], doc, True),
+                            _cell(s["written_bytes"], s["written_bytes_expr"], doc, True),
+                            _cell(s["total_bytes"], s["total_bytes_expr"], doc, True), s["nodes"], s["unknown_nodes"]]))
     pct = f" ({t['saved_percent']:.1f}%)" if t["saved_percent"] is not None else ""
-    out += ["", f"**Saved {bytes_text(t['saved_bytes'], t['saved_bytes_expr'], True)}{pct}** of memory traffic "
+    out += ["", f"**Saved {_cell(t['saved_bytes'], t['saved_bytes_expr'], doc, True)}{pct}** of memory traffic "
                 f"with {_fused_count(doc)}; {_plural(len(doc['unfused']), 'pattern')} left unfused.", ""]
     if doc["bandwidth"]:
         out += [_bandwidth_line(doc["bandwidth"]), ""]
@@ -714,7 +724,7 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
         out += [f"#### Fusions applied ({len(doc['fusions'])}: {_kinds(doc)})", "",
                 _md_row(["node", "replaced", "activation", "saved"]), _md_row(["---"] * 4)]
         out += [_md_row([f"`{r['node']}`", _chain(r["replaced"]), r["activation"] or "",
-                         bytes_text(r["saved_bytes"], r["saved_bytes_expr"], True)]) for r in rows]
+                         _cell(r["saved_bytes"], r["saved_bytes_expr"], doc, True)]) for r in rows]
         if hidden:
             out.append(f"\n_{hidden} more rows not shown._")
         out.append("")
@@ -723,7 +733,7 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
         out += [f"#### Left unfused ({len(doc['unfused'])})", "",
                 _md_row(["nodes", "reason", "detail", "would save"]), _md_row(["---"] * 4)]
         out += [_md_row([f"`{_label(r['nodes'][0])}` {_chain(r['nodes'])}", f"`{r['reason']}`", r["detail"],
-                         bytes_text(r["bytes"], r["bytes_expr"], True)]) for r in rows]
+                         _cell(r["bytes"], r["bytes_expr"], doc, True)]) for r in rows]
         if hidden:
             out.append(f"\n_{hidden} more rows not shown._")
         out.append("")

@@ -257,3 +257,25 @@ def test_nothing_fused_on_a_symbolic_model_says_saved_0_and_never_unknown_totals
     assert not any("unknown" in line for line in lines), lines
     assert any(line.startswith("at batch 1 (batch is the only symbolic dim)") and "saved 0 B" in line
                for line in lines), lines
+
+
+def test_markdown_and_text_tables_show_long_expressions_by_their_leading_terms(tmp_path):
+    """A deep strided net without input shapes: byte figures in the Markdown and text tables over 60 characters
+    are shown by their leading terms (no nested floor), and the exact expressions stay in the JSON."""
+    import onnx
+
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", "W"])
+    c = 3
+    for _ in range(5):
+        x = b.op("Relu", [b.bn(b.conv(x, c, 8, strides=[2, 2]), 8)])
+        c = 8
+    onnx.save(b.build(x), str(tmp_path / "m.onnx"))
+    result = pipeline.analyse(tmp_path / "m.onnx", pipeline.Options(target="cpu"))
+    doc = result.report.to_dict()
+    assert "floor(" in doc["totals"]["saved_bytes_expr"] and len(doc["totals"]["saved_bytes_expr"]) > 60
+    for text in (result.report.to_markdown(show_all=True), result.report.to_text(show_all=True)):
+        assert "floor(floor(" not in text  # no nested floors: expressions over 60 characters are shortened
+        assert "~" in text
