@@ -276,7 +276,7 @@ def _count_shapes(skel: onnx.ModelProto, info: dict, input_shapes: dict[str, tup
     shapes.apply_input_shapes(fixed, input_shapes)  # rejects unknown names, wrong ranks and fixed dims
     concrete, _ = shapes.infer(fixed)
     if not expressions:
-        static = symbolic.static_shapes(fixed, symbolic.symbol_table(fixed), concrete)
+        static = symbolic.static_shapes(*symbolic.derived_shapes(fixed), symbolic.symbol_table(fixed))
         if static is not None:
             return static, []
     sym = symbolic.infer(skel, info)  # every dim as an expression in the input dims: what the report counts

@@ -72,6 +72,17 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def strip_declared_shapes(model: onnx.ModelProto) -> None:
+    """Remove, in place, every shape ``model`` only declares: ``value_info`` entries and the shapes of graph
+    outputs, in every graph (If/Loop/Scan bodies too); dtypes stay. ``onnx.shape_inference`` (non-strict) keeps
+    a declared shape it cannot check, so a wrong ``value_info`` would otherwise be counted as if inferred."""
+    for graph, _ in proto_graphs(model.graph):
+        del graph.value_info[:]
+        for vi in graph.output:
+            if vi.type.HasField("tensor_type"):
+                vi.type.tensor_type.ClearField("shape")
+
+
 def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     """Parse ``NAME=1x3x640x640`` (``NAME=`` alone for a scalar) into ``(name, dims)``.
 

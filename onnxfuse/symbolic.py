@@ -456,12 +456,24 @@ def _reason(op: str, name: str) -> str:
     return f"{where}: shape inference cannot derive its output size"
 
 
-def static_shapes(skel: onnx.ModelProto, table: SymbolTable, info: dict[str, tuple] | None
+def derived_shapes(skel: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, tuple]]:
+    """A copy of ``skel`` without declared shapes (:func:`onnxfuse.shapes.strip_declared_shapes`) and what
+    ``onnx.shape_inference`` derives for it (:func:`onnxfuse.shapes.infer`): shapes computed from the inputs
+    and the ops, never taken from a ``value_info`` or graph output the model merely states."""
+    from onnxfuse import shapes
+
+    derived = onnx.ModelProto()
+    derived.CopyFrom(skel)
+    shapes.strip_declared_shapes(derived)
+    return derived, shapes.infer(derived)[0]
+
+
+def static_shapes(skel: onnx.ModelProto, info: dict[str, tuple] | None, table: SymbolTable
                   ) -> SymbolicShapes | None:
     """The shapes of a model with no symbolic dim, as plain ``int`` tuples, when ``info`` (tensor name ->
-    ``(shape, dtype)`` from :func:`onnxfuse.shapes.infer`, i.e. ``onnx.shape_inference`` with data propagation)
-    already gives every node input and output of every graph of ``skel`` a shape of numbers. None otherwise:
-    then only onnxruntime's inference can say more, and :func:`infer` runs it.
+    ``(shape, dtype)`` from :func:`onnxfuse.shapes.infer` on ``skel``, i.e. ``onnx.shape_inference`` with data
+    propagation; see :func:`derived_shapes`) gives every node input and output of every graph of ``skel`` a
+    shape of numbers. None otherwise: then only onnxruntime's inference can say more, and :func:`infer` runs it.
 
     On such a model onnxruntime's inference has nothing symbolic to derive; this path gives the same numbers
     without importing sympy (about 0.5 s) or onnxruntime's inference (its cost grows with the node count).
@@ -485,14 +497,15 @@ def infer(skel: onnx.ModelProto, fallback: dict[str, tuple] | None = None) -> Sy
 
     ``fallback`` (tensor name -> ``(shape, dtype)`` as :func:`onnxfuse.shapes.infer` returns) supplies the
     tensors that onnxruntime's inference leaves out; its named dims count only when they are input dims.
-    When it already gives every tensor of a model without symbolic dims a shape of numbers, those are the
-    result (:func:`static_shapes`: ``int`` dims, no sympy). Never raises for a model onnx can load: an
-    inference failure leaves tensors unknown, with the reason.
+    A model without symbolic dims whose every tensor ``onnx.shape_inference`` sizes from the ops alone
+    (:func:`derived_shapes`) gets those shapes (:func:`static_shapes`: ``int`` dims, no sympy, no onnxruntime).
+    Never raises for a model onnx can load: an inference failure leaves tensors unknown, with the reason.
     """
     table = symbol_table(skel)
-    static = static_shapes(skel, table, fallback)
-    if static is not None:
-        return static
+    if not table.symbols:
+        static = static_shapes(*derived_shapes(skel), table)
+        if static is not None:
+            return static
     import sympy
 
     syms = table.sympy_symbols()

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 import sympy
 from onnx import TensorProto, helper
 
@@ -253,22 +254,24 @@ def test_loop_with_run_time_trip_count_is_unknown_and_says_why(fuse):
     assert relu["read_bytes"] == 16 and relu["subgraph"]  # the body itself is counted once
 
 
-def test_static_model_shapes_equal_onnxruntime_symbolic_inference():
+def test_static_model_shapes_equal_onnxruntime_symbolic_inference(monkeypatch):
     """A model with numbers for every dim takes the int path (symbolic.static_shapes); onnxruntime's inference
-    (forced by giving no onnx shapes) finds the same shapes, and the byte counts are plain ints."""
+    (forced by turning that path off) finds the same shapes, and the byte counts are plain ints."""
     b = GraphBuilder()
     x = b.input("x", [2, 3, 17, 9])
     y = b.op("Relu", [b.bn(b.conv(x, 3, 8, strides=[2, 2]), 8)])
     model = b.build(b.op("Add", [y, b.conv(y, 8, 8)]))
     skel = shapes.skeleton(model)
     info, _ = shapes.infer(skel)
-    fast, slow = symbolic.infer(skel, info), symbolic.infer(skel, None)
+    fast = symbolic.infer(skel, info)
+    rows = rows_of(model)
+    assert rows and all(type(r.read_bytes) is int and type(r.written_bytes) is int for r in rows)
+    monkeypatch.setattr(symbolic, "static_shapes", lambda *args: None)
+    slow = symbolic.infer(skel, info)
     assert not slow.failure
     known = {k: v for k, v in fast.shapes.items() if k in slow.shapes}
     assert known and all(type(d) is int for s in fast.shapes.values() for d in s)
     assert known == {k: tuple(int(d) for d in slow.shapes[k]) for k in known}
-    rows = rows_of(model)
-    assert rows and all(type(r.read_bytes) is int and type(r.written_bytes) is int for r in rows)
 
 
 def test_static_model_imports_neither_sympy_nor_onnxruntime(tmp_path):
@@ -386,3 +389,28 @@ def test_optimize_without_report_counts_at_the_given_shapes_without_sympy(tmp_pa
     assert doc["symbols"] and "N_" in doc["totals"]["saved_bytes_expr"]
     saved = rep.human_bytes(doc["totals"]["saved_bytes"])
     assert f"(saved {saved}," in out.stdout and f"(saved {saved}," in r.stdout
+
+
+@pytest.mark.parametrize("wrong", ["value_info", "graph_output"])
+def test_declared_shapes_that_are_wrong_are_not_counted(fuse, wrong):
+    """onnx's non-strict shape inference keeps a value_info or graph output shape it cannot check; the int path
+    and the input-shapes path count only what the ops give (the checker accepts both models)."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    c = b.conv(x, 3, 4)
+    model = b.build(b.op("Relu", [b.bn(c, 4)]))
+    if wrong == "value_info":
+        model.graph.value_info.append(helper.make_tensor_value_info(c, TensorProto.FLOAT, [7, 4, 99, 99]))
+    else:
+        del model.graph.output[0].type.tensor_type.shape.dim[:]
+        for d in (2, 9, 3, 3):
+            model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = d
+    onnx.checker.check_model(model)
+    # x 768 B, W 432 B + B 16 B, c/bn/y 1024 B each, BN parameters 4 x 16 B
+    expected = (768 + 448 + 1024) + (1024 + 64 + 1024) + (1024 + 1024)
+    assert fuse(model).report.totals["before"]["total_bytes"] == expected
+    sym = model
+    sym.graph.input[0].type.tensor_type.shape.dim[0].ClearField("dim_value")
+    sym.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    quick = fuse(sym, input_shapes={"x": (1, 3, 8, 8)}, expressions=False).report
+    assert quick.totals["before"]["total_bytes"] == expected
