@@ -296,6 +296,9 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
             raise InputError(f"--report {report_path}: give a {', '.join(rep.REPORT_EXTENSIONS)} name, or "
                              "--report-format")
         _check_folder(report_path, "--report")
+        for other, what in ((input_path, "INPUT"), (output_path, "OUTPUT")):
+            if model_io.same_file(report_path, other):
+                raise InputError(f"--report {report_path}: is the same file as {what}; choose another name")
     options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
     options.input_data = input_data  # real inputs fix the report's shapes too
     # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
@@ -310,7 +313,10 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
         report.set_bandwidth(bandwidth)
     _diagnostics(report)
     verification = report.verification
+    if any(model_io.same_file(output_path, f) for f in result.loaded.data_files):
+        raise InputError(f"{output_path}: OUTPUT is an external data file of INPUT; choose another name")
     if report_path is not None:
+        _check_not_data_file(report_path, "--report", result.loaded)
         _write_text(report_path, rep.render(report, fmt, show_all=True))
     if verification.status == "failed":
         failed = verification.failed_outputs
@@ -322,8 +328,6 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if verification.status == "skipped" and require_verify:
         raise VerificationError(f"{input_path}: verification was skipped ({verification.reason}) and "
                                 f"--require-verify was given; {output_path} was not written")
-    if any(model_io.same_file(output_path, f) for f in result.loaded.data_files):
-        raise InputError(f"{output_path}: OUTPUT is an external data file of INPUT; choose another name")
     replacing_input = output_path.exists() and model_io.same_file(input_path, output_path)  # --overwrite
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
                                   protected=() if replacing_input else result.loaded.data_files)
@@ -334,6 +338,12 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if not result.changed:
         log.info("no pattern was fused: %s is the input model with onnxfuse metadata added", output_path)
     log.info("wrote %s", ", ".join(str(p) for p in [*written, *([report_path] if report_path else [])]))
+
+
+def _check_not_data_file(path: Path, what: str, loaded: model_io.LoadedModel) -> None:
+    """Refuse to write a report over one of the input model's external data files (its weights)."""
+    if any(model_io.same_file(path, f) for f in loaded.data_files):
+        raise InputError(f"{what} {path}: is an external data file of the input model; choose another name")
 
 
 def _check_folder(path: Path, what: str) -> None:
@@ -444,6 +454,8 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
 
     if output is not None:
         _check_folder(output, "--output")
+        if model_io.same_file(output, model_path):
+            raise InputError(f"-o {output}: is the same file as the model; choose another name")
         if fmt is None:
             fmt = rep.format_for_path(str(output))
             if fmt is None:
@@ -461,6 +473,7 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
     _diagnostics(result.report)
     text = rep.render(result.report, fmt, show_all, width=_text_width(output))
     if output is not None:
+        _check_not_data_file(output, "-o", result.loaded)
         _write_text(output, text)
         log.info("wrote %s", output)
     elif old is None:

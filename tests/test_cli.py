@@ -728,3 +728,24 @@ def test_verification_line_names_the_input_sizes_it_ran(tmp_path):
     assert line.startswith("verification: passed (") and line.endswith("; inputs x=1x3x32x32)")
     result = invoke("optimize", tmp_path / "m.onnx", tmp_path / "o2.onnx", "--input-shape", "x=2x3x20x24")
     assert "; inputs x=2x3x20x24)" in result.output
+
+
+def test_report_file_never_replaces_the_input_its_weights_or_the_output(tmp_path):
+    """--report / -o naming INPUT, OUTPUT or one of INPUT's external data files: exit 2, and every one of those
+    files is left as it was (nothing else written)."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 8, 16, 16])
+    model = b.build(b.op("Relu", [b.bn(b.conv(x, 8, 8), 8)]))
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src), save_as_external_data=True, location="m.weights", size_threshold=0)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    out = tmp_path / "o.onnx"
+    for target in (src, out, tmp_path / "m.weights"):
+        result = invoke("optimize", src, out, "--report", target, "--report-format", "json")
+        assert result.exit_code == 2 and result.output.startswith("error: "), result.output
+        assert "choose another name" in result.output
+        result = invoke("report", src, "-o", target, "--format", "json")
+        if target != out:
+            assert result.exit_code == 2 and "choose another name" in result.output, result.output
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p != out} == before
+        out.unlink(missing_ok=True)
