@@ -156,7 +156,8 @@ def set_weights(conv: gs.Node, ctx: Context, weight: np.ndarray | None, bias: np
 def batchnorm_scale_shift(bn: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor,
                           features: int | None):
     """``(s, t, None)`` with ``BN(x) = x * s + t`` per channel (float64 vectors, ONNX Operators.md,
-    BatchNormalization: ``s = scale / sqrt(var + epsilon)``, ``t = bias - mean * s``, epsilon default 1e-5), or
+    BatchNormalization: ``s = scale / sqrt(var + epsilon)``, ``t = bias - mean * s``, epsilon default 1e-5 as
+    float32), or
     ``(None, None, Skip)`` for a BN with spatial=0 (``batchnorm-spatial-0``), in training mode or with its
     running statistics used (``batchnorm-training-mode``), with run-time parameters, or whose parameters do not
     all have ``features`` values (the scale's count when ``features`` is None; ``parameter-shape-mismatch``)."""
@@ -175,7 +176,11 @@ def batchnorm_scale_shift(bn: gs.Node, ctx: Context, nodes: list[gs.Node], outpu
                                 "values", nodes, output)
     scale, bias, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
     with np.errstate(all="ignore"):
-        s = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+        # epsilon is a float32 attribute (ONNX Operators.md); onnxruntime adds it as float32 even to float64
+        # data (batch_norm.h), so the default is float32(1e-5), not the double 1e-5: with the double, a float64
+        # fold missed onnxruntime by 5e-13, and var = -1e-5 gave a huge finite scale instead of inf
+        eps = float(np.float32(bn.attrs.get("epsilon", 1e-5)))
+        s = scale / np.sqrt(var + eps)
         return s, bias - mean * s, None
 
 

@@ -350,6 +350,16 @@ def test_skip_fold_not_finite(fuse):
     assert "float32" in s.detail
 
 
+def test_skip_fold_not_finite_when_var_cancels_the_default_epsilon(fuse):
+    # no epsilon attribute: onnxruntime adds float32(1e-5), so var = -float32(1e-5) makes var + epsilon exactly 0
+    # (inf scale, which onnxruntime computes too); the double 1e-5 left 2.5e-13 and a huge but finite scale
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    params = [b.const(np.full(4, v, np.float32)) for v in (1.0, 0.0, 0.0, -np.float32(1e-5))]
+    model = b.build(b.op("BatchNormalization", [b.conv(x, 3, 4), *params]))
+    assert_skipped(fuse(model), model, Reason.FOLD_NOT_FINITE)
+
+
 def test_skip_fold_that_overflows_float16(fuse):
     b = GraphBuilder(dtype=np.float16)
     x = b.input("x", [1, 3, 6, 6])
