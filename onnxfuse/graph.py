@@ -465,11 +465,15 @@ def _load(constant: gs.Constant):
     lazy = constant._values
     if type(lazy) is LazyValues:
         proto = lazy.tensor
-        raw_only = _raw_tensor_fields_only(proto)
-        dtype = _RAW_DTYPES.get(proto.data_type) if raw_only else None
-        if dtype is not None:  # what to_array returns for these, without its per-call lookups
-            return np.frombuffer(proto.raw_data, dtype=dtype).reshape(proto.dims)
-        array = onnx.numpy_helper.to_array(proto)
+        try:
+            raw_only = _raw_tensor_fields_only(proto)
+            dtype = _RAW_DTYPES.get(proto.data_type) if raw_only else None
+            if dtype is not None:  # what to_array returns for these, without its per-call lookups
+                return np.frombuffer(proto.raw_data, dtype=dtype).reshape(proto.dims)
+            array = onnx.numpy_helper.to_array(proto)
+        except ValueError as exc:  # onnx.checker lets raw_data of the wrong length through; onnxruntime refuses it
+            raise InputError(f"tensor {proto.name or constant.name}: its data does not match its dims "
+                             f"{list(proto.dims)} and type ({one_line(exc)})") from None
         if raw_only and _onnx_type(array.dtype) == proto.data_type:
             return array
         constant._values = array

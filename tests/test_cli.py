@@ -749,3 +749,22 @@ def test_report_file_never_replaces_the_input_its_weights_or_the_output(tmp_path
             assert result.exit_code == 2 and "choose another name" in result.output, result.output
         assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p != out} == before
         out.unlink(missing_ok=True)
+
+
+def test_weight_whose_raw_data_does_not_match_its_dims_is_an_input_error(tmp_path):
+    """onnx.checker (even full_check) accepts raw_data of the wrong length; onnxruntime refuses such a model.
+    onnxfuse says so in one line with exit 2 (it was a traceback and exit 1, the verification-failed code)."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    model = b.build(b.op("Relu", [b.bn(b.conv(x, 3, 4), 4)]))
+    [weight] = [t for t in model.graph.initializer if len(t.dims) == 4]
+    weight.raw_data += b"\0\0\0\0"
+    onnx.checker.check_model(model, full_check=True)
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src))
+    for args in (("optimize", src, tmp_path / "o.onnx"), ("report", src)):
+        result = invoke(*args)
+        assert result.exit_code == 2, result.output
+        [line] = result.output.strip().splitlines()
+        assert line.startswith("error: ") and f"tensor {weight.name}: its data does not match its dims" in line
+    assert not (tmp_path / "o.onnx").exists()
