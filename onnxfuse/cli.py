@@ -1,8 +1,9 @@
 """The ``onnxfuse`` command: parse options, call the library, render, choose the exit code. Nothing else.
 
 Exit codes: 0 success; 1 the optimized model failed verification (or ``--require-verify`` and verification
-was skipped), nothing written; 2 usage error, an input model that cannot be read or is invalid, or an output
-that cannot be written; 130 interrupted (Ctrl-C, SIGINT), no partly written file left.
+was skipped), no model written (a ``--report`` file is, with the verification result); 2 usage error, an input
+model that cannot be read or is invalid, or an output that cannot be written; 130 interrupted (Ctrl-C, SIGINT),
+no partly written file left.
 
 Results (the optimize summary, a report, bench tables, the pass list) go to stdout; everything else (errors,
 warnings, hints, "wrote FILE", progress, ``-v`` detail) goes to stderr. Diagnostics go through :mod:`logging`: the
@@ -35,7 +36,8 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0    success
   1    the optimized model failed verification, or --require-verify and
-       verification was skipped (nothing written)
+       verification was skipped (no model written; a --report file is,
+       with the verification result)
   2    usage error, an input model that cannot be read or is invalid,
        or an OUTPUT that cannot be written
   130  interrupted (Ctrl-C); no partly written file is left"""

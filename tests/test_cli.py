@@ -768,3 +768,14 @@ def test_weight_whose_raw_data_does_not_match_its_dims_is_an_input_error(tmp_pat
         [line] = result.output.strip().splitlines()
         assert line.startswith("error: ") and f"tensor {weight.name}: its data does not match its dims" in line
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_require_verify_writes_no_model_but_the_report_with_the_reason(tmp_path):
+    """Exit 1 (README, exit codes): no model is written; the --report file is, holding the verification
+    result, so that a CI job can show why."""
+    src = REPO / "sample_models" / "silero_vad_16k_op15.onnx"  # generated inputs cannot run it: skipped
+    out, report = tmp_path / "o.onnx", tmp_path / "r.json"
+    result = invoke("optimize", src, out, "--require-verify", "--report", report)
+    assert result.exit_code == 1 and "was not written" in result.output
+    assert not out.exists()
+    assert json.loads(report.read_text())["verification"]["status"] == "skipped"
