@@ -274,13 +274,12 @@ def _count_shapes(skel: onnx.ModelProto, info: dict, input_shapes: dict[str, tup
     fixed = onnx.ModelProto()
     fixed.CopyFrom(skel)
     shapes.apply_input_shapes(fixed, input_shapes)  # rejects unknown names, wrong ranks and fixed dims
-    concrete, _ = shapes.infer(fixed)
     if not expressions:
         static = symbolic.static_shapes(*symbolic.derived_shapes(fixed), symbolic.symbol_table(fixed))
         if static is not None:
             return static, []
     sym = symbolic.infer(skel, info)  # every dim as an expression in the input dims: what the report counts
-    return sym, _cross_check(sym, concrete, sym.table.values(input_shapes))
+    return sym, _cross_check(sym, shapes.infer(fixed)[0], sym.table.values(input_shapes))
 
 
 def _cross_check(sym: symbolic.SymbolicShapes, concrete: dict, values: dict) -> list[str]:
