@@ -103,6 +103,7 @@ class Comparison:
         after_before / after_after: ``totals.after.total_bytes_expr`` (optimized traffic) of old and new.
         worse_at: where the optimized traffic grew, ``"symbol=value, ...: +N B"`` strings (empty: it did not).
         unknown_before / unknown_after: unknown node counts of the optimized models.
+        symbols: the two reports' ``symbols``, to show long expressions by their leading terms in :meth:`lines`.
     """
 
     gained: dict[str, int] = field(default_factory=dict)
@@ -116,6 +117,7 @@ class Comparison:
     worse_at: list[str] = field(default_factory=list)
     unknown_before: int = 0
     unknown_after: int = 0
+    symbols: dict[str, dict] = field(default_factory=dict)
 
     @property
     def regressed(self) -> bool:
@@ -140,16 +142,30 @@ class Comparison:
         out += [f"new unfused pattern: {kind} (x{v['count']}): {v['detail']}" for kind, v in
                 sorted(self.new_unfused.items())]
         same = self.saved_before == self.saved_after
-        out.append(f"saved bytes: {self.saved_after}" + (" (unchanged)" if same else
-                                                          f" (was {self.saved_before})"))
+        short = self._short
+        out.append(f"saved bytes: {short(self.saved_after)}" + (" (unchanged)" if same else
+                                                                 f" (was {short(self.saved_before)})"))
         if self.after_before != self.after_after:
-            out.append(f"optimized traffic: {self.after_after} (was {self.after_before})")
+            out.append(f"optimized traffic: {short(self.after_after)} (was {short(self.after_before)})")
         out += [f"optimized traffic grew at {w}" for w in self.worse_at]
         if self.unknown_after != self.unknown_before:
             out.append(f"nodes of unknown size: {self.unknown_after} (was {self.unknown_before})")
         out.append("result: " + ("REGRESSION (a fusion was lost or the optimized traffic grew)" if self.regressed
                                  else "no regression"))
         return out
+
+
+    def _short(self, expr: str | None) -> str:
+        """A byte expression for people: as written when short, else by its leading terms (the JSON of the
+        comparison keeps it exact); as written where the leading terms cannot be taken."""
+        from onnxfuse import report as rep
+
+        if expr is None or len(expr) <= rep.LONG_EXPRESSION_CHARS:
+            return str(expr)
+        try:
+            return rep.leading_terms(expr, {"symbols": self.symbols})
+        except (sympy.SympifyError, sympy.PolynomialError, TypeError, ValueError, KeyError):
+            return expr
 
 
 def compare(old: dict, new: dict) -> Comparison:
@@ -167,6 +183,7 @@ def compare(old: dict, new: dict) -> Comparison:
         saved_before=old["totals"]["saved_bytes_expr"], saved_after=new["totals"]["saved_bytes_expr"],
         after_before=old["totals"]["after"]["total_bytes_expr"], after_after=new["totals"]["after"]["total_bytes_expr"],
         unknown_before=old["totals"]["after"]["unknown_nodes"], unknown_after=new["totals"]["after"]["unknown_nodes"],
+        symbols={**old.get("symbols", {}), **new.get("symbols", {})},
     )
     a_old, a_new = _expr(c.after_before), _expr(c.after_after)
     if a_old is None or a_new is None:

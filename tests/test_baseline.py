@@ -107,3 +107,18 @@ def test_traffic_growth_is_judged_on_the_expression():
     assert grew.regressed and grew.worse_at[0].endswith("+4 B")
     # smaller at batch 1 but larger once the input grows: still a regression
     assert baseline.compare(doc("44*B*H*W + 896"), doc("45*B*H*W + 800")).regressed
+
+
+def test_long_expressions_are_shown_by_their_leading_terms_and_kept_exact_in_json():
+    """A deep net's saved-bytes expression nests dozens of floors; the text shows its leading terms (as the
+    summary does), the comparison's JSON keeps it exact."""
+    from onnxfuse.baseline import Comparison
+
+    exact = "96*N_*(floor(floor(H/2 - 1/2)/2) + 1)*(floor(floor(W/2 - 1/2)/2) + 1) + 64*N_*H*W + 1472"
+    c = Comparison(saved_before=exact, saved_after=exact,
+                   symbols={"N_": {"input": "x", "axis": 0, "dim_param": "N"},
+                            "H": {"input": "x", "axis": 2, "dim_param": "H"},
+                            "W": {"input": "x", "axis": 3, "dim_param": "W"}})
+    [line] = [ln for ln in c.lines() if ln.startswith("saved bytes: ")]
+    assert line == "saved bytes: ~70*N*H*W bytes + 1.4 KiB (+ smaller terms) (unchanged)"
+    assert c.to_dict()["saved_bytes_expr"]["new"] == exact
