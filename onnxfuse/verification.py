@@ -241,6 +241,7 @@ class _Acc:
     needed_atol: float = 0.0
     elementwise_ok: bool = True
     compared: int = 0
+    finite: int = 0  # elements of the original's output that are finite numbers (all, for integer/bool outputs)
 
 
 def _exact(dtype: np.dtype) -> bool:
@@ -274,12 +275,14 @@ def _accumulate(acc: _Acc, ref: np.ndarray, got: np.ndarray, opts: VerifyOptions
         return
     acc.compared += ref.size
     if _exact(ref.dtype):
+        acc.finite += ref.size
         diff = int(np.count_nonzero(ref != got))
         if diff:
             acc.max_abs = max(acc.max_abs, float(np.max(np.abs(ref.astype(np.float64) - got.astype(np.float64)))))
             acc.elementwise_ok = False
         return
-    dev, mismatches, _ = _deviation(ref, got)
+    dev, mismatches, finite = _deviation(ref, got)
+    acc.finite += int(np.count_nonzero(finite))
     acc.max_abs, acc.nonfinite = max(acc.max_abs, dev), acc.nonfinite + mismatches
     acc.scale = max(acc.scale, _scale(ref))
     if opts.explicit_tolerance:
@@ -410,6 +413,11 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
         return Verification("skipped", "every output of the original is empty on the generated inputs "
                             f"{used_shapes}, so nothing was compared{empty_hint}", seeds=seeds,
                             input_shapes=used_shapes)
+    if all(a.shape_ok and a.finite == 0 and a.nonfinite == 0 for a in accs):
+        # NaN against NaN everywhere (all-NaN --input-data, say) matches, but proves nothing about the rewrite
+        return Verification("skipped", "every output value of the original is NaN or inf on the inputs "
+                            f"{used_shapes} (and the optimized model's too), so no number was compared; give "
+                            "finite inputs (--input-data, --input-range)", seeds=seeds, input_shapes=used_shapes)
     floor_note = None
     if opts.explicit_tolerance:
         floor_note = "not measured: --rtol/--atol replace the noise-floor rule"

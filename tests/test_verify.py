@@ -213,6 +213,25 @@ def test_nan_and_inf_positions_must_match(tmp_path):
     assert result.outputs[0].nonfinite_mismatches > 0 and "NaN/inf" in result.reason
 
 
+def test_all_nan_outputs_are_no_evidence(tmp_path):
+    """All-NaN input data makes every output NaN in both models: NaN matches NaN, but no number was compared, so
+    the status is skipped (never passed), also for a candidate with a wrong bias. Where the candidate gives
+    numbers where the original gives NaN, it fails as before."""
+    np.savez(tmp_path / "nan.npz", x=np.full((1, 4, 8, 8), np.nan, np.float32))
+    opts = verify.VerifyOptions(input_data=str(tmp_path / "nan.npz"))
+    for candidate in (conv_model(), conv_model(bias_shift=0.5)):
+        result = verify.verify_models(conv_model(), candidate, opts)
+        assert result.status == "skipped", result
+        assert "NaN or inf" in result.reason and "no number was compared" in result.reason
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    numbers = b.build(b.op("Where", [b.op("IsNaN", [x]), b.const(np.zeros(1, np.float32)), x]))
+    nan_out = GraphBuilder()
+    x2 = nan_out.input("x", [1, 4, 8, 8])
+    original = nan_out.build(nan_out.op("Identity", [x2]))
+    assert verify.verify_models(original, numbers, opts).status == "failed"
+
+
 def test_integer_and_bool_outputs_are_exact(tmp_path):
     def model(offset: int) -> onnx.ModelProto:
         b = GraphBuilder()
