@@ -425,9 +425,15 @@ def _cell(number: int | None, expr: str | None, doc: dict, code: bool = False) -
 
 
 def _expr_text(expr: str | None, doc: dict, code: bool) -> str:
-    """An expression for the headline: exact when short, else :func:`leading_terms`."""
+    """An expression for the headline: exact when short, else :func:`leading_terms`; exact also where the leading
+    terms cannot be taken (an expression that is no polynomial once floors are dropped: ``Max``, ``Mod``)."""
     if expr is not None and len(expr) > LONG_EXPRESSION_CHARS:
-        text = leading_terms(expr, doc)
+        import sympy
+
+        try:
+            text = leading_terms(expr, doc)
+        except (sympy.SympifyError, sympy.PolynomialError, TypeError, ValueError):
+            return bytes_text(None, expr, code)
         return f"`{text}`" if code else text
     return bytes_text(None, expr, code)
 

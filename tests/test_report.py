@@ -279,3 +279,14 @@ def test_markdown_and_text_tables_show_long_expressions_by_their_leading_terms(t
     for text in (result.report.to_markdown(show_all=True), result.report.to_text(show_all=True)):
         assert "floor(floor(" not in text  # no nested floors: expressions over 60 characters are shortened
         assert "~" in text
+
+
+def test_long_expression_that_is_no_polynomial_is_shown_exact():
+    """onnxruntime's inference can give Max/Mod dims; leading terms cannot be taken there (sympy.Poly refuses), so
+    the expression is shown as it is instead of failing the whole report."""
+    doc = {"symbols": {"H": {"input": "x", "axis": 2, "dim_param": "H"}}}
+    expr = "4*Max(H, 3)*floor(H/2 - 1/2) + 12*Mod(H, 7)*floor(floor(H/2 - 1/2)/2) + 100000"
+    with pytest.raises(sympy.PolynomialError):
+        rep.leading_terms(expr, doc)
+    assert rep._cell(None, expr, doc) == f"{expr} B"
+    assert rep._cell(None, expr, doc, code=True) == f"`{expr}` B"
