@@ -380,6 +380,11 @@ def _hints(report: rep.Report) -> None:
     hint = rep.unknown_shapes_hint(report)
     if hint:
         log.info("%s", hint)
+    refused = sum(1 for u in report.unfused if u["reason"] == "activation-not-supported-by-target")
+    if refused and report.target == "cpu+cuda":
+        log.info("hint: %d pattern(s) left unfused because target cpu+cuda needs a kernel on both providers "
+                 "(CUDA's FusedConv has Relu only); for a model that runs on CPU only, --target cpu fuses those "
+                 "the CPU kernel accepts", refused)
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -779,3 +779,18 @@ def test_require_verify_writes_no_model_but_the_report_with_the_reason(tmp_path)
     assert result.exit_code == 1 and "was not written" in result.output
     assert not out.exists()
     assert json.loads(report.read_text())["verification"]["status"] == "skipped"
+
+
+def test_default_target_says_when_cpu_would_fuse_more(tmp_path):
+    """cpu+cuda (the default) refuses activations CUDA's FusedConv lacks; the user is told that --target cpu
+    fuses them for a CPU-only model. Not said with --target cpu, nor with -q."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    onnx.save(b.build(b.op("Sigmoid", [b.conv(x, 3, 4)])), str(tmp_path / "m.onnx"))
+    result = invoke("optimize", tmp_path / "m.onnx", tmp_path / "o.onnx", "--no-verify")
+    assert result.exit_code == 0
+    assert "hint: 1 pattern(s) left unfused because target cpu+cuda" in result.output
+    assert "--target cpu fuses those" in result.output
+    for extra in (("--target", "cpu"), ("-q",)):
+        result = invoke("optimize", tmp_path / "m.onnx", tmp_path / "o.onnx", "--no-verify", "--overwrite", *extra)
+        assert result.exit_code == 0 and "hint:" not in result.output
