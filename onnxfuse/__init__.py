@@ -13,9 +13,13 @@ code 2) and :class:`VerificationError` (the optimized model does not match; exit
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from onnxfuse._version import __version__
-from onnxfuse.api import analyse, optimize, verify
 from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
+
+if TYPE_CHECKING:
+    from onnxfuse.api import analyse, optimize, verify
 
 __all__ = [
     "InputError", "OnnxFuseError", "Report", "Result", "Verification", "VerificationError", "__version__",
@@ -24,8 +28,13 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # The result types live beside the code that makes them; importing them (onnx, onnx-graphsurgeon, numpy)
-    # only when asked keeps `import onnxfuse` and `onnxfuse --version` fast.
+    # The API functions and the result types are imported (onnx, onnx-graphsurgeon, numpy) only when asked for:
+    # `import onnxfuse` stays cheap, and the command's entry point (onnxfuse.__main__.run) can turn a Ctrl-C
+    # while the libraries load into its one-line exit 130.
+    if name in ("analyse", "optimize", "verify"):
+        from onnxfuse import api
+
+        return getattr(api, name)
     if name == "Result":
         from onnxfuse.pipeline import Result
 

@@ -30,11 +30,18 @@ def _use_this_package() -> None:
     spec.loader.exec_module(module)
 
 
-if __name__ == "__main__":
-    _use_this_package()
+def run() -> None:
+    """The ``onnxfuse`` command (the console script's entry point, and ``python -m onnxfuse``): import the CLI,
+    which loads onnx, numpy and onnx-graphsurgeon, then run it. A Ctrl-C during that import, before the CLI's
+    own handling is in place, exits 130 with one line, as a Ctrl-C later does."""
     try:
         from onnxfuse.cli import main
-    except KeyboardInterrupt:  # Ctrl-C while the libraries load: the CLI's own handling is not in place yet
+    except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         sys.exit(130)
     main()
+
+
+if __name__ == "__main__":
+    _use_this_package()
+    run()

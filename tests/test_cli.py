@@ -794,3 +794,24 @@ def test_default_target_says_when_cpu_would_fuse_more(tmp_path):
     for extra in (("--target", "cpu"), ("-q",)):
         result = invoke("optimize", tmp_path / "m.onnx", tmp_path / "o.onnx", "--no-verify", "--overwrite", *extra)
         assert result.exit_code == 0 and "hint:" not in result.output
+
+
+def test_ctrl_c_while_the_libraries_load_exits_130_with_one_line():
+    """The console script's entry point (onnxfuse.__main__.run) imports the CLI, and with it onnx, numpy and
+    onnx-graphsurgeon, inside its Ctrl-C handling; `import onnxfuse` itself loads none of them. The interrupt is
+    raised deterministically by an import hook on onnxfuse.cli."""
+    code = """
+import sys
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "onnxfuse.cli":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+import onnxfuse
+assert "numpy" not in sys.modules and "onnx" not in sys.modules, sorted(sys.modules)
+from onnxfuse.__main__ import run
+run()
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=REPO)
+    assert r.returncode == 130, r.stderr
+    assert r.stderr == "error: interrupted\n" and r.stdout == ""
