@@ -313,7 +313,13 @@ def serialized_parts(model: onnx.ModelProto) -> tuple[list, int]:
     return parts, total
 
 
-def _write_parts(path: Path, parts: list) -> None:
+def write_parts(path: str | os.PathLike, parts: list) -> None:
+    """Write the parts of :func:`serialized_parts` to ``path`` one at a time (each message serialized with
+    ``deterministic=True`` as it is written), so that the whole model never exists as one ``bytes`` object.
+
+    Raises:
+        OSError: the file cannot be written (callers turn it into their own message).
+    """
     with open(path, "wb") as fh:
         for part in parts:
             fh.write(part if isinstance(part, bytes) else part.SerializeToString(deterministic=True))
@@ -389,7 +395,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
                 os.replace(tmpdir / location, folder / location)
                 written.append(given.parent / location)
         else:
-            _write_parts(tmp_model, parts)  # streamed: the whole model is never one bytes object
+            write_parts(tmp_model, parts)  # streamed: the whole model is never one bytes object
         _fsync(tmp_model)
         os.replace(tmp_model, target)
         written.insert(0, given)

@@ -157,10 +157,7 @@ def _write_temporary(model: onnx.ModelProto) -> tempfile.TemporaryDirectory | No
     except OSError:
         return None
     try:
-        parts, _ = model_io.serialized_parts(model)  # never the whole model as one bytes object
-        with open(Path(tmp.name) / "model.onnx", "wb") as fh:
-            for part in parts:
-                fh.write(part if isinstance(part, bytes) else part.SerializeToString())
+        model_io.write_parts(Path(tmp.name) / "model.onnx", model_io.serialized_parts(model)[0])
     except OSError:
         tmp.cleanup()
         return None

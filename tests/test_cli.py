@@ -176,8 +176,8 @@ def test_atomic_write_leaves_nothing_when_the_write_fails(tmp_path, monkeypatch)
             fh.write(parts[0])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(model_io, "_write_parts", disk_full)
-    result = invoke("optimize", SAMPLE, out)
+    monkeypatch.setattr(model_io, "write_parts", disk_full)  # --no-verify: verification writes with it too
+    result = invoke("optimize", SAMPLE, out, "--no-verify")
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         f"error: {out}: cannot write the output (No space left on device); nothing was written"]
@@ -193,9 +193,9 @@ def test_atomic_write_keeps_the_old_output_when_the_write_fails(tmp_path, monkey
             fh.write(parts[0][:10])
         raise RuntimeError("simulated crash mid-write")
 
-    monkeypatch.setattr(model_io, "_write_parts", crash)
+    monkeypatch.setattr(model_io, "write_parts", crash)  # --no-verify: verification writes with it too
     with pytest.raises(RuntimeError, match="simulated crash"):
-        CliRunner().invoke(main, ["optimize", str(SAMPLE), str(out)], catch_exceptions=False)
+        CliRunner().invoke(main, ["optimize", str(SAMPLE), str(out), "--no-verify"], catch_exceptions=False)
     assert out.read_bytes() == b"old model"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
 
@@ -570,8 +570,8 @@ def test_ctrl_c_while_writing_leaves_the_old_output_and_no_temporary_file(tmp_pa
             fh.write(parts[0][:10])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(model_io, "_write_parts", interrupted_write)
-    result = run_cli("optimize", SAMPLE, out)
+    monkeypatch.setattr(model_io, "write_parts", interrupted_write)  # --no-verify: verification writes with it
+    result = run_cli("optimize", SAMPLE, out, "--no-verify")
     assert result.exit_code == 130 and len(result.stderr.splitlines()) == 1
     assert out.read_bytes() == b"old model"
     assert [p.name for p in tmp_path.iterdir()] == ["out.onnx"]
