@@ -14,7 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes._checks import is_op, skip
+from onnxfuse.passes._checks import is_op, private_check, skip
 from onnxfuse.passes._fold import FOLDABLE_DTYPES
 from onnxfuse.passes.base import Context, Match, Reason, Skip
 
@@ -121,6 +121,16 @@ def gemm_parts(gemm: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Ten
             return None, None, skip(Reason.PARAM_SHAPE, f"Gemm C has shape {list(c.shape)}, which does not "
                                     f"broadcast to [M, {n}]", nodes, output)
     return b, c, None
+
+
+def gemm_fold_inputs(gemm: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):
+    """What every fold after a Gemm checks first (the Gemm counterpart of ``_fold.fold_inputs``): the Gemm's
+    output is read only by ``anchor`` and is no graph output, no QDQ, constant weights. Returns
+    ``(B, C or None, None)`` or ``(None, None, Skip)`` (see :func:`gemm_parts`)."""
+    bad = private_check([gemm.outputs[0]], [anchor], ctx, nodes, output) or gemm_qdq_check(gemm, output, nodes)
+    if bad:
+        return None, None, bad
+    return gemm_parts(gemm, ctx, nodes, output)
 
 
 def gemm_qdq_check(gemm: gs.Node, output: gs.Tensor, nodes: list[gs.Node]) -> Skip | None:

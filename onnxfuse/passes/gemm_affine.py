@@ -33,14 +33,13 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
+from onnxfuse.passes._checks import describe, is_op, replaced, skip
 from onnxfuse.passes._fold import fold_fits
 from onnxfuse.passes._gemm import (
     GemmAttrs,
     GemmFoldMatch,
     c_matrix,
-    gemm_parts,
-    gemm_qdq_check,
+    gemm_fold_inputs,
     out_features,
     per_feature,
     scale_out_features,
@@ -76,10 +75,7 @@ class GemmAffine(Pass[GemmFoldMatch]):
                             nodes, out)
             if node.op == "Div" and side == 1:
                 return skip(Reason.GEMM_IS_DIVISOR, f"{c_tensor.name} / Gemm output is not linear", nodes, out)
-            bad = private_check([gemm.outputs[0]], [node], ctx, nodes, out) or gemm_qdq_check(gemm, out, nodes)
-            if bad:
-                return bad
-            b, c, bad = gemm_parts(gemm, ctx, nodes, out)
+            b, c, bad = gemm_fold_inputs(gemm, node, ctx, nodes, out)
             if bad:
                 return bad
             attrs = GemmAttrs.of(gemm)

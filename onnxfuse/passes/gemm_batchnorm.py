@@ -35,14 +35,13 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes._checks import describe, is_op, private_check, replaced
+from onnxfuse.passes._checks import describe, is_op, replaced
 from onnxfuse.passes._fold import batchnorm_scale_shift, fold_fits
 from onnxfuse.passes._gemm import (
     GemmAttrs,
     GemmFoldMatch,
     c_matrix,
-    gemm_parts,
-    gemm_qdq_check,
+    gemm_fold_inputs,
     out_features,
     scale_out_features,
     set_gemm_weights,
@@ -67,10 +66,7 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
         if not is_op(gemm, "Gemm"):
             return None
         nodes, out = [gemm, node], node.outputs[0]
-        bad = private_check([gemm.outputs[0]], [node], ctx, nodes, out) or gemm_qdq_check(gemm, out, nodes)
-        if bad:
-            return bad
-        b, c, bad = gemm_parts(gemm, ctx, nodes, out)
+        b, c, bad = gemm_fold_inputs(gemm, node, ctx, nodes, out)
         if bad:
             return bad
         attrs = GemmAttrs.of(gemm)
