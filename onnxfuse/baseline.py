@@ -156,16 +156,11 @@ class Comparison:
 
 
     def _short(self, expr: str | None) -> str:
-        """A byte expression for people: as written when short, else by its leading terms (the JSON of the
-        comparison keeps it exact); as written where the leading terms cannot be taken."""
+        """A byte expression for people: by its leading terms when long (``report.short_expression``), else as
+        written; the JSON of the comparison keeps it exact."""
         from onnxfuse import report as rep
 
-        if expr is None or len(expr) <= rep.LONG_EXPRESSION_CHARS:
-            return str(expr)
-        try:
-            return rep.leading_terms(expr, {"symbols": self.symbols})
-        except (sympy.SympifyError, sympy.PolynomialError, TypeError, ValueError, KeyError):
-            return expr
+        return (rep.short_expression(expr, {"symbols": self.symbols}) if expr is not None else None) or str(expr)
 
 
 def compare(old: dict, new: dict) -> Comparison:

@@ -424,18 +424,26 @@ def _cell(number: int | None, expr: str | None, doc: dict, code: bool = False) -
     return human_bytes(number) if number is not None else _expr_text(expr, doc, code)
 
 
-def _expr_text(expr: str | None, doc: dict, code: bool) -> str:
-    """An expression for the headline: exact when short, else :func:`leading_terms`; exact also where the leading
-    terms cannot be taken (an expression that is no polynomial once floors are dropped: ``Max``, ``Mod``)."""
-    if expr is not None and len(expr) > LONG_EXPRESSION_CHARS:
-        import sympy
+def short_expression(expr: str, doc: dict) -> str | None:
+    """:func:`leading_terms` of a byte expression longer than LONG_EXPRESSION_CHARS; None when it is short, or
+    when the leading terms cannot be taken (no polynomial once floors are dropped: ``Max``, ``Mod``), so that the
+    caller shows it exact. ``doc``: a report dict, or any dict with its ``symbols``."""
+    if len(expr) <= LONG_EXPRESSION_CHARS:
+        return None
+    import sympy
 
-        try:
-            text = leading_terms(expr, doc)
-        except (sympy.SympifyError, sympy.PolynomialError, TypeError, ValueError):
-            return bytes_text(None, expr, code)
-        return f"`{text}`" if code else text
-    return bytes_text(None, expr, code)
+    try:
+        return leading_terms(expr, doc)
+    except (sympy.SympifyError, sympy.PolynomialError, TypeError, ValueError, KeyError):
+        return None
+
+
+def _expr_text(expr: str | None, doc: dict, code: bool) -> str:
+    """An expression for the headline: :func:`short_expression` where it gives one, else exact."""
+    text = short_expression(expr, doc) if expr is not None else None
+    if text is None:
+        return bytes_text(None, expr, code)
+    return f"`{text}`" if code else text
 
 
 def to_json(report: Report) -> str:
