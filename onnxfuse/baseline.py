@@ -18,13 +18,17 @@ Counting more nodes as unknown than before is reported but does not fail the gat
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 
 import sympy
 
+from onnxfuse import expressions
 from onnxfuse.errors import InputError
+from onnxfuse.files import read_option_file
 
 #: Sizes every symbol takes when the two optimized-traffic expressions are compared (batch 1, a small and a
 #: large image side, ...). A difference that is positive at any of them is a regression.
@@ -33,24 +37,71 @@ SAMPLE_SIZES = (1, 8, 64, 224, 640, 2048)
 SCHEMA_VERSION = 2
 
 
+#: Largest baseline file read, in bytes (128 MiB). The JSON report of a model of 100,000 nodes is about 60 MiB.
+MAX_BASELINE_BYTES = 128 * 2**20
+
+
 def load(path: str | Path) -> dict:
-    """Read a JSON report written by ``onnxfuse report --format json``.
+    """Read a JSON report written by ``onnxfuse report --format json``, as untrusted input.
+
+    The file must be a regular file of at most :data:`MAX_BASELINE_BYTES` (:func:`onnxfuse.files.read_option_file`),
+    valid against ``onnxfuse/report.schema.json`` (every field's type), and its total byte expressions must be in
+    the grammar of :func:`onnxfuse.expressions.parse`; nothing in it is evaluated.
 
     Raises:
-        InputError: unreadable file, not JSON, not an onnxfuse report, or a ``schema_version`` other than 2.
+        InputError: one line: unreadable, not a regular file, too large, not JSON (or nested too deeply), not an
+            onnxfuse report, a ``schema_version`` other than 2, or a field that does not match the schema.
     """
+    data = read_option_file(path, "--baseline", MAX_BASELINE_BYTES)
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"--baseline {path}: cannot read it ({exc.strerror or exc})") from None
+        doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"--baseline {path}: not a JSON report ({exc})") from None
+        raise InputError(f"--baseline {path}: not a JSON report ({_printable(str(exc))})") from None
+    except RecursionError:
+        raise InputError(f"--baseline {path}: not a JSON report (nested too deeply)") from None
     if not isinstance(doc, dict) or "totals" not in doc or "fusions" not in doc:
         raise InputError(f"--baseline {path}: not an onnxfuse JSON report (write one with --format json)")
     if doc.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(f"--baseline {path}: schema_version {doc.get('schema_version')}, this onnxfuse reads "
+        version = doc.get("schema_version")
+        shown = version if isinstance(version, int) and not isinstance(version, bool) else "of another kind"
+        raise InputError(f"--baseline {path}: schema_version {shown}, this onnxfuse reads "
                          f"{SCHEMA_VERSION}; write the baseline again with this version")
+    _check_schema(doc, path)
+    for key, text in (("totals.saved_bytes_expr", doc["totals"]["saved_bytes_expr"]),
+                      ("totals.after.total_bytes_expr", doc["totals"]["after"]["total_bytes_expr"])):
+        if text is not None:
+            try:
+                expressions.parse(text)
+            except expressions.ExpressionError as exc:
+                raise InputError(f"--baseline {path}: {key} is not a byte expression ({exc})") from None
     return doc
+
+
+def _printable(text: str, limit: int = 120) -> str:
+    """``text`` with every character outside printable ASCII shown as ``?``, cut to ``limit`` characters: a
+    message part taken from an untrusted file reaches a terminal or CI log safely."""
+    text = re.sub(r"[^\x20-\x7e]", "?", text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_schema(doc: dict, path: str | Path) -> None:
+    """Validate ``doc`` against the report's JSON schema (jsonschema, Draft 2020-12); an InputError names the
+    first failing field's place and the rule it breaks, never the file's own text."""
+    import jsonschema
+    from jsonschema.exceptions import best_match
+
+    schema = json.loads(files("onnxfuse").joinpath("report.schema.json").read_text(encoding="utf-8"))
+    try:
+        error = best_match(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+    except RecursionError:
+        raise InputError(f"--baseline {path}: not an onnxfuse JSON report (nested too deeply)") from None
+    if error is None:
+        return
+    where = ".".join(str(p) for p in error.absolute_path) or "the top level"
+    rule = f"{error.validator} {error.validator_value}" if error.validator in ("type", "enum", "const") \
+        else str(error.validator)
+    raise InputError(f"--baseline {path}: not a valid onnxfuse JSON report (at {_printable(where)}: "
+                     f"{_printable(rule)})")
 
 
 def _fusion_kind(row: dict) -> str:
@@ -83,11 +134,13 @@ def _unfused_kind(row: dict) -> str:
 
 
 def _expr(text: str | None) -> sympy.Expr | None:
+    """The expression of a report's ``*_expr`` string, read without ``eval`` (:func:`onnxfuse.expressions.parse`);
+    None for None or text outside the grammar (the comparison then says nothing about growth)."""
     if text is None:
         return None
     try:
-        return sympy.sympify(text)
-    except (sympy.SympifyError, SyntaxError, TypeError):
+        return expressions.parse(text)
+    except expressions.ExpressionError:
         return None
 
 

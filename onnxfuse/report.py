@@ -2,8 +2,9 @@
 ``report_html``). Never prints.
 
 The JSON form is documented field by field in ``onnxfuse/report.schema.json`` (``schema_version`` 2). Every
-byte count is a sympy expression in the model's symbolic input dims (``*_expr``, a string ``sympy.sympify``
-parses; names in ``symbols``) and, beside it, an exact integer for the input shapes used (null when a symbol
+byte count is a sympy expression in the model's symbolic input dims (``*_expr``, a string that
+``sympy.sympify`` parses, and that onnxfuse reads back without ``eval`` with :func:`onnxfuse.expressions.parse`;
+names in ``symbols``) and, beside it, an exact integer for the input shapes used (null when a symbol
 has no value or the size is unknown). Text and Markdown show KiB/MiB/GiB (powers of 1024).
 :meth:`Report.to_dict` is the one source every renderer reads.
 """
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxfuse import expressions
 from onnxfuse._version import __version__
 from onnxfuse.passes import CANONICALIZE_NAMES, Fusion, Skip
 from onnxfuse.symbolic import SymbolicShapes, evaluate, growth_share, make_symbol, printer
@@ -393,7 +395,7 @@ def leading_terms(expr: str, doc: dict) -> str:
     import sympy
 
     values = {name: make_symbol(name) for name in doc.get("symbols", {})}
-    e = sympy.sympify(expr, locals=values)
+    e = expressions.parse(expr, values)
     e = sympy.expand(e.replace(sympy.floor, lambda a: a).replace(sympy.ceiling, lambda a: a))
     poly = sympy.Poly(e, *values.values()) if values else None
     if poly is None or not poly.free_symbols:
@@ -434,7 +436,7 @@ def short_expression(expr: str, doc: dict) -> str | None:
 
     try:
         return leading_terms(expr, doc)
-    except (sympy.SympifyError, sympy.PolynomialError, TypeError, ValueError, KeyError):
+    except (sympy.PolynomialError, TypeError, ValueError, KeyError):  # ExpressionError is a ValueError
         return None
 
 
@@ -458,12 +460,10 @@ def _sort_value(row: dict, key: str) -> float:
     text = row.get(f"{key}_expr")
     if text is None:
         return 0.0
-    import sympy
-
     try:
-        expr = sympy.sympify(text)
+        expr = expressions.parse(text)
         return float(expr.xreplace({s: 64 for s in expr.free_symbols}))
-    except (sympy.SympifyError, TypeError, ValueError):
+    except (TypeError, ValueError):  # ExpressionError is a ValueError
         return 0.0
 
 

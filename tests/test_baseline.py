@@ -4,6 +4,7 @@ lost or the optimized traffic grew, 0 otherwise (onnxfuse/baseline.py)."""
 from __future__ import annotations
 
 import json
+import os
 
 import onnx
 import pytest
@@ -122,3 +123,94 @@ def test_long_expressions_are_shown_by_their_leading_terms_and_kept_exact_in_jso
     [line] = [ln for ln in c.lines() if ln.startswith("saved bytes: ")]
     assert line == "saved bytes: ~70*N*H*W bytes + 1.4 KiB (+ smaller terms) (unchanged)"
     assert c.to_dict()["saved_bytes_expr"]["new"] == exact
+
+
+# A baseline is an artifact a CI job downloads from an earlier run: untrusted input (issue: hostile inputs).
+
+def _baseline_with(model_path, tmp_path, edit) -> str:
+    doc = json.loads(open(report(model_path, tmp_path, "cpu", "old.json")).read())
+    edit(doc)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("payload", [
+    "__import__('os').system('touch {marker}')",
+    "Symbol('x').__class__.__init__.__globals__['os'].system('touch {marker}')",
+    "(lambda: __import__('os').system('touch {marker}'))()",
+    "exec(\"open('{marker}', 'w')\")",
+])
+@pytest.mark.parametrize("field", ["totals", "fusion", "node"])
+def test_baseline_expression_is_never_evaluated(model_path, tmp_path, payload, field):
+    """sympy.sympify runs eval: a crafted expression string in a baseline ran a shell command. Every expression
+    of the baseline is read with onnxfuse.expressions.parse; the marker file the payload would create never
+    appears, and a payload in the totals (which the gate needs) is exit 2 with one line."""
+    marker = tmp_path / "pwned"
+    code = payload.format(marker=marker)
+
+    def edit(doc):
+        if field == "totals":
+            doc["totals"]["after"]["total_bytes_expr"] = code
+        elif field == "fusion":
+            doc["fusions"][0]["bytes_after_expr"] = code
+            doc["fusions"][0]["bytes_after"] = None
+            doc["totals"]["saved_bytes_expr"] = " + ".join(["4096*N_*H*W"] + [f"{k}*H" for k in range(20)])  # long
+        else:
+            doc["nodes"]["after"][0]["read_bytes_expr"] = code
+            doc["nodes"]["after"][0]["read_bytes"] = None
+
+    old = _baseline_with(model_path, tmp_path, edit)
+    for fmt in ("text", "markdown", "json"):
+        result = gate(model_path, old, "cpu", "--format", fmt)
+        assert not marker.exists()
+        assert "Traceback" not in result.output
+        if field == "totals":
+            assert result.exit_code == 2 and "is not a byte expression" in result.output, result.output
+            assert len(result.output.strip().splitlines()) == 1
+        else:
+            assert result.exit_code in (0, 1), result.output
+
+
+@pytest.mark.parametrize("edit, where", [
+    (lambda d: d.update(fusions="all of them"), "fusions"),
+    (lambda d: d["fusions"][0].update(replaced=[{"op": 3}]), "fusions.0.replaced.0"),
+    (lambda d: d["totals"]["after"].update(unknown_nodes="many"), "totals.after.unknown_nodes"),
+    (lambda d: d["totals"]["after"].update(total_bytes_expr=["1"]), "totals.after.total_bytes_expr"),
+    (lambda d: d.update(symbols={"H": "x"}), "symbols.H"),
+    (lambda d: d.update(unfused=[{}]), "unfused.0"),
+])
+def test_malformed_baseline_field_is_one_line_exit_2(model_path, tmp_path, edit, where):
+    """A baseline of the right schema_version whose fields have other types gave tracebacks; every field is
+    checked against report.schema.json first."""
+    result = gate(model_path, _baseline_with(model_path, tmp_path, edit), "cpu")
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and "not a valid onnxfuse JSON report" in result.output
+    assert where in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_baseline_that_is_a_fifo_or_device_is_refused_without_reading(model_path, tmp_path):
+    """--baseline pointing at a FIFO hung (waiting for a writer), at /dev/zero it filled memory."""
+    fifo = tmp_path / "old.json"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        result = gate(model_path, path, "cpu")
+        assert result.exit_code == 2 and "not a regular file" in result.output, result.output
+
+
+def test_baseline_over_the_size_limit_is_refused(model_path, tmp_path, monkeypatch):
+    old = report(model_path, tmp_path, "cpu", "old.json")
+    monkeypatch.setattr(baseline, "MAX_BASELINE_BYTES", 100)
+    result = gate(model_path, old, "cpu")
+    assert result.exit_code == 2 and "larger than the 100 bytes accepted" in result.output, result.output
+
+
+def test_deeply_nested_or_non_utf8_baseline_is_one_line_exit_2(model_path, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    result = gate(model_path, str(deep), "cpu")
+    assert result.exit_code == 2 and "not a" in result.output and "Traceback" not in result.output
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x1b[2J")
+    result = gate(model_path, str(binary), "cpu")
+    assert result.exit_code == 2 and "\x1b" not in result.output

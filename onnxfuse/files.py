@@ -1,0 +1,55 @@
+"""Reading the small files that options name (``--baseline OLD.json``): regular files of bounded size only.
+
+Such a file may come from elsewhere (a CI job downloads the baseline from an earlier run), so it is checked before
+a byte is read: a FIFO would block the read forever, a device such as ``/dev/zero`` or ``/dev/urandom`` never ends,
+and a huge file would fill memory. The checks run on the opened file descriptor (``fstat``), so that a path swapped
+for a FIFO between a check and the open cannot get past them; the open itself uses ``O_NONBLOCK``, which keeps
+opening a FIFO from waiting for a writer (POSIX ``open``).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from onnxfuse.errors import InputError
+
+
+def read_option_file(path: str | os.PathLike, option: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``path`` that option ``option`` names.
+
+    Args:
+        path: the file.
+        option: the option as the user wrote it (``--baseline``), for messages.
+        max_bytes: largest file accepted, in bytes.
+
+    Raises:
+        InputError: one line naming the option and the file: it does not exist or cannot be opened, is not a
+            regular file (a folder, FIFO, socket or device), or is larger than ``max_bytes``.
+    """
+    given = Path(path)
+    try:
+        fd = os.open(given, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InputError(f"{option} {given}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{option} {given}: not a regular file (a folder, FIFO, socket or device)")
+        if info.st_size > max_bytes:
+            raise InputError(f"{option} {given}: {info.st_size} bytes, larger than the {max_bytes} bytes accepted")
+        chunks, total = [], 0
+        while True:  # a file that grows while it is read still stops at max_bytes + 1
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:
+                raise InputError(f"{option} {given}: larger than the {max_bytes} bytes accepted")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise InputError(f"{option} {given}: cannot read it ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
