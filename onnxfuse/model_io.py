@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -337,24 +338,67 @@ def _working_directory(path: Path):
         os.chdir(previous)
 
 
+#: Name of the new weights inside the temporary folder, before they get their content-derived name.
+_STAGED_DATA = "weights.data"
+
+
+def data_file_name(model_name: str, digest: str, name_max: int = 255) -> str:
+    """The external data file name of a model file named ``model_name`` whose weights have SHA-256 ``digest``
+    (hex): ``<model_name>.<first 16 hex digits>.data``, the model name shortened from its end where the whole
+    would exceed ``name_max`` bytes (a file system's NAME_MAX). Named by content, a new data file never takes the
+    name of the one an older OUTPUT references (unless the bytes are the same), and the same weights always get the
+    same name: the written model's bytes do not depend on what was in the folder before."""
+    suffix = f".{digest[:16]}.data"
+    stem = model_name
+    while len(os.fsencode(stem + suffix)) > name_max:
+        stem = stem[:-1]
+    return stem + suffix
+
+
+def referenced_data_files(path: Path) -> set[str]:
+    """The external data locations that the model file ``path`` references (names relative to its folder); an
+    empty set when ``path`` is missing, not a regular file, or not a readable ONNX model. Reads the model without
+    its external data."""
+    try:
+        # a model file over 64 MiB holds its weights inline: not read (its memory), nothing cleaned up after it
+        if not path.is_file() or path.stat().st_size > 64 * 2**20:
+            return set()
+        old = onnx.load_model(str(path), load_external_data=False)
+        return {onnx.external_data_helper.ExternalDataInfo(t).location
+                for t in onnx.external_data_helper._get_all_tensors(old)
+                if t.data_location == onnx.TensorProto.EXTERNAL}
+    except Exception:  # anything unreadable references nothing onnxfuse could clean up
+        return set()
+
+
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False,
                protected: tuple[Path, ...] = ()) -> list[Path]:
     """Write ``model`` to ``path`` atomically and return the files written.
 
-    The model (and, with ``external_data`` or when it exceeds protobuf's 2 GiB limit, one data file named
-    ``<path name>.data`` beside it) is first written into a temporary folder in the target folder, then each
-    file is moved into place with ``os.replace``, which is atomic on POSIX. A failure at any point leaves the old
-    file or no file, never part of one, and removes the temporary folder. A ``path`` that is a symbolic link is
-    written through: the file it points to is replaced and the link stays. Writing external data moves the
-    weights out of ``model`` into the file.
+    Without external data the model is written to a temporary folder in the target folder and moved into place
+    with ``os.replace``, which is atomic on POSIX. With ``external_data``, or when the model exceeds protobuf's 2 GiB
+    limit, the weights go to one data file named by their content (:func:`data_file_name`), so the commit is the
+    one rename of the model file:
+
+    1. the model and its data file are written and fsynced in the temporary folder;
+    2. the data file is moved beside ``path`` under its new name, which the old model at ``path`` does not
+       reference (same name only for the same bytes);
+    3. the model is moved onto ``path``: the commit point;
+    4. the data files the old model referenced and the new one does not are removed, where they are onnxfuse's
+       own (``<name>.data`` or :func:`data_file_name`'s form) and not ``protected``.
+
+    A crash or failure at any point leaves the old model with its data, or the new model with its data, never a
+    mix; a failure before step 3 removes what step 2 moved. A ``path`` that is a symbolic link is written through:
+    the file it points to is replaced and the link stays. Writing external data moves the weights out of
+    ``model`` into the file.
 
     Args:
-        protected: files that must not be replaced (the input model's external data files).
+        protected: files that must not be replaced or removed (the input model's external data files).
 
     Raises:
         InputError: the target is not a regular file, its folder does not exist or is not writable, the data
             file would replace a protected file, or writing failed (disk full, I/O error); the temporary folder
-            is removed first.
+            and any moved data file are removed first, and nothing at ``path`` changed.
     """
     given = Path(path)
     if given.exists() and not given.is_file():
@@ -371,41 +415,127 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
         with contextlib.suppress(Exception):  # a part over 2 GiB: protobuf raises instead of sizing it
             parts, size = serialized_parts(model)
     use_external = external_data or size > PROTOBUF_LIMIT_BYTES
-    location = target.name + ".data"
-    if use_external and any(same_file(folder / location, p) for p in protected):
-        raise InputError(f"{given}: its data file {location} would replace the input model's external data; "
-                         "choose another OUTPUT name")
-    try:
-        tmpdir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder))
+    old_locations = referenced_data_files(target)
+    try:  # a short name: OUTPUT names up to NAME_MAX must not fail on the temporary one
+        tmpdir = Path(tempfile.mkdtemp(prefix=".onnxfuse-", suffix=".tmp", dir=folder))
     except OSError as exc:  # /proc, /sys: the folder passes os.access but takes no new file
         raise InputError(f"{given}: cannot write in the output folder {folder} ({exc.strerror or exc}); "
                          "nothing was written") from None
-    written = []
+    written, moved = [], None
     try:
-        tmp_model = tmpdir / target.name
+        tmp_model = tmpdir / "model.onnx"
+        location = None
         if use_external:
-            with _working_directory(tmpdir):
-                onnx.save_model(model, target.name, save_as_external_data=True, all_tensors_to_one_file=True,
-                                location=location, size_threshold=1024)
-            if (tmpdir / location).exists():
-                # onnx creates the data file with mode 0600; give it the model file's (0666 less the umask), so
-                # that whoever may read the model may read its weights too
-                os.chmod(tmpdir / location, stat.S_IMODE(os.stat(tmp_model).st_mode))
-                _fsync(tmpdir / location)
-                os.replace(tmpdir / location, folder / location)
-                written.append(given.parent / location)
+            location = _stage_external(model, tmpdir, tmp_model, target.name, folder)
         else:
             write_parts(tmp_model, parts)  # streamed: the whole model is never one bytes object
+        if location is not None:
+            final = folder / location
+            if _same_bytes(final, tmpdir / _STAGED_DATA):
+                pass  # these weights are already there under their name (a rerun): kept as they are
+            elif any(same_file(final, p) for p in protected):
+                raise InputError(f"{given}: its data file {location} would replace the input model's external "
+                                 "data; choose another OUTPUT name")
+            else:
+                os.replace(tmpdir / _STAGED_DATA, final)
+                moved = final
+            written.append(given.parent / location)
         _fsync(tmp_model)
-        os.replace(tmp_model, target)
+        _commit_hook()
+        os.replace(tmp_model, target)  # the commit point
+        moved = None
+        _fsync_folder(folder)
         written.insert(0, given)
     except OSError as exc:
         raise InputError(f"{given}: cannot write the output ({exc.strerror or exc}); nothing was written") from None
     finally:
+        if moved is not None:  # the model was not replaced: its old data stays, the new data goes
+            with contextlib.suppress(OSError):
+                moved.unlink()
         for leftover in tmpdir.iterdir():
             leftover.unlink()
         tmpdir.rmdir()
+    _remove_stale_data(folder, target.name, old_locations - {location}, protected)
     return written
+
+
+def _commit_hook() -> None:
+    """Runs just before the model file is moved into place (step 3 of :func:`save_model`); tests replace it to
+    inject a failure or a kill between the data file's move and the model's."""
+
+
+def _stage_external(model: onnx.ModelProto, tmpdir: Path, tmp_model: Path, model_name: str,
+                    folder: Path) -> str | None:
+    """Write ``model`` with its weights in ``tmpdir/weights.data``, give that file the model file's mode and its
+    content name (:func:`data_file_name`) in the model, write the model to ``tmp_model``; return the data file's
+    name, or None when no tensor went external (all under onnx's 1 KiB threshold)."""
+    with _working_directory(tmpdir):
+        onnx.save_model(model, tmp_model.name, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=_STAGED_DATA, size_threshold=1024)
+    staged = tmpdir / _STAGED_DATA
+    if not staged.exists():
+        return None
+    digest = hashlib.sha256()
+    with open(staged, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    try:
+        name_max = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    location = data_file_name(model_name, digest.hexdigest(), name_max)
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value == _STAGED_DATA:
+                entry.value = location
+    write_parts(tmp_model, serialized_parts(model)[0])  # the weights are out of the model: it is small now
+    # onnx creates the data file with mode 0600; give it the model file's (0666 less the umask), so that whoever
+    # may read the model may read its weights too
+    os.chmod(staged, stat.S_IMODE(os.stat(tmp_model).st_mode))
+    _fsync(staged)
+    return location
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """True when files ``a`` and ``b`` both exist and hold the same bytes."""
+    try:
+        if a.stat().st_size != b.stat().st_size:
+            return False
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            while True:
+                x, y = fa.read(1 << 22), fb.read(1 << 22)
+                if x != y:
+                    return False
+                if not x:
+                    return True
+    except OSError:
+        return False
+
+
+def _remove_stale_data(folder: Path, model_name: str, locations: set[str], protected: tuple[Path, ...]) -> None:
+    """Remove the data files that the replaced model referenced and the new one does not, where they are
+    onnxfuse's own names for ``model_name`` (``<name>.data``, :func:`data_file_name`) and not ``protected``. A
+    failure leaves the file: the new model is already complete."""
+    own = re.compile(re.escape(model_name) + r"(\.[0-9a-f]{16})?\.data")
+    for location in sorted(locations):
+        candidate = folder / location
+        if "/" in location or "\\" in location or not own.fullmatch(location):
+            continue
+        if any(same_file(candidate, p) for p in protected):
+            continue
+        with contextlib.suppress(OSError):
+            candidate.unlink()
+
+
+def _fsync_folder(folder: Path) -> None:
+    """fsync the folder, so that the renames into it survive a power loss (POSIX: a rename is durable once its
+    directory is synced); a file system that cannot sync a directory is left as it is."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _fsync(path: Path) -> None:
