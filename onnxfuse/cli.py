@@ -305,6 +305,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     options.input_data = input_data  # real inputs fix the report's shapes too
     # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
     options.expressions = report_path is not None
+    options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
     checked = _verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol)
     verify_options = None if no_verify else checked
     log.debug("optimizing %s for target %s", input_path, target)

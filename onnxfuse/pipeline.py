@@ -57,6 +57,9 @@ class Options:
             then empty and each ``*_expr`` is the number. Where those shapes leave a tensor unsized, the
             expressions are computed anyway. ``optimize`` without ``--report`` uses False: its summary shows
             numbers only.
+        compare_with_onnxruntime: have onnxruntime optimize the original and the result at ``ort_level`` and
+            report which fusions it makes itself at load and what is saved beyond it (``ort_graph``; two
+            session loads). False leaves the report's ``onnxruntime`` section out.
     """
 
     target: str = DEFAULT_TARGET
@@ -67,6 +70,7 @@ class Options:
     input_data: str | None = None
     ort_level: str | None = DEFAULT_ORT_LEVEL
     expressions: bool = True
+    compare_with_onnxruntime: bool = True
 
 
 @dataclass
@@ -217,13 +221,19 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         del graph, ctx, model
         loaded.model = None
 
+    runtime = None
+    if fusions and options.ort_level is not None and options.compare_with_onnxruntime:
+        from onnxfuse import ort_graph
+
+        log.debug("asking onnxruntime which of these fusions it makes itself at level %s", options.ort_level)
+        runtime = ort_graph.runtime_graphs(loaded.ort_source(), out, options.ort_level)
     after_sizes = before_sizes.with_model(out)
     after_rows = traffic.node_traffic(out, after_sizes)
     report = rep.build(
         loaded=loaded, target=options.target, passes=[p.name for p in selected], input_shapes=input_shapes,
         missing=missing, symbols=sym, before_rows=before_rows, after_rows=after_rows,
         before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
-        after_index=traffic.ModelIndex(out), after_sizes=after_sizes,
+        after_index=traffic.ModelIndex(out), after_sizes=after_sizes, runtime=runtime,
     )
     report.warnings = _target_warnings(out, options.target) + mismatches
     if blocker is not None:

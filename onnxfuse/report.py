@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -23,7 +23,10 @@ from onnxfuse import expressions
 from onnxfuse._version import __version__
 from onnxfuse.passes import CANONICALIZE_NAMES, Fusion, Skip
 from onnxfuse.symbolic import SymbolicShapes, evaluate, growth_share, make_symbol, printer
-from onnxfuse.traffic import Bytes, ModelIndex, NodeTraffic, Sizes, chain_bytes, fused_estimate, totals
+from onnxfuse.traffic import Bytes, ModelIndex, NodeTraffic, Sizes, add, chain_bytes, fused_estimate, totals
+
+if TYPE_CHECKING:
+    from onnxfuse.ort_graph import RuntimeGraphs
 
 SCHEMA_VERSION = 2
 
@@ -73,6 +76,7 @@ class Report:
     warnings: list[str] | None = None
     verification: Any = None
     bandwidth: dict | None = None
+    onnxruntime: dict | None = None
     onnxfuse_version: str = __version__
 
     @property
@@ -150,6 +154,7 @@ class Report:
             "warnings": list(self.warnings or []),
             "verification": self.verification_dict(),
             "bandwidth": self.bandwidth,
+            **({"onnxruntime": self.onnxruntime} if self.onnxruntime is not None else {}),
         }
 
 
@@ -223,7 +228,7 @@ def _batch_one(symbols: SymbolicShapes, values: dict, before, after) -> dict | N
 def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing: list[dict],
           symbols: SymbolicShapes, before_rows: list[NodeTraffic], after_rows: list[NodeTraffic], before_ops: dict,
           after_ops: dict, fusions: list[Fusion], skips: list[Skip], after_index: ModelIndex,
-          after_sizes: Sizes) -> Report:
+          after_sizes: Sizes, runtime: RuntimeGraphs | None = None) -> Report:
     """Assemble a :class:`Report` from the pipeline's pieces (see ``pipeline.analyse``).
 
     Fusions that built on each other (a BN fold, then the activation) become one row per final node, listing
@@ -231,6 +236,10 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
     An unfused pattern's ``bytes`` = traffic of its nodes - what one fused node would move
     (``traffic.fused_estimate``). Either is None when a size is unknown. Numbers are the expressions evaluated
     at the symbol values that ``input_shapes`` bind.
+
+    ``runtime``: onnxruntime's own graphs of both models at the user's level (``ort_graph.runtime_graphs``); each
+    fusion row then says whether onnxruntime makes it itself at load (``made_by_onnxruntime``), and the report's
+    ``onnxruntime`` section gives the kernels and bytes saved beyond it (:func:`_runtime_section`).
     """
     values = symbols.table.values(input_shapes)
     num = _Numbers(values)
@@ -253,7 +262,8 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         passes_used.append(f.pass_name)
         lineage[f.output] = {"replaced": originals, "passes": passes_used, "activation": f.activation or activation,
                              "node": f.node, "op": f.op}
-    fusion_rows = []
+    fusion_rows: list[dict] = []
+    beyond: list[Bytes | None] = []  # saved bytes of the fusions onnxruntime does not make itself
     for key, entry in lineage.items():
         before_b = chain_bytes(before, [o["output"] for o in entry["replaced"]])
         row = after.get(key)
@@ -269,6 +279,11 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
             **num.pair("bytes_before", before_b), **num.pair("bytes_after", after_b), **num.pair("saved_bytes", saved),
             "unknown_reason": None if saved is not None else _why(before_rows, entry["replaced"], row),
         })
+        if runtime is not None and runtime.available:
+            intermediates = [o["output"] for o in entry["replaced"] if o["output"] != key]
+            fusion_rows[-1]["made_by_onnxruntime"] = runtime.made_by_onnxruntime(intermediates)
+            if not fusion_rows[-1]["made_by_onnxruntime"]:
+                beyond.append(_saved_beyond(saved, [before.get(i) for i in intermediates], runtime))
     unfused_rows = []
     for s in skips:
         if s.pass_name in CANONICALIZE_NAMES:
@@ -315,7 +330,44 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
                         "reason": r.reason} for r in after_rows if r.total_bytes is None],
         subgraph_nodes=sum(1 for r in before_rows if r.subgraph),
         nodes={"before": [_node_row(r, num) for r in before_rows], "after": [_node_row(r, num) for r in after_rows]},
+        onnxruntime=None if runtime is None else _runtime_section(runtime, fusion_rows, beyond, num),
     )
+
+
+def _saved_beyond(saved: Bytes | None, intermediates: list[NodeTraffic | None], runtime: RuntimeGraphs
+                  ) -> Bytes | None:
+    """What a fusion saves beyond onnxruntime: its ``saved`` bytes less, for each intermediate tensor that
+    onnxruntime's own graph no longer writes (a part of the chain it fuses itself, such as a BatchNormalization it
+    folds), that tensor's write and its one read (twice the producing node's written bytes). None when a size is
+    unknown."""
+    if saved is None or any(n is None for n in intermediates):
+        return None
+    gone = [n.written_bytes for n in intermediates if not runtime.materialized(n.key)]
+    if any(b is None for b in gone):
+        return None
+    return saved - 2 * add(gone) if gone else saved
+
+
+def _runtime_section(runtime: RuntimeGraphs, rows: list[dict], beyond: list, num: _Numbers) -> dict:
+    """The report's ``onnxruntime`` object: what onnxfuse saves beyond what onnxruntime (the installed release, at
+    the user's level, CPU execution provider) already makes of the original at load. ``saved_bytes_beyond`` sums
+    the saved bytes of the fusions onnxruntime does not make (None where one is unknown); kernels are the nodes of
+    onnxruntime's optimized graphs (``ort_graph``)."""
+    out = {"installed": runtime.onnxruntime, "level": runtime.level, "provider": runtime.provider,
+           "status": "compared" if runtime.available else "unavailable", "reason": runtime.reason,
+           "kernels_before": None, "kernels_after": None, "fusions": len(rows), "fusions_made_by_onnxruntime": None,
+           "saved_bytes_beyond": None, "saved_bytes_beyond_expr": None, "ops_removed": {}, "ops_added": {}}
+    if not runtime.available:
+        return out
+    from onnxfuse.ort_graph import kernels, ops_removed
+
+    total = None if any(b is None for b in beyond) else add(beyond)
+    out.update(kernels_before=kernels(runtime.original_ops), kernels_after=kernels(runtime.optimized_ops),
+               fusions_made_by_onnxruntime=sum(1 for r in rows if r.get("made_by_onnxruntime")),
+               **num.pair("saved_bytes_beyond", total),
+               ops_removed=ops_removed(runtime.original_ops, runtime.optimized_ops),
+               ops_added=ops_removed(runtime.optimized_ops, runtime.original_ops))
+    return out
 
 
 def _dim_json(d):
@@ -520,9 +572,9 @@ def headline(doc: dict, code: bool = False, hints: bool = True) -> list[str]:
     before, after = t["before"], t["after"]
     symbolic = bool(doc["symbols"])
     unknown_fusions = [f for f in doc["fusions"] if f["saved_bytes_expr"] is None]
-    lines = []
+    lines = [line] if (line := runtime_line(doc, code)) else []
     if symbolic:
-        lines.append(f"traffic: {_expr_text(before['total_bytes_expr'], doc, code)} -> "
+        lines.append(f"vs the graph as exported: {_expr_text(before['total_bytes_expr'], doc, code)} -> "
                      f"{_expr_text(after['total_bytes_expr'], doc, code)}")
     if doc["fusions"] and len(unknown_fusions) == len(doc["fusions"]):
         lines.append(f"saved: unknown ({unknown_fusions[0]['unknown_reason']})")
@@ -532,8 +584,8 @@ def headline(doc: dict, code: bool = False, hints: bool = True) -> list[str]:
                      + (f" (about {share:.1f}% of the traffic as the input grows)" if share is not None else ""))
     at = None
     if t["saved_bytes"] is not None and before["total_bytes"] is not None:
-        label = f"at {_shapes_text(doc)}" if doc["input_shapes"] else ""
-        at = (label if symbolic else f"traffic {label}".strip(),
+        label = f" at {_shapes_text(doc)}" if doc["input_shapes"] else ""
+        at = (f"traffic{label}" if symbolic else f"vs the graph as exported{label}",
               before["total_bytes"], after["total_bytes"], t["saved_bytes"], t["saved_percent"])
     elif t["at_batch_1"] and t["at_batch_1"]["saved_bytes"] is not None:
         b = t["at_batch_1"]
@@ -553,6 +605,31 @@ def headline(doc: dict, code: bool = False, hints: bool = True) -> list[str]:
                      f"{after['unknown_nodes']} of {after['nodes']} after are left out of these totals "
                      f"({first})")
     return lines
+
+
+def runtime_line(doc: dict, code: bool = False) -> str | None:
+    """The summary's first line: what onnxfuse saves beyond what onnxruntime already makes of the original at
+    load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared."""
+    rt = doc.get("onnxruntime")
+    if not rt or not doc["fusions"]:
+        return None
+    head = f"vs onnxruntime {rt['installed']} at level {rt['level']}"
+    if rt["status"] != "compared":
+        return f"{head}: not compared ({rt['reason']})"
+    made, total = rt["fusions_made_by_onnxruntime"], rt["fusions"]
+    kernels = f"{rt['kernels_before']} -> {rt['kernels_after']} kernels"
+    if made == total and rt["kernels_after"] >= rt["kernels_before"]:
+        return (f"{head}: onnxruntime makes all {total} of these fusions itself when it loads the original "
+                f"({kernels}); nothing is saved beyond it")
+    if rt["saved_bytes_beyond"] is not None:
+        saved = human_bytes(rt["saved_bytes_beyond"])
+    elif rt["saved_bytes_beyond_expr"] is not None:
+        saved = _expr_text(rt["saved_bytes_beyond_expr"], doc, code)
+    else:
+        saved = "an unknown number of bytes"
+    at = f" at {_shapes_text(doc)}" if doc["input_shapes"] and rt["saved_bytes_beyond"] is not None else ""
+    return (f"{head}: {total - made} of {total} fusions go beyond what onnxruntime makes itself at load "
+            f"({kernels}), saving {saved}{at}")
 
 
 def _hint(doc: dict) -> str:

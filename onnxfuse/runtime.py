@@ -72,7 +72,8 @@ class InputSpec:
 
 
 def session(model: str | os.PathLike | bytes, level: str = "disable", threads: int | None = None,
-            save_to: str | None = None, profile_prefix: str | None = None, spinning: bool = True) -> Any:
+            save_to: str | None = None, profile_prefix: str | None = None, spinning: bool = True,
+            config: dict[str, str] | None = None) -> Any:
     """An onnxruntime CPU ``InferenceSession`` for a model path or serialized bytes.
 
     Args:
@@ -83,6 +84,8 @@ def session(model: str | os.PathLike | bytes, level: str = "disable", threads: i
         spinning: False sets ``session.intra_op.allow_spinning`` and ``session.inter_op.allow_spinning`` to 0
             (onnxruntime_session_options_config_keys.h): idle pool threads sleep instead of busy-waiting for
             work. Same results, less CPU time; busy-waiting only pays where a core is free for each thread.
+        config: more session configuration entries (``add_session_config_entry``; keys from
+            onnxruntime_session_options_config_keys.h).
 
     Raises:
         whatever onnxruntime raises when it cannot load the model (callers turn it into a reason).
@@ -103,6 +106,8 @@ def session(model: str | os.PathLike | bytes, level: str = "disable", threads: i
     if not spinning:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(key, value)
     if isinstance(model, os.PathLike):
         model = str(model)
     return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])

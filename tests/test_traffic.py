@@ -346,7 +346,7 @@ def test_counting_at_the_input_shapes_only_gives_the_numbers_of_the_expressions(
     assert _numbers(quick) == _numbers(full)
     assert quick.totals["saved_bytes"] > 0
     assert quick.totals["saved_bytes_expr"] == str(quick.totals["saved_bytes"])
-    assert "traffic at x=2x3x37x50:" in "\n".join(rep.summary_lines(quick))
+    assert "vs the graph as exported at x=2x3x37x50:" in "\n".join(rep.summary_lines(quick))
 
 
 def test_counting_at_the_input_shapes_falls_back_to_expressions_where_a_size_stays_unknown(fuse):
@@ -381,7 +381,7 @@ def test_optimize_without_report_counts_at_the_given_shapes_without_sympy(tmp_pa
             "print('sympy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines()[-1] == "False"
-    assert "traffic at x=1x3x64x48: " in out.stdout
+    assert "vs the graph as exported at x=1x3x64x48: " in out.stdout
     r = subprocess.run([sys.executable, "-m", "onnxfuse", "optimize", str(tmp_path / "m.onnx"),
                         str(tmp_path / "o2.onnx"), "--no-verify", "--input-shape", "x=1x3x64x48", "--report",
                         str(tmp_path / "r.json")], capture_output=True, text=True, check=True)

@@ -1,0 +1,144 @@
+"""What onnxruntime itself runs at a graph optimization level: the graphs behind the report's figures "vs what
+onnxruntime already runs at LEVEL".
+
+onnxruntime optimizes every model again when a session loads it (``SessionOptions.graph_optimization_level``):
+at ``basic`` it folds BatchNormalization, Add and Mul into Conv; at ``extended`` it fuses Conv + activation into
+FusedConv on the CPU provider; at ``all`` it also rewrites convs to its NCHWc layout and absorbs activations and
+Adds into them (``onnxruntime/core/optimizer/graph_transformer_utils.cc``). Many of onnxfuse's fusions are therefore
+ones the user's runtime makes anyway. This module has onnxruntime write the graph it optimized
+(``optimized_model_filepath``) for the original and for the optimized model, and compares them:
+
+* **kernels**: the nodes of each optimized graph (every subgraph included), i.e. the kernels onnxruntime runs;
+* **materialized tensors**: the names of the tensors those nodes write. A fusion of onnxfuse is *made by
+  onnxruntime too* when none of the intermediate tensors it removed is still written in onnxruntime's graph of the
+  original (onnxruntime keeps the name of the last output of a chain it fuses, as onnxfuse does, and drops the
+  intermediates).
+
+The graphs are only inspected (their weights are written to a side file and never read back); the sessions run
+on the CPU execution provider of the installed onnxruntime, which is what these figures are measured against.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from importlib import metadata
+
+import onnx
+
+from onnxfuse.errors import one_line
+
+
+@dataclass
+class RuntimeGraphs:
+    """onnxruntime's own optimized graphs of the original and the optimized model at one level.
+
+    Attributes:
+        level: the graph optimization level (``providers.ORT_LEVELS``).
+        onnxruntime: the installed onnxruntime's version, which made the graphs.
+        provider: the execution provider the sessions used.
+        original_ops / optimized_ops: op -> number of nodes (kernels) in each optimized graph, ``domain::op`` for
+            ops outside the default domain; empty when unavailable.
+        original_tensors: names of the tensors the nodes of onnxruntime's graph of the original write.
+        reason: why the graphs are unavailable (onnxruntime could not load a model), else None.
+    """
+
+    level: str
+    onnxruntime: str
+    provider: str = "CPUExecutionProvider"
+    original_ops: dict[str, int] = field(default_factory=dict)
+    optimized_ops: dict[str, int] = field(default_factory=dict)
+    original_tensors: frozenset[str] = frozenset()
+    reason: str | None = None
+
+    @property
+    def available(self) -> bool:
+        """True when both graphs were made."""
+        return self.reason is None
+
+    def materialized(self, name: str) -> bool:
+        """True when a node of onnxruntime's graph of the original writes the tensor called ``name``."""
+        return name in self.original_tensors
+
+    def made_by_onnxruntime(self, intermediates: list[str]) -> bool:
+        """True when onnxruntime's graph of the original writes none of ``intermediates`` (tensor names that a
+        fusion of onnxfuse removed): onnxruntime makes that fusion itself at load."""
+        return not any(self.materialized(name) for name in intermediates)
+
+
+def installed_version() -> str:
+    """The installed onnxruntime's version (package metadata; nothing is imported)."""
+    try:
+        return metadata.version("onnxruntime")
+    except metadata.PackageNotFoundError:  # another build of it (onnxruntime-gpu, -openvino...)
+        import onnxruntime
+
+        return onnxruntime.__version__
+
+
+def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto, level: str) -> RuntimeGraphs:
+    """Have onnxruntime optimize ``original`` (a path, or serialized bytes) and ``optimized`` at ``level`` on the
+    CPU execution provider and describe both graphs (:class:`RuntimeGraphs`).
+
+    Never raises for a model onnxruntime cannot load: the result's ``reason`` says why (one line).
+    """
+    from onnxfuse import runtime
+
+    result = RuntimeGraphs(level=level, onnxruntime=installed_version())
+    try:
+        original_graph = _optimized_graph(original, level)
+        with runtime.loadable(optimized, as_file=True) as source:
+            optimized_graph = _optimized_graph(source, level)
+    except Exception as exc:  # onnxruntime raises its own exception types for a model it cannot load
+        result.reason = f"onnxruntime {result.onnxruntime} could not load the model at level {level} " \
+                        f"({one_line(exc, 200)})"
+        return result
+    result.original_ops = op_counts(original_graph)
+    result.optimized_ops = op_counts(optimized_graph)
+    result.original_tensors = frozenset(name for graph in _graphs(original_graph.graph) for node in graph.node
+                                        for name in node.output if name)
+    return result
+
+
+def _optimized_graph(source: str | bytes, level: str) -> onnx.ModelProto:
+    """The graph onnxruntime runs for ``source`` at ``level``, without its weights (they go to a side file that
+    is deleted unread)."""
+    from onnxfuse import runtime
+
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-ort-") as folder:
+        path = os.path.join(folder, "optimized.onnx")
+        # onnxruntime_session_options_config_keys.h: write initializers to a side file, so that a model of any size
+        # can be saved (a graph over 2 GiB cannot) and only its structure is read back
+        runtime.session(source, level=level, save_to=path, spinning=False, config={
+            "session.optimized_model_external_initializers_file_name": "weights.bin",
+            "session.optimized_model_external_initializers_min_size_in_bytes": "0"})
+        return onnx.load_model(path, load_external_data=False)
+
+
+def _graphs(graph: onnx.GraphProto):
+    """``graph`` and every subgraph in its nodes' attributes (If/Loop/Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _graphs(sub)
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """op -> node count over every graph of ``model`` (``domain::op`` outside the default domain), sorted."""
+    counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+                     for graph in _graphs(model.graph) for node in graph.node)
+    return dict(sorted(counts.items()))
+
+
+def kernels(ops: dict[str, int]) -> int:
+    """Number of kernels (nodes) in an :func:`op_counts` result."""
+    return sum(ops.values())
+
+
+def ops_removed(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """op -> how many fewer nodes of it ``after`` has than ``before`` (only ops with fewer), sorted."""
+    return dict(sorted((Counter(before) - Counter(after)).items()))
+

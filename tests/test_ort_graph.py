@@ -1,0 +1,124 @@
+"""The report's figures against what onnxruntime already runs (onnxfuse/ort_graph.py): which fusions onnxruntime
+makes itself when it loads the original at the user's level, and the kernels and bytes saved beyond it."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxfuse import ort_graph, pipeline
+from onnxfuse import report as rep
+from tests.builders import GraphBuilder
+
+
+def _conv_bn_relu() -> onnx.ModelProto:
+    """Conv -> BatchNormalization -> Relu: onnxruntime folds the BN (basic) and fuses the Relu (extended/all)."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 16, 16])
+    return b.build(b.op("Relu", [b.bn(b.conv(x, 3, 8), 8)]))
+
+
+def _written_out_hardswish() -> onnx.ModelProto:
+    """Conv -> Mul([1]-shaped constant given first) -> HardSwish written out as Add/Clip/Mul/Div, as paddle2onnx
+    exports it: onnxruntime folds neither the Mul nor the chain; onnxfuse (target cpu) makes one FusedConv."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 16, 16])
+    y = b.op("Mul", [b.const(np.array([0.5], np.float32)), b.conv(x, 3, 8)])
+    clip = b.op("Clip", [b.op("Add", [y, b.const(np.array(3.0, np.float32))]),
+                         b.const(np.array(0.0, np.float32)), b.const(np.array(6.0, np.float32))])
+    return b.build(b.op("Div", [b.op("Mul", [y, clip]), b.const(np.array(6.0, np.float32))]))
+
+
+def _analyse(model, level="all", target="cpu") -> dict:
+    return pipeline.analyse(None, pipeline.Options(target=target, ort_level=level),
+                            loaded=_loaded(model)).report.to_dict()
+
+
+def _loaded(model):
+    from onnxfuse import model_io
+
+    return model_io.load_proto(model)
+
+
+def test_fusions_onnxruntime_makes_itself_save_nothing_beyond_it():
+    doc = _analyse(_conv_bn_relu())
+    rt = doc["onnxruntime"]
+    assert rt["status"] == "compared" and rt["level"] == "all" and rt["installed"] == ort_graph.installed_version()
+    assert [f["made_by_onnxruntime"] for f in doc["fusions"]] == [True]
+    assert rt["fusions_made_by_onnxruntime"] == rt["fusions"] == 1
+    assert rt["kernels_before"] == rt["kernels_after"] and rt["saved_bytes_beyond"] == 0
+    assert doc["totals"]["saved_bytes"] > 0  # the graph as exported still gains: a different measure
+    line = rep.runtime_line(doc)
+    assert "onnxruntime makes all 1 of these fusions itself" in line and "nothing is saved beyond it" in line
+
+
+def test_fusions_beyond_onnxruntime_are_counted_with_their_kernels_and_bytes():
+    doc = _analyse(_written_out_hardswish())
+    rt = doc["onnxruntime"]
+    [row] = doc["fusions"]
+    assert row["op"] == "FusedConv" and row["activation"] == "HardSwish" and row["made_by_onnxruntime"] is False
+    assert rt["fusions_made_by_onnxruntime"] == 0
+    assert rt["kernels_after"] < rt["kernels_before"]
+    assert rt["ops_removed"].get("Div") == 1 and rt["ops_removed"].get("Clip") == 1
+    # nothing of this chain is made by onnxruntime: all of the fusion's saving is beyond it
+    assert 0 < rt["saved_bytes_beyond"] == row["saved_bytes"]
+    assert rt["saved_bytes_beyond_expr"] == str(rt["saved_bytes_beyond"])
+    line = rep.runtime_line(doc)
+    assert line.startswith(f"vs onnxruntime {rt['installed']} at level all: 1 of 1 fusions go beyond")
+    assert rep.summary_lines(pipeline.analyse(None, pipeline.Options(target="cpu"),
+                                              loaded=_loaded(_written_out_hardswish())).report)[0] == line
+
+
+def test_at_level_disable_every_fusion_is_beyond_onnxruntime():
+    """With graph optimizations disabled onnxruntime fuses nothing: every fusion counts, with all its bytes."""
+    doc = _analyse(_conv_bn_relu(), level="disable")
+    rt = doc["onnxruntime"]
+    assert rt["level"] == "disable" and rt["fusions_made_by_onnxruntime"] == 0
+    assert rt["saved_bytes_beyond"] == doc["fusions"][0]["saved_bytes"] > 0
+    assert rt["kernels_before"] == 3 and rt["kernels_after"] == 1
+
+
+def test_a_bn_fold_inside_a_chain_onnxruntime_finishes_is_not_counted_beyond_it():
+    """Conv -> BN -> written-out HardSwish: onnxruntime folds the BN itself but not the chain; the BN's
+    intermediate (which onnxruntime no longer writes) is taken out of the saving beyond it."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 16, 16])
+    y = b.bn(b.conv(x, 3, 8), 8)
+    clip = b.op("Clip", [b.op("Add", [y, b.const(np.array(3.0, np.float32))]),
+                         b.const(np.array(0.0, np.float32)), b.const(np.array(6.0, np.float32))])
+    doc = _analyse(b.build(b.op("Div", [b.op("Mul", [y, clip]), b.const(np.array(6.0, np.float32))])))
+    [row] = doc["fusions"]
+    rt = doc["onnxruntime"]
+    assert row["made_by_onnxruntime"] is False
+    conv_out = 1 * 8 * 16 * 16 * 4  # the Conv's output, which onnxruntime's BN fold removes: one write, one read
+    assert rt["saved_bytes_beyond"] == row["saved_bytes"] - 2 * conv_out
+
+
+def test_a_model_onnxruntime_cannot_optimize_is_reported_not_compared(monkeypatch):
+    def fail(source, level):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : a made-up load failure")
+
+    monkeypatch.setattr(ort_graph, "_optimized_graph", fail)
+    doc = _analyse(_conv_bn_relu())
+    rt = doc["onnxruntime"]
+    assert rt["status"] == "unavailable" and "a made-up load failure" in rt["reason"]
+    assert "made_by_onnxruntime" not in doc["fusions"][0]
+    assert rep.runtime_line(doc).endswith(f"not compared ({rt['reason']})")
+
+
+def test_no_comparison_without_fusions_or_when_not_asked():
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    assert "onnxruntime" not in _analyse(b.build(b.op("Sigmoid", [x])))
+    doc = pipeline.analyse(None, pipeline.Options(target="cpu", compare_with_onnxruntime=False),
+                           loaded=_loaded(_conv_bn_relu())).report.to_dict()
+    assert "onnxruntime" not in doc and rep.runtime_line(doc) is None
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown", "html"])
+def test_every_format_leads_with_the_runtime_figure(fmt):
+    report = pipeline.analyse(None, pipeline.Options(target="cpu"), loaded=_loaded(_written_out_hardswish())).report
+    text = rep.render(report, fmt)
+    assert "go beyond what onnxruntime makes itself at load" in text
+    assert text.index("go beyond what onnxruntime") < text.index("vs the graph as exported")
