@@ -17,7 +17,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse import __version__, model_io
+from onnxfuse import __version__, model_io, ort_graph
 from onnxfuse.cli import main
 from onnxfuse.passes import ALL_PASSES, PASS_NAMES
 from tests.builders import GraphBuilder
@@ -481,7 +481,8 @@ def _env() -> dict[str, str]:
 def test_results_go_to_stdout_and_diagnostics_to_stderr(tmp_path):
     out = tmp_path / "o.onnx"
     result = run_cli("optimize", SAMPLE, out, "--target", "cpu")
-    assert [line.split(":")[0] for line in result.stdout.splitlines()] == ["traffic", "fusions", "verification"]
+    assert [line.split(":")[0].split(" at level")[0] for line in result.stdout.splitlines()] == [
+        f"vs onnxruntime {ort_graph.installed_version()}", "vs the graph as exported", "fusions", "verification"]
     assert result.stderr == f"wrote {out}\n"
 
     verbose = run_cli("-v", "optimize", SAMPLE, out, "--overwrite", "--target", "cpu")
