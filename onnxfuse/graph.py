@@ -637,7 +637,8 @@ def fold_to_constants(order: NodeOrder, node: gs.Node, values: list[np.ndarray |
 def bypass(order: NodeOrder, node: gs.Node, source: gs.Tensor, removed: list[gs.Node] | None = None) -> None:
     """Make every reader of ``node``'s first output read ``source`` instead, then delete ``node`` and the
     ``removed`` nodes (whose outputs must by then be unread). ``source`` must hold the same values as that
-    output (an Identity's input, a cancelled Transpose pair's input). The output must be no graph output."""
+    output (an Identity's input, a cancelled Transpose pair's input). When the output is a graph output,
+    :func:`take_over_output` must follow."""
     out = node.outputs[0]
     for reader in list(out.outputs):
         for i, t in enumerate(reader.inputs):
@@ -647,3 +648,31 @@ def bypass(order: NodeOrder, node: gs.Node, source: gs.Tensor, removed: list[gs.
         n.inputs.clear()
         n.outputs.clear()
     order.delete([node, *(removed or [])])
+
+
+def replace_input(order: NodeOrder, node: gs.Node, index: int, source: gs.Tensor,
+                  removed: list[gs.Node] | None = None) -> None:
+    """Make input ``index`` of ``node`` read ``source``, then delete the ``removed`` nodes (whose outputs must by
+    then be unread: a composed Transpose pair's first Transpose)."""
+    node.inputs[index] = source
+    for n in removed or []:
+        n.inputs.clear()
+        n.outputs.clear()
+    order.delete(list(removed or []))
+
+
+def take_over_output(graph: gs.Graph, output: gs.Tensor, source: gs.Tensor) -> None:
+    """Put ``source`` where ``output`` stands in ``graph.outputs`` and give it ``output``'s name, dtype and shape
+    (where ``output`` has them), after :func:`bypass` removed the node that wrote ``output`` from ``source``.
+
+    The model's interface is then unchanged. ``source`` must be written by a node of ``graph``, be no graph input,
+    initializer or other graph output, and be read by no node of a subgraph (its old name disappears).
+    """
+    name = output.name
+    graph.outputs = [source if t is output else t for t in graph.outputs]
+    if output.dtype is not None:
+        source.dtype = output.dtype
+    if output.shape is not None:
+        source.shape = output.shape
+    output.name = ""
+    source.name = name
