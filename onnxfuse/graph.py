@@ -65,7 +65,7 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
     """Import ``model`` into graphsurgeon (weights stay lazily referenced, not copied).
 
     Raises:
-        InputError: graphsurgeon cannot import the model (say, a graph input of optional type).
+        InputError: graphsurgeon cannot import the model.
     """
     try:
         return gs.import_onnx(model)
