@@ -30,8 +30,9 @@ TensorInfo = tuple  # (shape: tuple[int | str | None, ...] | None, dtype: numpy.
 #: ``[-1, 3, '?', '?']``; it is also how onnx's printer shows an unknown dim) and ``None`` (a stringified Python
 #: None). Integer texts such as ``-1`` (a -1 dim written as text) and empty or blank names are placeholders too
 #: (:func:`is_placeholder_dim`). Each such dim is its own anonymous symbol, as a dim with neither value nor name
-#: is (ONNX IR.md, "Tensor shapes": dims with the same dim_param are equal; an unnamed dim is unknown). tf2onnx's
-#: ``unk__N`` is no placeholder: tf2onnx numbers every unknown dim afresh, so a name it repeats is one size.
+#: is (onnx.proto, TensorShapeProto: a dim is an integer or a symbolic variable; onnx's shape inference and
+#: onnxruntime's symbolic shape inference take one name for one size). tf2onnx's ``unk__N`` is no placeholder:
+#: tf2onnx numbers every unknown dim afresh, so a name it repeats is one size.
 PLACEHOLDER_DIM_PARAMS = frozenset({"?", "None"})
 
 
