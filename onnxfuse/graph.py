@@ -712,7 +712,8 @@ def replace_input(order: NodeOrder, node: gs.Node, index: int, source: gs.Tensor
 
 def take_over_output(graph: gs.Graph, output: gs.Tensor, source: gs.Tensor) -> None:
     """Put ``source`` where ``output`` stands in ``graph.outputs`` and give it ``output``'s name, dtype and shape
-    (where ``output`` has them), after :func:`bypass` removed the node that wrote ``output`` from ``source``.
+    (where ``output`` has them) and kind of type (tensor, optional, sequence), after :func:`bypass` removed the
+    node that wrote ``output`` from ``source``.
 
     The model's interface is then unchanged. ``source`` must be written by a node of ``graph``, be no graph input,
     initializer or other graph output, and be read by no node of a subgraph (its old name disappears).
@@ -723,5 +724,7 @@ def take_over_output(graph: gs.Graph, output: gs.Tensor, source: gs.Tensor) -> N
         source.dtype = output.dtype
     if output.shape is not None:
         source.shape = output.shape
+    if isinstance(source, gs.Variable) and getattr(output, "type", None):
+        source.type = output.type
     output.name = ""
     source.name = name

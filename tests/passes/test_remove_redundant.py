@@ -312,3 +312,20 @@ def test_skip_dropout_mask_used(fuse):
     result = fuse(model)
     assert skip_of(result, PASS).reason == Reason.DROPOUT_MASK
     assert op_counts(result.model)["Dropout"] == 1
+
+
+def test_graph_output_of_optional_type_is_taken_over(fuse):
+    # the Optional node takes over the name and the optional type of the Identity's graph output
+    optional = helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3]))
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Optional", ["r"], ["o"]),
+             helper.make_node("Identity", ["o"], ["y"])]
+    graph = helper.make_graph(nodes, "optional_out", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_value_info("y", optional)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])  # Identity of optional: 16
+    model.ir_version = 8
+    result = fuse(checked(model))
+    checked(result.model)
+    assert [n.op_type for n in result.model.graph.node] == ["Relu", "Optional"]
+    assert [(o.name, o.type) for o in result.model.graph.output] == [("y", optional)]
+    feeds = {"x": np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)}
+    np.testing.assert_array_equal(run(result.model, feeds)[0], run(model, feeds)[0])
