@@ -83,12 +83,14 @@ def compare(original_s: np.ndarray, control_s: np.ndarray, optimized_s: np.ndarr
 def invented_inputs(sess, input_shapes: dict[str, tuple[int, ...]], given: dict | None) -> list[str]:
     """Inputs of ``sess`` with a dim that is not a number, that neither ``input_shapes`` nor ``given`` sets
     (directly or through a named dim they fix): their sizes are onnxfuse's defaults, not the model's real ones."""
+    from onnxfuse.shapes import is_placeholder_dim
+
     given = given or {}
     bound = set()
     for inp in sess.get_inputs():
         dims = input_shapes.get(inp.name) or (given[inp.name].shape if inp.name in given else None)
         if dims is not None:
-            bound.update(d for d in inp.shape if isinstance(d, str) and d)
+            bound.update(d for d in inp.shape if isinstance(d, str) and not is_placeholder_dim(d))
     return [inp.name for inp in sess.get_inputs()
             if inp.name not in input_shapes and inp.name not in given
             and any(not (isinstance(d, int) and d > 0) and d not in bound for d in inp.shape)]

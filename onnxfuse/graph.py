@@ -9,6 +9,9 @@ lives here, so the passes stay declarative. graphsurgeon pitfalls fenced in here
 * ``Constant`` nodes (PaddleOCR exports keep every weight in one) are not initializers;
   :func:`constant_value` reads both, and never hands out an array that may be edited in place.
 * assigning ``node.outputs`` re-links edges both ways, so :func:`replace_chain` detaches the old producer first.
+* graphsurgeon (0.5/0.6) cannot export values of optional type (an UnboundLocalError) and keeps only one element
+  type of a sequence; :func:`to_model` exports such values untyped and gives them back the input's own types
+  (:func:`_non_tensor_types`).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
     """Import ``model`` into graphsurgeon (weights stay lazily referenced, not copied).
 
     Raises:
-        InputError: graphsurgeon cannot import the model (say, a graph input of optional type).
+        InputError: graphsurgeon cannot import the model.
     """
     try:
         return gs.import_onnx(model)
@@ -85,8 +88,12 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto, reuse_original: bool = 
     (tests/test_graph_export.py). ``original`` must not be used afterwards except as the result.
     """
     node_metadata = _node_metadata(original.graph)
+    non_tensor = _non_tensor_types(original.graph)
+    if non_tensor:
+        _untype_non_tensors(graph)
     if reuse_original and _export_in_place(graph, original):
         _restore_node_metadata(original.graph, node_metadata)
+        _restore_non_tensor_types(original.graph, non_tensor)
         return original
     try:
         model = gs.export_onnx(graph, do_type_check=False)
@@ -94,6 +101,7 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto, reuse_original: bool = 
         raise InputError(f"onnx-graphsurgeon cannot export this model ({type(exc).__name__}: "
                          f"{one_line(exc)})") from None
     _restore_node_metadata(model.graph, node_metadata)
+    _restore_non_tensor_types(model.graph, non_tensor)
     _hoist_outer_initializers(model.graph, {t.name for t in original.graph.initializer})
     _restore_initializer_inputs(model.graph, original.graph, original.ir_version)
     # Replace every model-level field with the original's; the exported graph stays (no copy of the weights).
@@ -103,6 +111,47 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto, reuse_original: bool = 
     copy_model_fields(original, model)
     _fix_ms_import(model)
     return model
+
+
+def _non_tensor_types(graph: onnx.GraphProto) -> dict[str, tuple[onnx.TypeProto, bool]]:
+    """Tensor name -> ``(TypeProto, listed in a value_info)`` for every graph input, output and value_info of
+    ``graph`` and its subgraphs whose type is not a tensor (optional, sequence, map, sparse tensor, opaque; ONNX
+    IR.md, "Types"). Names are unique across the graphs (:func:`rewrite_blocker` refuses shadowing); where two
+    sibling bodies use one name, the first type is kept."""
+    types: dict[str, tuple[onnx.TypeProto, bool]] = {}
+    for sub, _ in proto_graphs(graph):
+        for listed, infos in ((False, sub.input), (False, sub.output), (True, sub.value_info)):
+            for vi in infos:
+                if vi.type.WhichOneof("value") not in (None, "tensor_type") and vi.name not in types:
+                    types[vi.name] = (vi.type, listed)
+    return types
+
+
+def _untype_non_tensors(graph: gs.Graph) -> None:
+    """Clear dtype and shape of every graphsurgeon variable whose type is not a tensor, in every graph, so that
+    graphsurgeon exports them untyped (it fails on optional types) for :func:`_restore_non_tensor_types`."""
+    for sub in all_graphs(graph):
+        for t in sub.tensors().values():
+            if isinstance(t, gs.Variable) and getattr(t, "type", "tensor_type") != "tensor_type":
+                t.dtype, t.shape = None, None
+
+
+def _restore_non_tensor_types(graph: onnx.GraphProto, types: dict[str, tuple[onnx.TypeProto, bool]]) -> None:
+    """Give the inputs, outputs and value_info of ``graph`` and its subgraphs the non-tensor types ``types``
+    (:func:`_non_tensor_types` of the input) by name, and add back the value_info entries the input had for
+    values a node of the same graph still writes."""
+    if not types:
+        return
+    for sub, _ in proto_graphs(graph):
+        listed = set()
+        for vi in (*sub.input, *sub.output, *sub.value_info):
+            if vi.name in types:
+                vi.type.CopyFrom(types[vi.name][0])
+                listed.add(vi.name)
+        written = {o for n in sub.node for o in n.output if o}
+        for name, (type_proto, in_value_info) in types.items():
+            if in_value_info and name in written and name not in listed:
+                sub.value_info.add(name=name).type.CopyFrom(type_proto)
 
 
 def _node_key(node: onnx.NodeProto) -> str:
@@ -637,7 +686,8 @@ def fold_to_constants(order: NodeOrder, node: gs.Node, values: list[np.ndarray |
 def bypass(order: NodeOrder, node: gs.Node, source: gs.Tensor, removed: list[gs.Node] | None = None) -> None:
     """Make every reader of ``node``'s first output read ``source`` instead, then delete ``node`` and the
     ``removed`` nodes (whose outputs must by then be unread). ``source`` must hold the same values as that
-    output (an Identity's input, a cancelled Transpose pair's input). The output must be no graph output."""
+    output (an Identity's input, a cancelled Transpose pair's input). When the output is a graph output,
+    :func:`take_over_output` must follow."""
     out = node.outputs[0]
     for reader in list(out.outputs):
         for i, t in enumerate(reader.inputs):
@@ -647,3 +697,34 @@ def bypass(order: NodeOrder, node: gs.Node, source: gs.Tensor, removed: list[gs.
         n.inputs.clear()
         n.outputs.clear()
     order.delete([node, *(removed or [])])
+
+
+def replace_input(order: NodeOrder, node: gs.Node, index: int, source: gs.Tensor,
+                  removed: list[gs.Node] | None = None) -> None:
+    """Make input ``index`` of ``node`` read ``source``, then delete the ``removed`` nodes (whose outputs must by
+    then be unread: a composed Transpose pair's first Transpose)."""
+    node.inputs[index] = source
+    for n in removed or []:
+        n.inputs.clear()
+        n.outputs.clear()
+    order.delete(list(removed or []))
+
+
+def take_over_output(graph: gs.Graph, output: gs.Tensor, source: gs.Tensor) -> None:
+    """Put ``source`` where ``output`` stands in ``graph.outputs`` and give it ``output``'s name, dtype and shape
+    (where ``output`` has them) and kind of type (tensor, optional, sequence), after :func:`bypass` removed the
+    node that wrote ``output`` from ``source``.
+
+    The model's interface is then unchanged. ``source`` must be written by a node of ``graph``, be no graph input,
+    initializer or other graph output, and be read by no node of a subgraph (its old name disappears).
+    """
+    name = output.name
+    graph.outputs = [source if t is output else t for t in graph.outputs]
+    if output.dtype is not None:
+        source.dtype = output.dtype
+    if output.shape is not None:
+        source.shape = output.shape
+    if isinstance(source, gs.Variable) and getattr(output, "type", None):
+        source.type = output.type
+    output.name = ""
+    source.name = name

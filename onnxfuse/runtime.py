@@ -269,11 +269,19 @@ def check_names(sess, spec: InputSpec) -> None:
             raise InputError(f"input {both[0]} is given by two of --input-data, --input-value, --input-range")
 
 
+def _named(dim) -> str | None:
+    """``dim`` (an onnxruntime ``NodeArg.shape`` entry) when it is a dim name that one size binds everywhere;
+    None for numbers, unknowns and placeholders such as ``?`` (``shapes.is_placeholder_dim``)."""
+    from onnxfuse.shapes import is_placeholder_dim
+
+    return dim if isinstance(dim, str) and not is_placeholder_dim(dim) else None
+
+
 def _shape(inp, spec: InputSpec, bound: dict[str, int]) -> tuple[int, ...]:
     if inp.name in spec.shapes:
         return tuple(spec.shapes[inp.name])
     return tuple(d if isinstance(d, int) and d > 0
-                 else bound.get(d, DEFAULT_BATCH_DIM if i == 0 else DEFAULT_OTHER_DIM)
+                 else bound.get(_named(d), DEFAULT_BATCH_DIM if i == 0 else DEFAULT_OTHER_DIM)
                  for i, d in enumerate(inp.shape))
 
 
@@ -299,10 +307,10 @@ def make_inputs(sess, input_shapes: dict[str, tuple[int, ...]] | InputSpec, seed
         dims = spec.shapes.get(inp.name) or (data[inp.name].shape if inp.name in data else None)
         if dims is not None and len(dims) == len(inp.shape):
             for d, v in zip(inp.shape, dims, strict=False):
-                if isinstance(d, str) and d:
+                if _named(d):
                     bound.setdefault(d, int(v))
     for inp in inputs:  # a name that is some input's first dim is a batch dim everywhere
-        if inp.shape and isinstance(inp.shape[0], str) and inp.shape[0]:
+        if inp.shape and _named(inp.shape[0]):
             bound.setdefault(inp.shape[0], DEFAULT_BATCH_DIM)
     feeds = {}
     for inp in inputs:

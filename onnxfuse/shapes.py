@@ -26,6 +26,44 @@ MAX_DIM = 2**31 - 1
 
 TensorInfo = tuple  # (shape: tuple[int | str | None, ...] | None, dtype: numpy.dtype | None)
 
+#: ``dim_param`` texts that exporters write for "unknown", not as a name: ``?`` (paddle2onnx writes
+#: ``[-1, 3, '?', '?']``; it is also how onnx's printer shows an unknown dim) and ``None`` (a stringified Python
+#: None). Integer texts such as ``-1`` (a -1 dim written as text) and empty or blank names are placeholders too
+#: (:func:`is_placeholder_dim`). Each such dim is its own anonymous symbol, as a dim with neither value nor name
+#: is (onnx.proto, TensorShapeProto: a dim is an integer or a symbolic variable; onnx's shape inference and
+#: onnxruntime's symbolic shape inference take one name for one size). tf2onnx's ``unk__N`` is no placeholder:
+#: tf2onnx numbers every unknown dim afresh, so a name it repeats is one size.
+PLACEHOLDER_DIM_PARAMS = frozenset({"?", "None"})
+
+
+def is_placeholder_dim(dim_param: str | None) -> bool:
+    """True when ``dim_param`` (a ``TensorShapeProto.Dimension.dim_param``, or an onnxruntime ``NodeArg.shape``
+    entry) names no size: None, empty or blank, an integer text, or one of :data:`PLACEHOLDER_DIM_PARAMS`.
+    Two such dims are different unknown sizes, never one symbol."""
+    if dim_param is None:
+        return True
+    text = dim_param.strip()
+    if not text or text in PLACEHOLDER_DIM_PARAMS:
+        return True
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def anonymize_placeholder_dims(graph: onnx.GraphProto) -> None:
+    """Clear, in place, every placeholder ``dim_param`` (:func:`is_placeholder_dim`) of the tensor types of the
+    inputs, outputs and value_info of ``graph`` and its subgraphs, so that shape inference and the symbol table
+    see unknown dims instead of one shared name."""
+    for sub, _ in proto_graphs(graph):
+        for vi in (*sub.input, *sub.output, *sub.value_info):
+            if not vi.type.HasField("tensor_type"):
+                continue
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param") and is_placeholder_dim(d.dim_param):
+                    d.ClearField("dim_param")
+
 
 def _strip(t: TensorProto) -> TensorProto:
     if math.prod(t.dims) <= SKELETON_MAX_ELEMENTS or t.data_location == TensorProto.EXTERNAL:
@@ -65,10 +103,12 @@ def _skeleton_graph(graph: onnx.GraphProto) -> onnx.GraphProto:
 
 
 def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` whose large float tensors carry no data (see the module docstring)."""
+    """A copy of ``model`` whose large float tensors carry no data (see the module docstring) and whose
+    placeholder dims (``?``, ``-1`` as text: :func:`is_placeholder_dim`) are unnamed, each its own unknown."""
     out = onnx.ModelProto()
     copy_model_fields(model, out)
     out.graph.CopyFrom(_skeleton_graph(model.graph))
+    anonymize_placeholder_dims(out.graph)
     return out
 
 
@@ -133,7 +173,8 @@ def apply_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]
 def complete_input_shapes(model: onnx.ModelProto, given: dict[str, tuple[int, ...]]
                           ) -> dict[str, tuple[int, ...]]:
     """``given`` plus every other graph input whose dims are all numbers or named dims that ``given`` binds
-    (``--input-shape input=1x512`` fixes silero's ``state [2, batch, 128]`` to 2x1x128).
+    (``--input-shape input=1x512`` fixes silero's ``state [2, batch, 128]`` to 2x1x128). Placeholder dims
+    (``?``, :func:`is_placeholder_dim`) bind nothing: each is a size of its own.
 
     Raises:
         InputError: two given shapes give one named dim (``dim_param``) two sizes, e.g. silero's
@@ -147,7 +188,7 @@ def complete_input_shapes(model: onnx.ModelProto, given: dict[str, tuple[int, ..
         if vi is None or not vi.type.tensor_type.HasField("shape"):
             continue
         for axis, (d, v) in enumerate(zip(vi.type.tensor_type.shape.dim, dims, strict=False)):
-            if not d.dim_param:
+            if is_placeholder_dim(d.dim_param):
                 continue
             first = bound.setdefault(d.dim_param, (v, f"{name}={'x'.join(map(str, dims))}"))
             if first[0] != v:
@@ -158,7 +199,8 @@ def complete_input_shapes(model: onnx.ModelProto, given: dict[str, tuple[int, ..
         tt = vi.type.tensor_type
         if name in out or not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
             continue
-        dims = [d.dim_value if d.HasField("dim_value") else bound.get(d.dim_param, (None,))[0] for d in tt.shape.dim]
+        dims = [d.dim_value if d.HasField("dim_value") else None if is_placeholder_dim(d.dim_param)
+                else bound.get(d.dim_param, (None,))[0] for d in tt.shape.dim]
         if dims and all(isinstance(d, int) and d > 0 for d in dims) and any(not d.HasField("dim_value")
                                                                              for d in tt.shape.dim):
             out[name] = tuple(dims)

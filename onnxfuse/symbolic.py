@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from onnxfuse.graph import proto_graphs
+from onnxfuse.shapes import is_placeholder_dim
 
 if TYPE_CHECKING:
     import sympy
@@ -122,7 +123,7 @@ def symbol_table(model: onnx.ModelProto) -> SymbolTable:
         for axis, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
                 continue
-            if d.dim_param:
+            if d.dim_param and not is_placeholder_dim(d.dim_param):  # "?" and the like: one symbol per dim
                 if d.dim_param not in by_param:
                     by_param[d.dim_param] = _identifier(d.dim_param, taken)
                     table.symbols[by_param[d.dim_param]] = {"input": vi.name, "axis": axis, "dim_param": d.dim_param}
@@ -428,7 +429,7 @@ def _prepare(skel: onnx.ModelProto, table: SymbolTable) -> onnx.ModelProto:
         for axis, d in enumerate(vi.type.tensor_type.shape.dim):
             name = table.dims.get((vi.name, axis))
             if name is not None:
-                if d.dim_param:
+                if d.dim_param and not is_placeholder_dim(d.dim_param):
                     renames[d.dim_param] = name
                 d.Clear()
                 d.dim_param = name

@@ -1,7 +1,8 @@
 """graph.to_model(reuse_original=True), which rewrites the input model in place and keeps its unchanged
 initializers, writes exactly the bytes of graphsurgeon's export (the reference path), on the kinds of model the
 export has to handle: plain initializers, IR 3 initializer inputs (folded and kept), an unused initializer input,
-weights in Constant nodes, float16, and a model with subgraphs (which takes the graphsurgeon path)."""
+weights in Constant nodes, float16, and a model with subgraphs (which takes the graphsurgeon path); values of
+optional and sequence type keep their types on both paths."""
 
 from __future__ import annotations
 
@@ -157,3 +158,59 @@ def test_constant_value_of_a_tensor_with_other_fields_is_cached_as_to_array_read
     constant = gs.Constant("w", gs.ir.tensor.LazyValues(proto))
     assert np.array_equal(g.constant_value(constant), values)
     assert isinstance(constant._values, np.ndarray)  # exported from the array, as graphsurgeon would
+
+
+def _non_tensor_model() -> onnx.ModelProto:
+    """An optional graph input, a sequence graph output and an optional value_info, around an Identity that
+    remove_redundant takes out (so the model is exported)."""
+    optional = helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3]))
+    sequence = helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [None, 3]))
+    nodes = [helper.make_node("Identity", ["x"], ["xi"]), helper.make_node("Optional", ["xi"], ["ox"]),
+             helper.make_node("OptionalHasElement", ["o"], ["h"]), helper.make_node("OptionalGetElement", ["o"], ["e"]),
+             helper.make_node("OptionalGetElement", ["ox"], ["ex"]), helper.make_node("Add", ["ex", "e"], ["y"]),
+             helper.make_node("SplitToSequence", ["y", "split"], ["s"], axis=0)]
+    graph = helper.make_graph(
+        nodes, "non_tensor",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]), helper.make_value_info("o", optional)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("h", TensorProto.BOOL, []), helper.make_value_info("s", sequence)],
+        [onnx.numpy_helper.from_array(np.array([1, 1], np.int64), "split")],
+        value_info=[helper.make_value_info("ox", optional)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("reuse_original", [True, False], ids=["in-place", "graphsurgeon"])
+def test_optional_and_sequence_types_survive_the_export(tmp_path, reuse_original):
+    # graphsurgeon failed on the optional input (UnboundLocalError): exit 2 for a valid model
+    from onnxfuse.runtime import session
+
+    model = _non_tensor_model()
+    graph = g.to_graph(model)
+    ctx_result = pipeline.run_passes(graph, pipeline.passes_mod.select((), ()), _context(graph))
+    assert [f.pass_name for f in ctx_result[0]] == ["remove_redundant"]
+    original = onnx.ModelProto()
+    original.CopyFrom(model)
+    out = g.to_model(graph, original, reuse_original=reuse_original)
+    onnx.checker.check_model(out, full_check=True)
+    assert [(vi.name, vi.type) for vi in out.graph.input] == [(vi.name, vi.type) for vi in model.graph.input]
+    assert [(vi.name, vi.type) for vi in out.graph.output] == [(vi.name, vi.type) for vi in model.graph.output]
+    assert [(vi.name, vi.type) for vi in out.graph.value_info if vi.name == "ox"] == \
+        [("ox", model.graph.value_info[0].type)]
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "o": np.full((2, 3), 0.5, np.float32)}
+    want = session(model.SerializeToString()).run(None, feeds)
+    got = session(out.SerializeToString()).run(None, feeds)
+    for a, b in zip(got[:2], want[:2], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert len(got[2]) == len(want[2]) == 2
+    for a, b in zip(got[2], want[2], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _context(graph):
+    from onnxfuse.passes import Context
+    from onnxfuse.providers import get_target
+
+    return Context(get_target("cpu"), frozenset(), {}, namer=g.Namer(graph))

@@ -11,7 +11,9 @@ Exporters write per-channel constants as small computations on constants (paddle
 execution provider, ``ORT_DISABLE_ALL``) running the node alone in a one-node model of the graph's opset, never
 by op semantics written here. The folded tensor keeps its name, so graph outputs, readers and other tensors'
 names are unchanged. Nodes in If/Loop/Scan bodies fold too (the pipeline runs every pass on every subgraph);
-an If/Loop/Scan node itself is never folded (its body may read run-time tensors).
+an If/Loop/Scan node itself is never folded (its body may read run-time tensors), nor a node that makes an
+optional or a sequence (NON_TENSOR_OPS: a folded value is a plain tensor, and ``OptionalHasElement`` takes no
+tensor before opset 18).
 
 Skipped when:
     initializer-is-graph-input     an input is an initializer also listed as a graph input (a caller may feed
@@ -48,6 +50,9 @@ SHARED_COPY_LIMIT_BYTES = 1 << 12
 
 RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli")
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
+#: Ops whose output is an optional or a sequence, never a tensor (ONNX Operators.md): not folded.
+NON_TENSOR_OPS = ("Optional", "SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase",
+                  "SplitToSequence")
 
 
 @dataclass
@@ -131,6 +136,8 @@ class ConstantFold(Pass[FoldMatch]):
 
     def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
         if node.op == "Constant" or node.domain not in ONNX_DOMAINS or _has_subgraph(node) or not node.outputs:
+            return None
+        if node.op in NON_TENSOR_OPS:
             return None
         if not node.inputs and node.op not in RANDOM_OPS:
             return None  # EyeLike-style sources without inputs do not exist in ONNX; nothing to fold

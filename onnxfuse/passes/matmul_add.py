@@ -1,12 +1,15 @@
-"""Turn a 2-D MatMul by a constant matrix followed by a per-feature bias Add into one Gemm.
+"""Turn a 2-D MatMul by a constant matrix followed by a constant bias Add into one Gemm.
 
-Before => after (X is [M, K], W a constant [K, N], b broadcasts along the last axis: [N], [1, N], [1] or [])::
+Before => after (X is [M, K], W a constant [K, N], b broadcasts to [M, N] without growing it: [N], [1, N], [1],
+[], [M, N] or [M, 1], M a known number for the last two)::
 
     MatMul(X, W) -> Add(b) or Add(b, matmul)   =>  Gemm(X, W, b)      (alpha = beta = 1, no transposes)
 
 Math (ONNX Operators.md, Gemm: ``Y = alpha * A @ B + beta * C``, C unidirectionally broadcast to [M, N]): with
 alpha = beta = 1 this is ``X @ W + b``, the same arithmetic in the same order, so the result is the original's up
-to the kernel's summation order. b is reused as Gemm's C as it is (no copy). The Gemm can then take the folds of
+to the kernel's summation order. Gemm's C must be unidirectionally broadcastable to [M, N] (Operators.md, Gemm;
+Broadcasting.md), which every shape above is, and the Add's output is [M, N] for exactly those shapes too. b is
+reused as Gemm's C as it is (no copy). The Gemm can then take the folds of
 ``gemm_batchnorm``/``gemm_affine``/``batchnorm_gemm`` and the activation of ``gemm_activation``.
 
 Skipped when:
@@ -16,7 +19,9 @@ Skipped when:
                                        not know), or W is not a 2-D matrix: Gemm is 2-D only
     weights-not-constant               W is computed at run time
     initializer-is-graph-input         W or b is an overridable initializer (IR < 4 style)
-    constant-not-per-feature           b varies along another axis than the last (a [M, N] or [M, 1] constant)
+    constant-not-per-feature           b does not broadcast to [M, N] as Gemm's C must: rank above 2, a column
+                                       count other than 1 or N, or rows other than 1 while M is symbolic or
+                                       different (the Add would then grow the output)
     dtype-not-foldable                 W is not float16/float32/float64
     quantized-conv                     the MatMul is part of a QuantizeLinear/DequantizeLinear pattern
 """
@@ -30,7 +35,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse import graph as g
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._fold import FOLDABLE_DTYPES
-from onnxfuse.passes._gemm import gemm_qdq_check, per_feature
+from onnxfuse.passes._gemm import gemm_qdq_check
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 
 
@@ -87,9 +92,9 @@ class MatMulAdd(Pass[MatMulAddMatch]):
                         nodes, out)
         if w.dtype not in FOLDABLE_DTYPES:
             return skip(Reason.DTYPE_NOT_FOLDABLE, f"{w.dtype} MatMul is left as it is", nodes, out)
-        if per_feature(b, int(w.shape[1])) is None:
-            return skip(Reason.NOT_PER_FEATURE, f"bias of shape {list(b.shape)} does not broadcast along the last "
-                        f"axis of a [M, {w.shape[1]}] output only", nodes, out)
+        if not _c_broadcasts(b, x_shape[0], int(w.shape[1])):
+            return skip(Reason.NOT_PER_FEATURE, f"bias of shape {list(b.shape)} does not broadcast to the "
+                        f"[{x_shape[0]}, {w.shape[1]}] output as Gemm's C must", nodes, out)
         return None
 
     def rewrite(self, match: MatMulAddMatch, ctx: Context) -> Fusion:
@@ -99,3 +104,13 @@ class MatMulAdd(Pass[MatMulAddMatch]):
         mm.inputs.append(match.bias)
         g.replace_chain(ctx.order, mm, add, [add])
         return describe(self.name, mm, original)
+
+
+def _c_broadcasts(b, m: int | str | None, n: int) -> bool:
+    """True when a bias of ``b``'s shape is a valid Gemm C for a [m, n] output that the Add leaves [m, n]:
+    unidirectionally broadcastable to [m, n] (ONNX Broadcasting.md), its rows 1 or m where m is a known number
+    (a symbolic or unknown m could be 1 at run time, and the Add would then give b's row count)."""
+    if b.ndim > 2:
+        return False
+    rows, cols = (1,) * (2 - b.ndim) + tuple(int(d) for d in b.shape)
+    return cols in (1, n) and (rows == 1 or (isinstance(m, int) and rows == m))

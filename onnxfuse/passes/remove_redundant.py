@@ -1,21 +1,32 @@
-"""Remove nodes that pass their input through unchanged.
+"""Remove nodes that pass their input through unchanged, and compose Transpose chains.
 
 Before => after::
 
     Identity(x) -> y                         =>  readers of y read x
     Dropout(x) -> y            (inference)   =>  readers of y read x
     Cast(x, to=dtype of x) -> y              =>  readers of y read x
+    Transpose(x, identity perm) -> y         =>  readers of y read x
     Transpose(x, p) -> Transpose(., q) -> y  =>  readers of y read x       when p[q[i]] == i for every axis i
+    Transpose(x, p) -> Transpose(., q) -> y  =>  Transpose(x, r) -> y     r[i] = p[q[i]], otherwise
 
 Exporters leave these between a Conv and what follows it (paddle2onnx: ``Conv -> Add -> Identity -> Relu``), and
 they break the chains the fusion passes look for. Dropout is the identity at inference (ONNX Operators.md,
 Dropout: "If training_mode is false ... the output Y is the input"). A Transpose pair composes to
-``out[i] = x[p[q[i]]]`` (Operators.md, Transpose), the identity exactly when p[q[i]] == i; the first Transpose
-stays when something else reads its output. A lossy Cast round trip (float32 -> float16 -> float32) is two Casts
-that each change the dtype, so it is never matched.
+``out[i] = x[p[q[i]]]`` (Operators.md, Transpose: output axis i is input axis perm[i]), the identity exactly
+when p[q[i]] == i; the first Transpose stays when something else reads its output (then a pair that does not
+cancel is left as it is: composing would save nothing). Both Transposes of a pair must be in the same graph (a
+pair split between a graph and an If/Loop/Scan body is left alone). A lossy Cast round trip
+(float32 -> float16 -> float32) is two Casts that each change the dtype, so it is never matched.
+
+When the removed node's output is a graph output (exporters often end a graph, or every Loop body, in an
+Identity), the node that computes its input takes over the graph output's name, so the model's interface stays
+the same; that needs an input computed by a node of the same graph that is no graph output itself and is read
+by no node of a subgraph (it is renamed).
 
 Skipped when:
-    intermediate-is-graph-output   the node's output is a graph output (removing it would rename an output)
+    intermediate-is-graph-output   the node's output is a graph output and its input cannot take over the name
+                                   (a graph input, a constant, another graph output, a tensor of an enclosing
+                                   graph or one a subgraph reads)
     dropout-training-mode          Dropout's training_mode is true or computed at run time
     dropout-mask-used              Dropout's mask output is read
 """
@@ -35,10 +46,17 @@ from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 
 @dataclass
 class BypassMatch(Match):
-    """``nodes[-1]``'s readers will read ``source``; ``nodes`` (all of them) are then deleted."""
+    """``nodes[-1]``'s readers will read ``source``; ``nodes`` (all of them) are then deleted.
+
+    With ``perm`` set, ``nodes[-1]`` (a Transpose) stays and reads ``source`` with that perm instead; only
+    ``removed`` is deleted. With ``takes_output``, ``source`` becomes the graph output ``nodes[-1]`` wrote, under
+    that output's name.
+    """
 
     source: gs.Tensor | None = None
     removed: list[gs.Node] = field(default_factory=list)
+    perm: list[int] | None = None
+    takes_output: bool = False
 
 
 def _perm(node: gs.Node, ctx: Context) -> list[int] | None:
@@ -57,14 +75,17 @@ class RemoveRedundant(Pass[BypassMatch]):
     """Identity / inference Dropout / Cast to the same dtype / cancelling Transpose pair => nothing."""
 
     name = "remove_redundant"
-    summary = "remove Identity, inference Dropout, Cast to the same dtype and Transpose pairs that cancel"
+    summary = ("remove Identity, inference Dropout, Cast to the same dtype and Transposes that cancel; compose "
+               "Transpose pairs")
     reasons = (Reason.GRAPH_OUTPUT, Reason.DROPOUT_TRAINING, Reason.DROPOUT_MASK)
     anchors = ("Identity", "Dropout", "Cast", "Transpose")
 
     def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
         if not is_op(node, *self.anchors) or not node.inputs or not node.outputs:
             return None
-        source, removed = node.inputs[0], []
+        if node.op == "Transpose":
+            return self._transpose(node, ctx)
+        source = node.inputs[0]
         if node.op == "Cast":
             to, dtype = node.attrs.get("to"), ctx.dtype(source)
             try:
@@ -72,24 +93,35 @@ class RemoveRedundant(Pass[BypassMatch]):
                     return None
             except (KeyError, TypeError, ValueError):
                 return None
-        if node.op == "Transpose":
-            first = g.producer(source)
-            if not is_op(first, "Transpose"):
-                return None
-            p, q = _perm(first, ctx), _perm(node, ctx)
-            if p is None or q is None or len(p) != len(q) or any(p[q[i]] != i for i in range(len(q))):
-                return None
-            source = first.inputs[0]
-            if len(g.consumers(first.outputs[0])) == 1 and not g.is_graph_output(first.outputs[0], ctx.graph):
-                removed = [first]
-        nodes, out = [*removed, node], node.outputs[0]
+        nodes, out = [node], node.outputs[0]
         if node.op == "Dropout":
             bad = self._dropout_check(node, ctx, nodes, out)
             if bad:
                 return bad
-        if g.is_graph_output(out, ctx.graph):
-            return skip(Reason.GRAPH_OUTPUT, f"{out.name} is a graph output", nodes, out)
-        return BypassMatch(nodes, source=source, removed=removed)
+        return _bypass(nodes, source, [], ctx)
+
+    @staticmethod
+    def _transpose(node: gs.Node, ctx: Context) -> Match | Skip | None:
+        """A Transpose with the identity perm, or the second of a pair in one graph (see the module docstring)."""
+        q = _perm(node, ctx)
+        if q is None:
+            return None
+        if q == list(range(len(q))):
+            return _bypass([node], node.inputs[0], [], ctx)
+        first = g.producer(node.inputs[0])
+        if not is_op(first, "Transpose") or not first.inputs or (ctx.members and id(first) not in ctx.members):
+            return None  # no pair, or its first Transpose is in an enclosing graph
+        p = _perm(first, ctx)
+        if p is None or len(p) != len(q):
+            return None
+        source, composed = first.inputs[0], [p[q[i]] for i in range(len(q))]
+        private = len(g.consumers(first.outputs[0])) == 1 and not g.is_graph_output(first.outputs[0], ctx.graph)
+        removed = [first] if private else []
+        if composed == list(range(len(q))):
+            return _bypass([*removed, node], source, removed, ctx)
+        if not private:
+            return None
+        return BypassMatch([first, node], source=source, removed=removed, perm=composed)
 
     @staticmethod
     def _dropout_check(node: gs.Node, ctx: Context, nodes: list[gs.Node], out: gs.Tensor) -> Skip | None:
@@ -105,5 +137,42 @@ class RemoveRedundant(Pass[BypassMatch]):
     def rewrite(self, match: BypassMatch, ctx: Context) -> Fusion:
         node = match.nodes[-1]
         original = replaced(match.nodes)
+        if match.perm is not None:
+            node.attrs["perm"] = list(match.perm)
+            g.replace_input(ctx.order, node, 0, match.source, match.removed)
+            return Fusion(self.name, node.name, node.op, original, None, original[-1][2])
+        out = node.outputs[0]
         g.bypass(ctx.order, node, match.source, match.removed)
+        if match.takes_output:
+            g.take_over_output(ctx.graph, out, match.source)
         return Fusion(self.name, "", "", original, None, original[-1][2])  # node and op: nothing computes it now
+
+
+def _bypass(nodes: list[gs.Node], source: gs.Tensor, removed: list[gs.Node], ctx: Context) -> BypassMatch | Skip:
+    """Bypass ``nodes[-1]`` (readers of its output read ``source``), taking over its output's name when that is
+    a graph output and :func:`_takeover_blocker` allows it."""
+    out = nodes[-1].outputs[0]
+    if not g.is_graph_output(out, ctx.graph):
+        return BypassMatch(nodes, source=source, removed=removed)
+    why = _takeover_blocker(source, ctx)
+    if why:
+        return skip(Reason.GRAPH_OUTPUT, f"{out.name} is a graph output and {why}", nodes, out)
+    return BypassMatch(nodes, source=source, removed=removed, takes_output=True)
+
+
+def _takeover_blocker(source: gs.Tensor, ctx: Context) -> str | None:
+    """Why ``source`` cannot be renamed to stand as a graph output of ``ctx.graph``, or None when it can: it
+    must be computed by a node of ``ctx.graph``, be no graph output itself, and be read by nodes of
+    ``ctx.graph`` only (a subgraph node reads an outer tensor by name)."""
+    if isinstance(source, gs.Constant):
+        return f"its input {source.name} is a constant"
+    producer = g.producer(source)
+    if producer is None:
+        return f"its input {source.name} is a graph input"
+    if ctx.members and id(producer) not in ctx.members:
+        return f"its input {source.name} comes from an enclosing graph"
+    if g.is_graph_output(source, ctx.graph):
+        return f"its input {source.name} is a graph output too"
+    if ctx.members and any(id(r) not in ctx.members for r in g.consumers(source)):
+        return f"its input {source.name} is read inside a subgraph"
+    return None

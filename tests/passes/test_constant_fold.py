@@ -284,3 +284,43 @@ def test_caffe2_era_ir3_graph_folds_and_stays_idempotent(fuse):
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
     again = fuse(result.model, target="cpu+cuda")
     assert not again.changed
+
+
+def optional_of_constant(opset: int) -> onnx.ModelProto:
+    """y = Relu(x + OptionalGetElement(Optional(c))), h = OptionalHasElement(Optional(c)); the optional value has
+    a value_info of optional type, as exporters write it."""
+    b = GraphBuilder()
+    x = b.input("x", [2, 3])
+    opt = b.op("Optional", [b.const(b.rand(2, 3))])
+    y = b.op("Relu", [b.op("Add", [x, b.op("OptionalGetElement", [opt])])])
+    has = b.op("OptionalHasElement", [opt])
+    model = b.build([y, b.op("Identity", [has])], opset=opset)
+    model.graph.output[1].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.BOOL, []))
+    optional = helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3]))
+    model.graph.value_info.append(helper.make_value_info(opt, optional))
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("opset", [15, 17, 18])
+def test_optional_of_a_constant_is_not_folded(fuse, opset):
+    # folded, Optional(c) became a plain tensor: OptionalHasElement rejects one before opset 18
+    model = optional_of_constant(opset)
+    result = fuse(model)
+    onnx.checker.check_model(result.model, full_check=True)
+    assert op_counts(result.model)["Optional"] == 1
+    assert not [f for f in result.fusions if f.pass_name == PASS]
+    assert not [s for s in result.skips if s.pass_name == PASS]
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_sequence_of_constants_is_not_folded(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [2, 3])
+    seq = b.op("SequenceConstruct", [b.const(b.rand(1, 3)), b.const(b.rand(1, 3))])
+    model = b.build(b.op("Add", [x, b.op("ConcatFromSequence", [seq], axis=0)]), opset=17)
+    result = fuse(model)
+    onnx.checker.check_model(result.model, full_check=True)
+    assert op_counts(result.model)["SequenceConstruct"] == 1
+    assert not [s for s in result.skips if s.pass_name == PASS]
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)

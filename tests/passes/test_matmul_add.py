@@ -1,4 +1,4 @@
-"""matmul_add: MatMul(X, W) -> Add(b) => Gemm(X, W, b) for a 2-D X, a constant 2-D W and a per-feature b.
+"""matmul_add: MatMul(X, W) -> Add(b) => Gemm(X, W, b) for a 2-D X, a constant 2-D W and a b that is a valid C.
 
 Numerics: original and optimized run in onnxruntime at ORT_DISABLE_ALL (conftest.assert_same_outputs) with
 rtol=1e-4, atol=1e-5 (conftest.RTOL/ATOL) for float32 (the same products and sums, in the kernel's order);
@@ -6,6 +6,7 @@ rtol=atol=1e-2 for float16. Shapes: X is [M=3, K=5], W is [K, N=4], Y is [3, 4].
 """
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -37,7 +38,7 @@ def assert_skipped(result, model, reason):
 # Positives
 
 
-@pytest.mark.parametrize("b_shape", [(N,), (1, N), (1,), (), (1, 1)])
+@pytest.mark.parametrize("b_shape", [(N,), (1, N), (1,), (), (1, 1), (M, N), (M, 1)])
 @pytest.mark.parametrize("matmul_first", [True, False])
 def test_becomes_gemm(fuse, b_shape, matmul_first):
     b, y = matmul_add(b_shape, matmul_first)
@@ -48,6 +49,19 @@ def test_becomes_gemm(fuse, b_shape, matmul_first):
     assert gemm.input[2] == model.graph.node[1].input[1 if matmul_first else 0]  # b reused, not copied
     assert not gemm.attribute  # alpha = beta = 1, no transposes
     assert [f.pass_name for f in result.fusions] == [PASS]
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("b_shape", [(M, N), (M, 1)])
+def test_full_shape_bias_then_relu_on_cpu(fuse, b_shape):
+    # the Gemm made from a [M, N] bias takes the folds and activation after it like any other
+    b, y = matmul_add(b_shape)
+    model = b.build(b.op("Relu", [b.op("Mul", [y, b.const(np.float32(0.5))])]))
+    result = fuse(model, target="cpu")
+    onnx.checker.check_model(result.model, full_check=True)
+    assert PASS in [f.pass_name for f in result.fusions]
+    assert "MatMul" not in op_counts(result.model)
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
 
 
@@ -157,12 +171,22 @@ def test_skip_initializer_is_graph_input(fuse):
     assert_skipped(fuse(model), model, Reason.INITIALIZER_IS_INPUT)
 
 
-@pytest.mark.parametrize("b_shape", [(M, N), (M, 1), (1, 1, N)])
+@pytest.mark.parametrize("b_shape", [(1, 1, N), (1, M, N)])
 def test_skip_constant_not_per_feature(fuse, b_shape):
+    # a rank-3 bias makes the Add's output rank 3: Gemm's C must broadcast to [M, N]
     b, y = matmul_add(b_shape)
     model = b.build(y)
     s = assert_skipped(fuse(model), model, Reason.NOT_PER_FEATURE)
     assert str(list(b_shape)) in s.detail
+
+
+@pytest.mark.parametrize("b_shape", [(M, N), (M, 1)])
+def test_skip_constant_not_per_feature_with_rows_and_a_symbolic_batch(fuse, b_shape):
+    # with M symbolic, batch 1 would make the Add's output [M', N] while Gemm's C must fit [1, N]
+    b, y = matmul_add(b_shape, x_shape=("batch", K))
+    model = b.build(y)
+    s = assert_skipped(fuse(model), model, Reason.NOT_PER_FEATURE)
+    assert str(list(b_shape)) in s.detail and "batch" in s.detail
 
 
 def test_skip_dtype_not_foldable(fuse):

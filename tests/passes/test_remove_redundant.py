@@ -6,12 +6,13 @@ rtol=1e-4, atol=1e-5 (conftest.RTOL/ATOL).
 """
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
 from onnxfuse.passes import Reason
-from tests.builders import GraphBuilder, skip_of
-from tests.conftest import ATOL, RTOL, assert_same_outputs, op_counts
+from tests.builders import GraphBuilder, skip_of, subgraph
+from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, op_counts, run
 
 PASS = "remove_redundant"
 
@@ -109,19 +110,179 @@ def test_lossy_cast_round_trip_stays(fuse):
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
 
 
-def test_transposes_that_do_not_cancel_stay(fuse):
+def test_transposes_that_do_not_cancel_become_one(fuse):
     model = conv_then(("Transpose", [], {"perm": [0, 2, 3, 1]}), ("Transpose", [], {"perm": [0, 2, 3, 1]}))
     result = fuse(model)
-    assert op_counts(result.model)["Transpose"] == 2
+    assert op_counts(checked(result.model))["Transpose"] == 1
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def checked(model):
+    """``model`` after onnx.checker's full check (shape inference included) passed on it."""
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def output_names(model) -> list[str]:
+    return [o.name for o in model.graph.output]
+
+
+@pytest.mark.parametrize("middle", [
+    [("Identity", [], {})],
+    [("Cast", [], {"to": TensorProto.FLOAT})],
+    [("Dropout", [np.float32(0.5), np.bool_(False)], {})],
+    [("Transpose", [], {"perm": [0, 2, 3, 1]}), ("Transpose", [], {"perm": [0, 3, 1, 2]})],
+], ids=["identity", "cast", "dropout", "transpose-pair"])
+def test_graph_output_is_taken_over_by_the_producer(fuse, middle):
+    # exported models often end in an Identity: the Add that computes its input takes over the output's name,
+    # and conv_affine then folds that Add into the Conv, which writes the graph output
+    model = conv_then(*middle, opset=13, after=None)
+    result = fuse(model, target="cpu")
+    checked(result.model)
+    assert op_counts(result.model) == {"Conv": 1}
+    assert output_names(result.model) == output_names(model)
+    assert result.model.graph.output[0].type == model.graph.output[0].type
+    assert list(result.model.graph.node[0].output) == output_names(model)
+    assert not any(s.pass_name == PASS for s in result.skips)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
 
 
 def test_skip_intermediate_is_graph_output_identity(fuse):
-    model = conv_then(("Identity", [], {}), after=None)
+    # the Identity's input is a graph input: it cannot be renamed to the output's name
+    b = GraphBuilder()
+    model = b.build(b.op("Identity", [b.input("x", [1, 4])]))
     result = fuse(model, target="cpu")
     s = skip_of(result, PASS)
-    assert s.reason == Reason.GRAPH_OUTPUT
+    assert s.reason == Reason.GRAPH_OUTPUT and "graph input" in s.detail
     assert op_counts(result.model)["Identity"] == 1
-    assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
+    assert output_names(checked(result.model)) == output_names(model)
+
+
+def test_skip_intermediate_is_graph_output_when_the_input_is_a_graph_output_too(fuse):
+    b = GraphBuilder()
+    y = b.op("Relu", [b.input("x", [1, 4])])
+    model = b.build([y, b.op("Identity", [y])])
+    result = fuse(model)
+    s = skip_of(result, PASS)
+    assert s.reason == Reason.GRAPH_OUTPUT and "graph output too" in s.detail
+    assert output_names(checked(result.model)) == output_names(model)
+
+
+def test_skip_intermediate_is_graph_output_when_the_input_is_a_constant(fuse):
+    b = GraphBuilder()
+    b.input("x", [1, 4])
+    model = b.build(b.op("Identity", [b.const(b.rand(1, 4))]))
+    result = fuse(model, only=(PASS,))  # constant_fold reports the same node first
+    s = skip_of(result, PASS)
+    assert s.reason == Reason.GRAPH_OUTPUT and "constant" in s.detail
+    assert output_names(checked(result.model)) == output_names(model)
+
+
+def test_skip_intermediate_is_graph_output_when_a_subgraph_reads_the_input(fuse):
+    # renaming y would rename it inside the If branch too: left as it is
+    b = GraphBuilder()
+    x, cond = b.input("x", [1, 4]), b.input("cond", [], dtype=np.bool_)
+    y = b.op("Relu", [x])
+    then_b, else_b = GraphBuilder(prefix="t_"), GraphBuilder(prefix="e_")
+    then_b.input(y, [1, 4])
+    else_b.input(y, [1, 4])
+    branch = b.op("If", [cond], then_branch=subgraph(then_b, then_b.op("Sigmoid", [y])),
+                  else_branch=subgraph(else_b, else_b.op("Neg", [y])))
+    model = b.build([b.op("Identity", [y]), branch])
+    result = fuse(model)
+    s = skip_of(result, PASS)
+    assert s.reason == Reason.GRAPH_OUTPUT and "subgraph" in s.detail
+    checked(result.model)
+    for flag in (True, False):
+        feeds = {"x": np.linspace(-1, 1, 4, dtype=np.float32).reshape(1, 4), "cond": np.array(flag)}
+        for got, ref in zip(run(result.model, feeds), run(model, feeds), strict=True):
+            np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
+
+
+def loop_model(identity_at_end: bool = True) -> onnx.ModelProto:
+    """y = Loop(n, x): each iteration runs x -> Mul(w) -> Add(b) -> Identity -> body output (a Loop body ends in
+    graph outputs, so its Identity could never be removed while a graph output blocked it)."""
+    body_nodes = [helper.make_node("Mul", ["x_in", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+                  helper.make_node("Identity", ["a"], ["x_out"]), helper.make_node("Identity", ["c_in"], ["c_out"])]
+    body = helper.make_graph(
+        body_nodes, "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, [2, 3])],
+        [onnx.numpy_helper.from_array(np.full((2, 3), 0.5, np.float32), "w"),
+         onnx.numpy_helper.from_array(np.full((2, 3), 0.25, np.float32), "b")])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)], "loop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return checked(model)
+
+
+def test_identity_at_the_end_of_a_loop_body_is_removed(fuse):
+    model = loop_model()
+    result = fuse(model)
+    checked(result.model)
+    body = result.model.graph.node[0].attribute[0].g
+    assert [n.op_type for n in body.node] == ["Mul", "Add", "Identity"]  # c_out = Identity(c_in): a body input
+    assert [o.name for o in body.output] == ["c_out", "x_out"]
+    s = skip_of(result, PASS)
+    assert s.reason == Reason.GRAPH_OUTPUT and s.output == "c_out"
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.array(3, np.int64)}
+    np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_transpose_pair_split_between_graph_and_if_branch_stays(fuse):
+    # the first Transpose is in the main graph, the second in a branch: the pair is not removed across graphs
+    # (it was: the outer Transpose lost its edges but stayed, and the written model failed onnx.checker)
+    b = GraphBuilder()
+    x, cond = b.input("x", [1, 3, 6, 6]), b.input("cond", [], dtype=np.bool_)
+    nhwc = b.op("Transpose", [b.conv(x, 3, 4)], perm=[0, 2, 3, 1])
+    then_b, else_b = GraphBuilder(prefix="t_"), GraphBuilder(prefix="e_")
+    then_b.input(nhwc, [1, 6, 6, 4])
+    else_b.input(nhwc, [1, 6, 6, 4])
+    then = subgraph(then_b, then_b.op("Relu", [then_b.op("Transpose", [nhwc], perm=[0, 3, 1, 2])]))
+    other = subgraph(else_b, else_b.op("Sigmoid", [else_b.op("Transpose", [nhwc], perm=[0, 3, 1, 2])]))
+    model = b.build(b.op("If", [cond], then_branch=then, else_branch=other))
+    result = fuse(model)
+    checked(result.model)
+    assert op_counts(result.model)["Transpose"] == 3
+    assert_if_branches_match(model, result.model)
+
+
+def test_transpose_with_identity_perm_is_removed(fuse):
+    model = conv_then(("Transpose", [], {"perm": [0, 1, 2, 3]}))
+    result = fuse(model, target="cpu+cuda")
+    assert op_counts(checked(result.model)) == {"FusedConv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_transpose_chain_is_composed_into_one(fuse):
+    # NCHW -> NHWC -> NWHC -> NCWH: three Transposes, one composed perm (r[i] = p[q[i]] at each step)
+    model = conv_then(("Transpose", [], {"perm": [0, 2, 3, 1]}), ("Transpose", [], {"perm": [0, 2, 1, 3]}),
+                      ("Transpose", [], {"perm": [0, 3, 1, 2]}))
+    result = fuse(model, target="cpu")
+    checked(result.model)
+    [t] = [n for n in result.model.graph.node if n.op_type == "Transpose"]
+    perm = [0, 2, 3, 1]
+    for q in ([0, 2, 1, 3], [0, 3, 1, 2]):
+        perm = [perm[i] for i in q]
+    assert list(t.attribute[0].ints) == perm == [0, 1, 3, 2]
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_transpose_chain_with_shared_first_stays(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [2, 3, 4])
+    first = b.op("Transpose", [x], perm=[1, 2, 0])
+    model = b.build([b.op("Transpose", [first], perm=[1, 0, 2]), b.op("Relu", [first])])
+    result = fuse(model)
+    assert op_counts(checked(result.model))["Transpose"] == 2
+    assert not result.fusions
 
 
 def test_skip_dropout_training_mode(fuse):
@@ -151,3 +312,20 @@ def test_skip_dropout_mask_used(fuse):
     result = fuse(model)
     assert skip_of(result, PASS).reason == Reason.DROPOUT_MASK
     assert op_counts(result.model)["Dropout"] == 1
+
+
+def test_graph_output_of_optional_type_is_taken_over(fuse):
+    # the Optional node takes over the name and the optional type of the Identity's graph output
+    optional = helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3]))
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Optional", ["r"], ["o"]),
+             helper.make_node("Identity", ["o"], ["y"])]
+    graph = helper.make_graph(nodes, "optional_out", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_value_info("y", optional)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])  # Identity of optional: 16
+    model.ir_version = 8
+    result = fuse(checked(model))
+    checked(result.model)
+    assert [n.op_type for n in result.model.graph.node] == ["Relu", "Optional"]
+    assert [(o.name, o.type) for o in result.model.graph.output] == [("y", optional)]
+    feeds = {"x": np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)}
+    np.testing.assert_array_equal(run(result.model, feeds)[0], run(model, feeds)[0])
