@@ -31,9 +31,9 @@ def _use_this_package() -> None:
 
 
 def run() -> None:
-    """The ``onnxfuse`` command (the console script's entry point, and ``python -m onnxfuse``): import the CLI,
-    which loads onnx, numpy and onnx-graphsurgeon, then run it. A Ctrl-C during that import, before the CLI's
-    own handling is in place, exits 130 with one line, as a Ctrl-C later does."""
+    """The ``onnxfuse`` command (the console script's entry point, and ``python -m onnxfuse``): import the CLI
+    (click; the library is imported by the command that runs), then run it. A Ctrl-C during that import, before
+    the CLI's own handling is in place, exits 130 with one line, as a Ctrl-C later does."""
     try:
         from onnxfuse.cli import main
     except KeyboardInterrupt:

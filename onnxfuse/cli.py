@@ -21,16 +21,30 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from onnxfuse import model_io, pipeline
-from onnxfuse import report as rep
 from onnxfuse._version import __version__
 from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
-from onnxfuse.passes import ALL_PASSES, PASS_NAMES
-from onnxfuse.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET, ORT_LEVELS, TARGETS
-from onnxfuse.shapes import parse_input_shape
+
+if TYPE_CHECKING:
+    from onnxfuse import model_io, pipeline
+    from onnxfuse import report as rep
+
+# The library (onnx, numpy, onnx-graphsurgeon, onnxruntime, sympy) is imported in the command bodies, not here:
+# click parses the command line before it calls a command, so --help, --version and usage errors (an unknown
+# option, a missing argument, a value outside a choice) answer without loading it. The choices that --help shows
+# are therefore spelled out here; tests/test_startup.py checks them against the library's own lists.
+
+#: providers.TARGETS (its keys, in order) and providers.DEFAULT_TARGET.
+TARGET_NAMES = ("cpu+cuda", "cpu", "cuda", "onnx")
+DEFAULT_TARGET = "cpu+cuda"
+#: providers.ORT_LEVELS and providers.DEFAULT_ORT_LEVEL.
+ORT_LEVELS = ("disable", "basic", "extended", "all")
+DEFAULT_ORT_LEVEL = "all"
+#: report.FORMATS.
+REPORT_FORMATS = ("text", "json", "markdown", "html")
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -110,6 +124,8 @@ def _fail_cleanly(fn):
 
 
 def _shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    from onnxfuse.shapes import parse_input_shape
+
     return _pairs(values, parse_input_shape, "--input-shape")
 
 
@@ -164,6 +180,8 @@ def _verify_options(input_shapes, input_data, input_value, input_range, input_se
 
 
 def _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level) -> pipeline.Options:
+    from onnxfuse import pipeline
+
     if only and set(only) <= set(skip):
         raise InputError("--only and --skip leave no pass to run")
     return pipeline.Options(target=target, only=tuple(only), skip=tuple(skip), input_shapes=_shapes(input_shape),
@@ -206,15 +224,33 @@ def _progress(ctx: click.Context, message: str):
         yield
 
 
+class _PassChoice(click.Choice):
+    """``click.Choice`` over ``onnxfuse.passes.PASS_NAMES``, looked up (which imports the passes and
+    onnx-graphsurgeon) only when a value is checked: --only and --skip show the metavar PASS in --help."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from onnxfuse.passes import PASS_NAMES
+
+        return tuple(PASS_NAMES)
+
+    @choices.setter
+    def choices(self, value) -> None:
+        pass  # click.Choice.__init__ assigns the (empty) sequence given above; the names come from the property
+
+
 def pass_options(fn):
     """Options shared by ``optimize``, ``report`` and ``bench``."""
     decorators = [
-        click.option("--target", type=click.Choice(list(TARGETS)), default=DEFAULT_TARGET, show_default=True,
+        click.option("--target", type=click.Choice(TARGET_NAMES), default=DEFAULT_TARGET, show_default=True,
                      help="What the output must run on: cpu+cuda (float32 FusedConv with Relu only), cpu (every "
                           "activation the CPU kernel has), cuda, or onnx (folds only, no contrib ops)."),
-        click.option("--only", multiple=True, type=click.Choice(PASS_NAMES), metavar="PASS",
+        click.option("--only", multiple=True, type=_PassChoice(), metavar="PASS",
                      help="Run only this pass (repeatable). See: onnxfuse passes."),
-        click.option("--skip", multiple=True, type=click.Choice(PASS_NAMES), metavar="PASS",
+        click.option("--skip", multiple=True, type=_PassChoice(), metavar="PASS",
                      help="Do not run this pass (repeatable)."),
         click.option("--input-shape", multiple=True, metavar="NAME=DIMS",
                      help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (repeatable)."),
@@ -231,9 +267,42 @@ def pass_options(fn):
     return fn
 
 
+#: Distributions whose versions ``--version`` shows: the onnxruntime build decides which fused forms and
+#: activations are emitted (providers.py), onnx and onnx-graphsurgeon read and write the model. The first of each
+#: group that is installed is shown (onnxruntime-gpu is the CUDA build of onnxruntime).
+VERSION_DISTRIBUTIONS = (("onnxruntime", "onnxruntime-gpu"), ("onnx",), ("onnx-graphsurgeon",))
+
+
+def version_lines() -> list[str]:
+    """``onnxfuse VERSION`` and one ``NAME VERSION`` line per :data:`VERSION_DISTRIBUTIONS` group (``NAME not
+    installed`` when none of the group is), from the installed distributions' metadata (``importlib.metadata``):
+    none of the libraries is imported."""
+    from importlib import metadata
+
+    lines = [f"onnxfuse {__version__}"]
+    for names in VERSION_DISTRIBUTIONS:
+        for name in names:
+            try:
+                lines.append(f"{name} {metadata.version(name)}")
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        else:
+            lines.append(f"{names[0]} not installed")
+    return lines
+
+
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo("\n".join(version_lines()))
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
              epilog=EXIT_CODES_HELP)
-@click.version_option(__version__, "--version", prog_name="onnxfuse")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the versions of onnxfuse and of the libraries that decide its output, and exit.")
 @verbosity_options
 @click.pass_context
 def main(ctx: click.Context) -> None:
@@ -262,7 +331,7 @@ def main(ctx: click.Context) -> None:
 @verify_options
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the full report here (.json, .md, .txt or .html).")
-@click.option("--report-format", type=click.Choice(rep.FORMATS),
+@click.option("--report-format", type=click.Choice(REPORT_FORMATS),
               help="Format of --report (default: from its extension).")
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="GB/S",
               help="Add an estimated memory time at this bandwidth (10^9 bytes/s).")
@@ -283,6 +352,9 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
       onnxfuse optimize m.onnx m.fused.onnx --report traffic.json \\
           --require-verify
     """
+    from onnxfuse import model_io, pipeline
+    from onnxfuse import report as rep
+
     output_path = Path(output_arg)
     if output_path.is_dir() or output_arg.endswith(("/", os.sep)):
         raise InputError(f"{output_path}: OUTPUT is a directory; give a file name")
@@ -345,6 +417,8 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
 
 def _check_not_data_file(path: Path, what: str, loaded: model_io.LoadedModel) -> None:
     """Refuse to write a report over one of the input model's external data files (its weights)."""
+    from onnxfuse import model_io
+
     if any(model_io.same_file(path, f) for f in loaded.data_files):
         raise InputError(f"{what} {path}: is an external data file of the input model; choose another name")
 
@@ -378,6 +452,8 @@ def _diagnostics(report: rep.Report) -> None:
 
 def _hints(report: rep.Report) -> None:
     """What the user could do to get a fuller result (stderr, INFO)."""
+    from onnxfuse import report as rep
+
     hint = rep.unknown_shapes_hint(report)
     if hint:
         log.info("%s", hint)
@@ -428,7 +504,7 @@ Exit codes:
 @pass_options
 @click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
               help="Real inputs: their array shapes fix the input shapes of the report.")
-@click.option("--format", "fmt", type=click.Choice(rep.FORMATS),
+@click.option("--format", "fmt", type=click.Choice(REPORT_FORMATS),
               help="Output format (default: from the -o extension, else text); html is one "
                    "self-contained page with charts.")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path),
@@ -458,7 +534,11 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
       onnxfuse report model.onnx --baseline main.json -o new.json
       onnxfuse report model.onnx -o report.html
     """
-    from onnxfuse import baseline as baseline_mod
+    from onnxfuse import model_io, pipeline
+    from onnxfuse import report as rep
+
+    if baseline is not None:
+        from onnxfuse import baseline as baseline_mod  # it imports sympy: only --baseline needs it
 
     if output is not None:
         _check_folder(output, "--output")
@@ -529,6 +609,7 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
     import tempfile
 
     from onnxfuse import bench as bench_mod
+    from onnxfuse import model_io, pipeline
 
     if optimized is not None:
         ignored = [f"--{name.replace('_', '-')}" for name in ("target", "only", "skip", "ort_level",
@@ -624,6 +705,7 @@ def verify_command(ctx, original, candidate, input_shape, input_data, input_valu
       onnxfuse verify vad.onnx vad.slim.onnx --input-value sr=16000 \\
           --input-shape input=1x512
     """
+    from onnxfuse import model_io
     from onnxfuse import verification as verify_mod
 
     opts = _verify_options(_shapes(input_shape), input_data, input_value, input_range, input_sets, rtol, atol)
@@ -673,6 +755,8 @@ def _verification_text(result) -> str:
 @main.command()
 def passes():
     """List the passes in the order they run, and the reasons a pass can decline a pattern."""
+    from onnxfuse.passes import ALL_PASSES
+
     for p in ALL_PASSES:
         click.echo(f"{p.name:<16} {p.summary}")
         click.echo(f"{'':<16} declines: {', '.join(r.value for r in p.reasons)}")

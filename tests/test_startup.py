@@ -1,0 +1,128 @@
+"""Start-up (issue 25): ``--help``, ``--version`` and usage errors answer before the library's heavy dependencies
+(onnx and the ml_dtypes it imports, numpy, onnxruntime, onnx-graphsurgeon, sympy) are imported; the choices that
+the CLI spells out for that match the library's own lists; ``--version`` names the versions that decide the output.
+
+Which modules a command imported is read from ``python -X importtime`` (one stderr line per module imported),
+running the real entry point (``python -m onnxfuse``) in a fresh process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+from tests.conftest import REPO
+
+#: Top-level modules that a usage error must not import.
+HEAVY = ("onnx", "ml_dtypes", "numpy", "onnxruntime", "onnx_graphsurgeon", "sympy")
+
+
+def run_with_importtime(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run ``python -X importtime -m onnxfuse ARGS`` from the repository root; return the finished process and
+    the names of every module it imported (``-X importtime`` lines removed from its stderr)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "onnxfuse", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    modules, other = set(), []
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:"):
+            modules.add(line.rsplit("|", 1)[1].strip())
+        else:
+            other.append(line)
+    proc.stderr = "\n".join(other)
+    return proc, modules
+
+
+def heavy_imported(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] in HEAVY)
+
+
+def test_importtime_detects_the_heavy_imports_of_a_command_that_needs_them():
+    """The check below cannot pass by reading nothing: `passes` imports the passes, which use graphsurgeon."""
+    proc, modules = run_with_importtime("passes")
+    assert proc.returncode == 0, proc.stderr
+    assert {"onnx", "numpy", "onnx_graphsurgeon"} <= set(heavy_imported(modules))
+
+
+@pytest.mark.parametrize("args, code", [
+    (["--version"], 0),
+    (["--help"], 0),
+    (["optimize", "--help"], 0),
+    (["report", "--help"], 0),
+    (["bench", "--help"], 0),
+    (["verify", "--help"], 0),
+    (["passes", "--help"], 0),
+    (["optimize", "--bogus"], 2),  # unknown option
+    (["optimize"], 2),  # missing arguments
+    (["optimize", "in.onnx"], 2),  # missing OUTPUT
+    (["optimize", "in.onnx", "out.onnx", "--input-sets"], 2),  # an option without its value
+    (["optimize", "in.onnx", "out.onnx", "--target", "gpu"], 2),  # not one of the choices
+    (["optimize", "in.onnx", "out.onnx", "--ort-level", "max"], 2),
+    (["report", "in.onnx", "--format", "pdf"], 2),
+    (["bench", "in.onnx", "--runs", "0"], 2),  # out of range
+    (["no-such-command"], 2),
+])
+def test_help_version_and_usage_errors_import_no_heavy_library(args, code):
+    proc, modules = run_with_importtime(*args)
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    if code == 2:
+        assert "Error:" in proc.stderr
+    assert heavy_imported(modules) == [], args
+
+
+def test_pass_names_are_still_checked_when_given():
+    """--only/--skip look the pass names up only when given; a wrong one is still a usage error naming them."""
+    from onnxfuse.passes import PASS_NAMES
+
+    proc, _ = run_with_importtime("optimize", "in.onnx", "out.onnx", "--only", "no_such_pass")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "no_such_pass" in proc.stderr and all(name in proc.stderr for name in PASS_NAMES)
+
+
+def test_spelled_out_choices_match_the_library():
+    from onnxfuse import cli, providers
+    from onnxfuse import report as rep
+    from onnxfuse.passes import PASS_NAMES
+
+    assert cli.TARGET_NAMES == tuple(providers.TARGETS)
+    assert cli.DEFAULT_TARGET == providers.DEFAULT_TARGET
+    assert cli.ORT_LEVELS == tuple(providers.ORT_LEVELS)
+    assert cli.DEFAULT_ORT_LEVEL == providers.DEFAULT_ORT_LEVEL
+    assert cli.REPORT_FORMATS == tuple(rep.FORMATS)
+    assert cli._PassChoice().choices == tuple(PASS_NAMES)
+
+
+def test_version_names_the_libraries_that_decide_the_output():
+    """Compared with the versions the imported modules report (the command itself reads package metadata)."""
+    import onnx
+    import onnx_graphsurgeon
+    import onnxruntime
+
+    from onnxfuse import __version__
+
+    proc, _ = run_with_importtime("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"onnxfuse {__version__}",
+        f"onnxruntime {onnxruntime.__version__}",
+        f"onnx {onnx.__version__}",
+        f"onnx-graphsurgeon {onnx_graphsurgeon.__version__}",
+    ]
+
+
+def test_version_shows_the_gpu_build_and_a_missing_library(monkeypatch):
+    """onnxruntime-gpu is named when it is the build installed; a library that is missing says so."""
+    from onnxfuse import cli
+
+    installed = {"onnxruntime-gpu": "9.8.7", "onnx": "1.2.3"}
+
+    def fake_version(name: str) -> str:
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(metadata, "version", fake_version)
+    assert cli.version_lines()[1:] == ["onnxruntime-gpu 9.8.7", "onnx 1.2.3", "onnx-graphsurgeon not installed"]
