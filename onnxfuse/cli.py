@@ -3,7 +3,7 @@
 Exit codes: 0 success; 1 the optimized model failed verification (or ``--require-verify`` and verification
 was skipped), no model written (a ``--report`` file is, with the verification result); 2 usage error, an input
 model that cannot be read or is invalid, or an output that cannot be written; 130 interrupted (Ctrl-C, SIGINT),
-no partly written file left.
+143 terminated (SIGTERM), 129 hung up (SIGHUP): no partly written or temporary file left.
 
 Results (the optimize summary, a report, bench tables, the pass list) go to stdout; everything else (errors,
 warnings, hints, "wrote FILE", progress, ``-v`` detail) goes to stderr. Diagnostics go through :mod:`logging`: the
@@ -27,7 +27,7 @@ import click
 from onnxfuse import model_io, pipeline
 from onnxfuse import report as rep
 from onnxfuse._version import __version__
-from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
+from onnxfuse.errors import InputError, OnnxFuseError, VerificationError, interrupted_exit
 from onnxfuse.passes import ALL_PASSES, PASS_NAMES
 from onnxfuse.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET, ORT_LEVELS, TARGETS
 from onnxfuse.shapes import parse_input_shape
@@ -40,16 +40,18 @@ Exit codes:
        with the verification result)
   2    usage error, an input model that cannot be read or is invalid,
        or an OUTPUT that cannot be written
-  130  interrupted (Ctrl-C); no partly written file is left"""
+  130  interrupted (Ctrl-C); no partly written file is left
+  143  terminated (SIGTERM: CI runners, timeout); the same"""
 
 READ_ONLY_EXIT_CODES_HELP = """\b
 Exit codes:
   0    success
   2    usage error, or a model that cannot be read or is invalid
-  130  interrupted (Ctrl-C)"""
+  130  interrupted (Ctrl-C)
+  143  terminated (SIGTERM)"""
 
 #: Exit code after SIGINT (Ctrl-C): 128 + signal number 2, the shell convention. Not 1, which means "verification
-#: failed".
+#: failed". SIGTERM exits 143 and SIGHUP 129 (errors.Interrupted.exit_code).
 EXIT_INTERRUPTED = 130
 
 #: The package's root logger: the CLI's own messages, and the parent of every library module's logger.
@@ -88,7 +90,8 @@ def _unconfigure_logging() -> None:
 
 def _fail_cleanly(fn):
     """Turn an OnnxFuseError into a one-line ``error: ...`` on stderr and its exit code, and Ctrl-C into one line
-    and exit code 130 (click's own handling would exit 1, the code for a failed verification); bugs keep their
+    and exit code 130, SIGTERM 143, SIGHUP 129 (click's own handling would exit 1, the code for a failed
+    verification); bugs keep their
     traceback. Files are written whole or not at all (temporary file, then rename), so an interrupt leaves no
     partly written file."""
 
@@ -96,9 +99,10 @@ def _fail_cleanly(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except KeyboardInterrupt:
-            click.echo("error: interrupted; no partly written file was left", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Interrupted, from __main__.run)
+            message, code = interrupted_exit(exc)
+            click.echo(message, err=True)
+            sys.exit(code)
         except OnnxFuseError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
