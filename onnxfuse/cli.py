@@ -24,7 +24,7 @@ from pathlib import Path
 
 import click
 
-from onnxfuse import model_io, pipeline
+from onnxfuse import escape, model_io, pipeline
 from onnxfuse import report as rep
 from onnxfuse._version import __version__
 from onnxfuse.errors import InputError, OnnxFuseError, VerificationError, interrupted_exit
@@ -60,11 +60,12 @@ log = logging.getLogger("onnxfuse")
 
 class _StderrHandler(logging.Handler):
     """Writes each record to the current ``sys.stderr`` through click (looked up at each record, so that click's
-    test runner captures it), a ``warning: `` prefix on warnings, no other decoration."""
+    test runner captures it), a ``warning: `` prefix on warnings, no other decoration. The message is escaped
+    (:func:`onnxfuse.escape.text`): names and paths in it cannot add a line or send an escape sequence."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            message = self.format(record)
+            message = escape.text(self.format(record))
             if record.levelno == logging.WARNING:
                 message = f"warning: {message}"
             click.echo(message, err=True)
@@ -104,7 +105,7 @@ def _fail_cleanly(fn):
             click.echo(message, err=True)
             sys.exit(code)
         except OnnxFuseError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {escape.text(exc)}", err=True)  # one line: a name in it adds none
             sys.exit(exc.exit_code)
         except UnicodeDecodeError:  # protobuf hands invalid UTF-8 in a string field to Python as it is
             click.echo("error: the model holds a name or string that is not valid UTF-8", err=True)
@@ -203,8 +204,9 @@ def _progress(ctx: click.Context, message: str):
     """A spinner on stderr while ``message`` runs, only when stderr is a terminal and not --quiet."""
     if sys.stderr.isatty() and _verbosity(ctx) >= 0:
         from rich.console import Console
+        from rich.text import Text
 
-        with Console(stderr=True).status(message):
+        with Console(stderr=True).status(Text(escape.text(message))):  # Text: no markup read in a file name
             yield
     else:
         yield
@@ -496,8 +498,9 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
 
             click.echo(json.dumps(comparison.to_dict(), indent=2, sort_keys=True))
         else:
-            bullet = "- " if fmt == "markdown" else ""
-            click.echo("\n".join(f"{bullet}{line}" for line in [f"compared with {baseline}:", *comparison.lines()]))
+            bullet, safe = ("- ", escape.markdown) if fmt == "markdown" else ("", escape.text)
+            lines = [f"compared with {safe(baseline)}:", *comparison.lines(fmt)]
+            click.echo("\n".join(f"{bullet}{line}" for line in lines))
         if comparison.regressed:
             sys.exit(1)
 
@@ -663,14 +666,15 @@ def _verification_text(result) -> str:
                  "min floor", "tolerance", "result")]
         for o in result.outputs:
             tol = f"{o.tolerance:.3g}" if o.tolerance is not None else f"atol {o.atol:g} rtol {o.rtol:g}"
-            rows.append((o.name, o.dtype, f"{o.max_abs_error:.3g}", f"{o.scale:.3g}", f"{o.max_rel_error:.2g}",
+            rows.append((escape.text(o.name), escape.text(o.dtype), f"{o.max_abs_error:.3g}", f"{o.scale:.3g}",
+                         f"{o.max_rel_error:.2g}",
                          "-" if o.floor is None else f"{o.floor:.3g}",
                          "-" if o.rounding_floor is None else f"{o.rounding_floor:.3g}", f"{o.min_floor:.3g}", tol,
                          "passed" if o.passed else "FAILED"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         lines += [f"  {o.describe(result.floor_multiple)}" for o in failed]
-    return "\n".join(lines) + "\n"
+    return "\n".join(escape.text(line) for line in lines) + "\n"  # the verdict's reason, describe(): names
 
 
 @main.command()

@@ -904,3 +904,27 @@ def test_sigterm_from_outside_during_verification_exits_143_and_leaves_nothing(t
     assert proc.returncode == 143, stderr
     assert stderr == "error: stopped by SIGTERM; no partly written file was left\n" and stdout == ""
     assert _leftovers(tmpdir) == [] and list(out_dir.iterdir()) == []
+
+
+def test_names_in_error_and_log_lines_are_escaped(tmp_path):
+    """An error that names an input, and the "wrote FILE" line for a file name with an escape sequence and a
+    newline: one line each, no raw control character, rich markup left as text."""
+    result = run_cli("report", SAMPLE, "--input-shape", "y\x1b[2J\n[red]z=1x2")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and "y\\x1b[2J\\n[red]z" in result.stderr, result.stderr
+    out = tmp_path / "o\x1b[2J\n[bold].onnx"
+    result = run_cli("optimize", SAMPLE, out, "--target", "cpu")
+    assert result.exit_code == 0 and out.exists()
+    assert result.stderr == f"wrote {tmp_path}/o\\x1b[2J\\n[bold].onnx\n"
+
+
+def test_output_names_in_verify_text_are_escaped(tmp_path):
+    b = GraphBuilder()
+    name = "y\x1b]0;title\x07\r\n| [red]"
+    x = b.input("x", [1, 3, 4, 4])
+    model = b.build(b.op("Relu", [x], name=name))
+    onnx.save(model, str(tmp_path / "a.onnx"))
+    result = run_cli("verify", tmp_path / "a.onnx", tmp_path / "a.onnx")
+    assert result.exit_code == 0, result.output
+    assert "y\\x1b]0;title\\x07\\r\\n| [red]_out" in result.stdout
+    assert not any(c in result.output for c in "\x1b\x07\r")
