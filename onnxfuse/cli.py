@@ -92,9 +92,8 @@ def _unconfigure_logging() -> None:
 def _fail_cleanly(fn):
     """Turn an OnnxFuseError into a one-line ``error: ...`` on stderr and its exit code, and Ctrl-C into one line
     and exit code 130, SIGTERM 143, SIGHUP 129 (click's own handling would exit 1, the code for a failed
-    verification); bugs keep their
-    traceback. Files are written whole or not at all (temporary file, then rename), so an interrupt leaves no
-    partly written file."""
+    verification); bugs keep their traceback. Files are written whole or not at all (temporary file, then rename),
+    so an interrupt leaves no partly written file."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
