@@ -178,8 +178,10 @@ def to_text(result: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
 
+    from onnxfuse import escape
+
     buf = io.StringIO()
-    console = Console(file=buf, width=120, color_system=None, highlight=False)
+    console = Console(file=buf, width=120, color_system=None, highlight=False, markup=False, emoji=False)
     table = Table(title=f"onnxruntime CPU latency, {result['threads']} intra-op thread(s), {result['runs']} "
                         "rotating rounds of original / control (the original again) / optimized; ratio = median "
                         "of optimized / original per round", box=box.SIMPLE, title_justify="left")
@@ -193,8 +195,10 @@ def to_text(result: dict[str, Any]) -> str:
                       f"{r['control_ratio']:.3f}", f"±{r['noise'] * 100:.1f}%", verdict,
                       f"{o['session_ms']:.0f} / {p['session_ms']:.0f}",
                       f"{o['nodes_after_ort']} / {p['nodes_after_ort']}")
-    shapes = ", ".join(f"{k}={'x'.join(str(d) for d in v) or 'scalar'}" for k, v in result["input_shapes"].items())
-    console.print(f"input shapes: {shapes}" + (f" (invented for {', '.join(result['invented_shapes'])}: give "
+    shapes = ", ".join(f"{escape.text(k)}={'x'.join(str(d) for d in v) or 'scalar'}"
+                       for k, v in result["input_shapes"].items())
+    invented = ", ".join(escape.text(k) for k in result["invented_shapes"])
+    console.print(f"input shapes: {shapes}" + (f" (invented for {invented}: give "
                                                 "--input-shape)" if result["invented_shapes"] else ""))
     console.print(table)
     console.print("control: median of original / original per round; noise: the larger of |control - 1| and "

@@ -3,7 +3,7 @@
 Exit codes: 0 success; 1 the optimized model failed verification (or ``--require-verify`` and verification
 was skipped), no model written (a ``--report`` file is, with the verification result); 2 usage error, an input
 model that cannot be read or is invalid, or an output that cannot be written; 130 interrupted (Ctrl-C, SIGINT),
-no partly written file left.
+143 terminated (SIGTERM), 129 hung up (SIGHUP): no partly written or temporary file left.
 
 Results (the optimize summary, a report, bench tables, the pass list) go to stdout; everything else (errors,
 warnings, hints, "wrote FILE", progress, ``-v`` detail) goes to stderr. Diagnostics go through :mod:`logging`: the
@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+from onnxfuse import escape
 from onnxfuse._version import __version__
-from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
+from onnxfuse.errors import InputError, OnnxFuseError, VerificationError, interrupted_exit
 
 if TYPE_CHECKING:
     from onnxfuse import model_io, pipeline
@@ -54,16 +55,18 @@ Exit codes:
        with the verification result)
   2    usage error, an input model that cannot be read or is invalid,
        or an OUTPUT that cannot be written
-  130  interrupted (Ctrl-C); no partly written file is left"""
+  130  interrupted (Ctrl-C); no partly written file is left
+  143  terminated (SIGTERM: CI runners, timeout); the same"""
 
 READ_ONLY_EXIT_CODES_HELP = """\b
 Exit codes:
   0    success
   2    usage error, or a model that cannot be read or is invalid
-  130  interrupted (Ctrl-C)"""
+  130  interrupted (Ctrl-C)
+  143  terminated (SIGTERM)"""
 
 #: Exit code after SIGINT (Ctrl-C): 128 + signal number 2, the shell convention. Not 1, which means "verification
-#: failed".
+#: failed". SIGTERM exits 143 and SIGHUP 129 (errors.Interrupted.exit_code).
 EXIT_INTERRUPTED = 130
 
 #: The package's root logger: the CLI's own messages, and the parent of every library module's logger.
@@ -72,11 +75,12 @@ log = logging.getLogger("onnxfuse")
 
 class _StderrHandler(logging.Handler):
     """Writes each record to the current ``sys.stderr`` through click (looked up at each record, so that click's
-    test runner captures it), a ``warning: `` prefix on warnings, no other decoration."""
+    test runner captures it), a ``warning: `` prefix on warnings, no other decoration. The message is escaped
+    (:func:`onnxfuse.escape.text`): names and paths in it cannot add a line or send an escape sequence."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            message = self.format(record)
+            message = escape.text(self.format(record))
             if record.levelno == logging.WARNING:
                 message = f"warning: {message}"
             click.echo(message, err=True)
@@ -102,19 +106,20 @@ def _unconfigure_logging() -> None:
 
 def _fail_cleanly(fn):
     """Turn an OnnxFuseError into a one-line ``error: ...`` on stderr and its exit code, and Ctrl-C into one line
-    and exit code 130 (click's own handling would exit 1, the code for a failed verification); bugs keep their
-    traceback. Files are written whole or not at all (temporary file, then rename), so an interrupt leaves no
-    partly written file."""
+    and exit code 130, SIGTERM 143, SIGHUP 129 (click's own handling would exit 1, the code for a failed
+    verification); bugs keep their traceback. Files are written whole or not at all (temporary file, then rename),
+    so an interrupt leaves no partly written file."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except KeyboardInterrupt:
-            click.echo("error: interrupted; no partly written file was left", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Interrupted, from __main__.run)
+            message, code = interrupted_exit(exc)
+            click.echo(message, err=True)
+            sys.exit(code)
         except OnnxFuseError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {escape.text(exc)}", err=True)  # one line: a name in it adds none
             sys.exit(exc.exit_code)
         except UnicodeDecodeError:  # protobuf hands invalid UTF-8 in a string field to Python as it is
             click.echo("error: the model holds a name or string that is not valid UTF-8", err=True)
@@ -217,8 +222,9 @@ def _progress(ctx: click.Context, message: str):
     """A spinner on stderr while ``message`` runs, only when stderr is a terminal and not --quiet."""
     if sys.stderr.isatty() and _verbosity(ctx) >= 0:
         from rich.console import Console
+        from rich.text import Text
 
-        with Console(stderr=True).status(message):
+        with Console(stderr=True).status(Text(escape.text(message))):  # Text: no markup read in a file name
             yield
     else:
         yield
@@ -573,8 +579,9 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
 
             click.echo(json.dumps(comparison.to_dict(), indent=2, sort_keys=True))
         else:
-            bullet = "- " if fmt == "markdown" else ""
-            click.echo("\n".join(f"{bullet}{line}" for line in [f"compared with {baseline}:", *comparison.lines()]))
+            bullet, safe = ("- ", escape.markdown) if fmt == "markdown" else ("", escape.text)
+            lines = [f"compared with {safe(baseline)}:", *comparison.lines(fmt)]
+            click.echo("\n".join(f"{bullet}{line}" for line in lines))
         if comparison.regressed:
             sys.exit(1)
 
@@ -742,14 +749,15 @@ def _verification_text(result) -> str:
                  "min floor", "tolerance", "result")]
         for o in result.outputs:
             tol = f"{o.tolerance:.3g}" if o.tolerance is not None else f"atol {o.atol:g} rtol {o.rtol:g}"
-            rows.append((o.name, o.dtype, f"{o.max_abs_error:.3g}", f"{o.scale:.3g}", f"{o.max_rel_error:.2g}",
+            rows.append((escape.text(o.name), escape.text(o.dtype), f"{o.max_abs_error:.3g}", f"{o.scale:.3g}",
+                         f"{o.max_rel_error:.2g}",
                          "-" if o.floor is None else f"{o.floor:.3g}",
                          "-" if o.rounding_floor is None else f"{o.rounding_floor:.3g}", f"{o.min_floor:.3g}", tol,
                          "passed" if o.passed else "FAILED"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         lines += [f"  {o.describe(result.floor_multiple)}" for o in failed]
-    return "\n".join(lines) + "\n"
+    return "\n".join(escape.text(line) for line in lines) + "\n"  # the verdict's reason, describe(): names
 
 
 @main.command()

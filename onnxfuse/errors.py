@@ -7,6 +7,8 @@ Exit codes (also in README.md and ``onnxfuse --help``):
   (or ``--require-verify`` was given and verification was skipped); no output file is written.
 * ``2``: :class:`InputError`: a usage error, an input model that cannot be read or is invalid, or an output
   that cannot be written (missing or read-only folder, disk full).
+* ``130``, ``143``, ``129``: interrupted by SIGINT (Ctrl-C), SIGTERM or SIGHUP (128 + the signal number, the
+  shell convention); no temporary or partly written file is left (:class:`Interrupted`).
 
 Anything else is a bug in onnxfuse and keeps its traceback.
 """
@@ -46,6 +48,40 @@ class VerificationError(OnnxFuseError):
         self.result = result
         self.verification = verification if verification is not None else (
             result.report.verification if result is not None else None)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread by the handler that :func:`onnxfuse.__main__.run` installs, so
+    that, as for Ctrl-C's KeyboardInterrupt, every ``finally`` and ``with`` block on the way out removes its
+    temporary files (the verification copy of the model in TMPDIR, the temporary folder beside OUTPUT).
+
+    A subclass of KeyboardInterrupt: code that lets Ctrl-C through (``except Exception``) lets these through too.
+
+    Attributes:
+        signum: the signal number (``signal.SIGTERM`` 15, ``signal.SIGHUP`` 1).
+        exit_code: ``128 + signum`` (143 for SIGTERM, 129 for SIGHUP).
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def interrupted_exit(exc: KeyboardInterrupt, working: bool = True) -> tuple[str, int]:
+    """The one ``error:`` line and the exit code for an interrupt: Ctrl-C (a plain KeyboardInterrupt) exits 130,
+    :class:`Interrupted` ``128 + signum``. ``working`` False (the libraries were still loading: nothing could have
+    been written) leaves out "no partly written file was left"."""
+    tail = "; no partly written file was left" if working else ""
+    if isinstance(exc, Interrupted):
+        import signal
+
+        try:
+            name = signal.Signals(exc.signum).name
+        except ValueError:
+            name = f"signal {exc.signum}"
+        return f"error: stopped by {name}{tail}", exc.exit_code
+    return f"error: interrupted{tail}", 130
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

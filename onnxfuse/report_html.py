@@ -603,8 +603,12 @@ def _notes_html(doc: dict, units: list[dict]) -> str:
     if doc.get("subgraph_nodes"):
         notes.append(f"<p>{_e(doc['subgraph_nodes'])} nodes inside If/Loop/Scan bodies are counted once each.</p>")
     b = doc.get("bandwidth")
-    if b:
-        notes.append(f"<p>Estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate): "
+    if b and b.get("at") is None:  # no number for the bytes (symbolic dims, no --input-shape): as the text says
+        notes.append(f"<p>Estimated memory time at {b['gb_per_s']:g} GB/s: unknown (no input size: give "
+                     "<code>--input-shape</code>).</p>")
+    elif b:
+        at = "" if b["at"] == "input shapes" else f", at {_e(b['at'])}"
+        notes.append(f"<p>Estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate{at}): "
                      f"{b['before_ms']:.3f} ms → {b['after_ms']:.3f} ms.</p>")
     assumptions = doc.get("shape_assumptions") or []
     if assumptions:

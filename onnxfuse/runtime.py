@@ -166,6 +166,9 @@ def _write_temporary(model: onnx.ModelProto) -> tempfile.TemporaryDirectory | No
     except OSError:
         tmp.cleanup()
         return None
+    except BaseException:  # Ctrl-C or SIGTERM during the write: no copy of the model left in TMPDIR
+        tmp.cleanup()
+        raise
     return tmp
 
 
