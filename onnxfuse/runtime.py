@@ -55,6 +55,9 @@ _ORT_TYPES = {
     "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
 }
 
+#: onnxruntime input types that get random integers (or bools) when nobody gives their values.
+EXACT_INPUT_TYPES = frozenset(t for t, d in _ORT_TYPES.items() if not np.issubdtype(d, np.floating))
+
 
 @dataclass
 class InputSpec:

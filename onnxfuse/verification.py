@@ -234,6 +234,8 @@ class Verification:
     original), ``user`` (``--no-verify``). ``invented``: the inputs whose symbolic dims got onnxfuse's default
     sizes (listed in ``input_shapes``, and ``second_input_shapes`` for the second set at batch 2 and other
     sizes, empty when it was not run); ``input_note`` says why that second set was not run.
+    ``random_integers``: integer and bool inputs fed random values (in [0, 4)) because nobody gave theirs: a sample
+    rate, an index or a flag then takes values the model never sees in use, and may select other branches.
     """
 
     status: str
@@ -248,6 +250,7 @@ class Verification:
     invented: list[str] = field(default_factory=list)
     second_input_shapes: dict[str, list[int]] = field(default_factory=dict)
     input_note: str | None = None
+    random_integers: list[str] = field(default_factory=list)
 
     @classmethod
     def skipped_by_user(cls) -> Verification:
@@ -308,11 +311,26 @@ class Verification:
             "floor_multiple": self.floor_multiple, "floor_note": self.floor_note, "seeds": self.seeds,
             "input_shapes": self.input_shapes, "cause": self.cause, "invented": self.invented,
             "second_input_shapes": self.second_input_shapes, "input_note": self.input_note,
+            "random_integers": self.random_integers,
             "max_abs_error": _finite(max((o.max_abs_error for o in self.outputs), default=None)),
             "max_rel_error": _finite(max((o.max_rel_error for o in self.outputs), default=None)),
             "outputs": [{k: _finite(v) if isinstance(v, float) else v for k, v in o.__dict__.items()}
                         for o in self.outputs],  # worst_group's values are finite (or None) by construction
         }
+
+
+def timeout_seconds(value: float | None) -> float | None:
+    """``VerifyOptions.timeout`` from ``--verify-timeout`` / the API's ``verify_timeout``: None gives
+    DEFAULT_TIMEOUT_S, 0 no limit (None).
+
+    Raises:
+        InputError: a negative or non-finite value.
+    """
+    if value is None:
+        return DEFAULT_TIMEOUT_S
+    if not math.isfinite(value) or value < 0:
+        raise InputError(f"verify timeout: expected a number of seconds >= 0 (0: no limit), got {value!r}")
+    return float(value) or None
 
 
 def _finite(x: float | None) -> float | None:
@@ -646,6 +664,8 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
         all_given = set(spec.data) >= {i.name for i in ref_sess.get_inputs()}
         seeds = [0] if all_given else list(range(max(1, opts.input_sets)))
         invented = runtime.invented_inputs(ref_sess, spec)
+        random_integers = [i.name for i in ref_sess.get_inputs() if i.name not in spec.fixed()
+                           and i.type in runtime.EXACT_INPUT_TYPES]
         try:
             feeds_list = [runtime.make_inputs(ref_sess, spec, seed) for seed in seeds]
         except ValueError as exc:
@@ -678,7 +698,8 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
     gots = _run_candidate(candidate, feeds_list, ref_inputs, ref_outputs)
     runtime.trim_heap()
     second_shapes = {k: list(v.shape) for k, v in feeds_list[-1].items()} if second_ran else {}
-    extra = {"invented": invented, "second_input_shapes": second_shapes, "input_note": input_note}
+    extra = {"invented": invented, "second_input_shapes": second_shapes, "input_note": input_note,
+             "random_integers": random_integers}
     if isinstance(gots, str):
         return Verification("failed", gots, seeds=seeds, input_shapes=used_shapes, **extra)
 
