@@ -422,6 +422,7 @@ def _accumulate(acc: _Acc, ref: np.ndarray, got: np.ndarray, opts: VerifyOptions
     acc.compared += ref.size
     if _exact(ref.dtype):
         acc.finite += ref.size
+        acc.scale = max(acc.scale, _scale(ref))
         diff = int(np.count_nonzero(ref != got))
         if diff:
             r, g = ref.astype(np.float64), got.astype(np.float64)
