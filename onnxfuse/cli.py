@@ -170,7 +170,7 @@ def _verify_options(input_shapes, input_data, input_value, input_range, input_se
 def _warn_unverified(verification, strict_option: bool = True) -> None:
     """What verification did not check, on stderr: a skipped verification (with what to pass, and that
     --require-verify makes it fatal), outputs that were not compared, and the input sizes it invented."""
-    if verification.status == "skipped":
+    if verification.status == "skipped" and verification.cause != "user":  # --no-verify: the summary says so
         hint = verification.hint
         log.warning("NOT VERIFIED: %s%s%s", verification.reason,
                     f"; {hint}" if hint else "",
