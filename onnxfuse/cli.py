@@ -31,6 +31,7 @@ from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
 from onnxfuse.passes import ALL_PASSES, PASS_NAMES
 from onnxfuse.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET, ORT_LEVELS, TARGETS
 from onnxfuse.shapes import parse_input_shape
+from onnxfuse.verification import DEFAULT_TIMEOUT_S
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -148,7 +149,8 @@ def verify_options(fn):
                      help="Absolute tolerance of that elementwise rule (see --rtol)."),
         click.option("--verify-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
                      help="Time for every onnxruntime run of the verification together; when it runs out "
-                          "verification is skipped (reason: time), never hangs. 0: no limit. [default: 300]"),
+                          f"verification is skipped (reason: time), never hangs. 0: no limit. [default: "
+                          f"{DEFAULT_TIMEOUT_S:g}]"),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
@@ -168,32 +170,9 @@ def _verify_options(input_shapes, input_data, input_value, input_range, input_se
 
 
 def _warn_unverified(verification, strict_option: bool = True) -> None:
-    """What verification did not check, on stderr: a skipped verification (with what to pass, and that
-    --require-verify makes it fatal), outputs that were not compared, and the input sizes it invented."""
-    if verification.status == "skipped" and verification.cause != "user":  # --no-verify: the summary says so
-        hint = verification.hint
-        log.warning("NOT VERIFIED: %s%s%s", verification.reason,
-                    f"; {hint}" if hint else "",
-                    "; --require-verify makes this an error (exit 1)" if strict_option else "")
-    missing = verification.not_compared_outputs
-    if missing:
-        log.warning("output(s) %s not compared: empty on the inputs used (give other inputs: --input-value, "
-                    "--input-shape, --input-data)", ", ".join(o.name for o in missing))
-    if verification.invented and verification.input_shapes:
-        used = ", ".join(f"{k}={'x'.join(map(str, verification.input_shapes[k])) or 'scalar'}"
-                         for k in verification.invented if k in verification.input_shapes)
-        second = verification.second_input_shapes
-        if second:
-            used += "; then " + ", ".join(f"{k}={'x'.join(map(str, second[k])) or 'scalar'}"
-                                          for k in verification.invented if k in second)
-        log.warning("no shape given for %s; verified with invented sizes (%s), not the model's real ones: pass "
-                    "--input-shape", ", ".join(verification.invented), used)
-    if verification.random_integers and verification.status in ("passed", "failed"):
-        log.warning("verification fed random integers in [0, 4) to %s, which may take another branch than real "
-                    "values do: set them with --input-value NAME=V (e.g. sr=16000), --input-range or --input-data",
-                    ", ".join(verification.random_integers))
-    if verification.input_note:
-        log.info("verification: %s", verification.input_note)
+    """What verification did not check, as ``warning:`` lines on stderr (Verification.unchecked)."""
+    for line in verification.unchecked(strict_option):
+        log.warning("%s", line)
 
 
 def _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level) -> pipeline.Options:

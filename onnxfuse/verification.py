@@ -291,6 +291,32 @@ class Verification:
         """The result when no pass rewrote the graph: the output computes what the input does."""
         return cls("unchanged", "nothing was rewritten, so there was nothing to verify; onnxruntime was not run")
 
+    def unchecked(self, require_option: bool = True) -> list[str]:
+        """One line per thing this verification did not check, each naming what to pass: skipped (not by
+        ``--no-verify``; with ``require_option``, that ``--require-verify`` makes it an error), outputs not
+        compared, invented input sizes, integer inputs fed random values. Empty when everything was checked."""
+        lines = []
+        if self.status == "skipped" and self.cause != "user":
+            lines.append(f"NOT VERIFIED: {self.reason}" + (f"; {self.hint}" if self.hint else "")
+                         + ("; --require-verify makes this an error (exit 1)" if require_option else ""))
+        if self.not_compared_outputs:
+            lines.append(f"output(s) {', '.join(o.name for o in self.not_compared_outputs)} not compared: empty on "
+                         "the inputs used (give other inputs: --input-value, --input-shape, --input-data)")
+        if self.invented and self.input_shapes:
+            def sizes(shapes: dict[str, list[int]]) -> str:
+                return ", ".join(f"{k}={'x'.join(map(str, shapes[k])) or 'scalar'}" for k in self.invented
+                                 if k in shapes)
+
+            used = sizes(self.input_shapes) + (f"; then {sizes(self.second_input_shapes)}"
+                                               if self.second_input_shapes else "")
+            lines.append(f"no shape given for {', '.join(self.invented)}; verified with invented sizes ({used}), "
+                         "not the model's real ones: pass --input-shape")
+        if self.random_integers and self.status in ("passed", "failed"):
+            lines.append(f"verification fed random integers in [0, 4) to {', '.join(self.random_integers)}, which "
+                         "may take another branch than real values do: set them with --input-value NAME=V (e.g. "
+                         "sr=16000), --input-range or --input-data")
+        return lines
+
     @property
     def failed_outputs(self) -> list[OutputDiff]:
         """The outputs that differ beyond tolerance (not those that were not compared)."""
