@@ -281,7 +281,7 @@ class Verification:
             return "give it more time with --verify-timeout SECONDS"
         if self.cause == "user":
             return "drop --no-verify to verify it"
-        if self.cause == "inputs":
+        if self.cause == "inputs" and "--input-" not in (self.reason or ""):  # the reason may name them already
             return ("give the inputs the model expects: --input-value NAME=V (e.g. --input-value sr=16000), "
                     "--input-range NAME=LOW,HIGH, --input-shape NAME=DIMS or --input-data FILE.npz")
         return ""
@@ -302,15 +302,15 @@ class Verification:
         if self.not_compared_outputs:
             lines.append(f"output(s) {', '.join(o.name for o in self.not_compared_outputs)} not compared: empty on "
                          "the inputs used (give other inputs: --input-value, --input-shape, --input-data)")
-        if self.invented and self.input_shapes:
+        if self.invented and self.input_shapes and self.status in ("passed", "failed"):
             def sizes(shapes: dict[str, list[int]]) -> str:
                 return ", ".join(f"{k}={'x'.join(map(str, shapes[k])) or 'scalar'}" for k in self.invented
                                  if k in shapes)
 
             used = sizes(self.input_shapes) + (f"; then {sizes(self.second_input_shapes)}"
                                                if self.second_input_shapes else "")
-            lines.append(f"no shape given for {', '.join(self.invented)}; verified with invented sizes ({used}), "
-                         "not the model's real ones: pass --input-shape")
+            lines.append(f"no shape given for {', '.join(self.invented)}; verification ran at invented sizes "
+                         f"({used}), not the model's real ones: pass --input-shape")
         if self.random_integers and self.status in ("passed", "failed"):
             lines.append(f"verification fed random integers in [0, 4) to {', '.join(self.random_integers)}, which "
                          "may take another branch than real values do: set them with --input-value NAME=V (e.g. "
