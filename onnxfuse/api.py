@@ -93,7 +93,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              input_ranges: Mapping[str, tuple[float, float]] | None = None, input_sets: int = 1,
              rtol: float | None = None, atol: float | None = None, only: Iterable[str] = (),
              skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
-             ort_level: str = DEFAULT_ORT_LEVEL) -> Result:
+             ort_level: str = DEFAULT_ORT_LEVEL, verify_timeout: float | None = None) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
     What ``onnxfuse optimize`` does, without writing a file: save ``result.model`` yourself (``onnx.save``).
@@ -109,6 +109,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
         input_values / input_ranges / input_sets: a fill value or a ``(low, high)`` range per input name (say
             ``{"sr": 16000}``), and how many seeded input sets to compare on (see README, "Verification").
         rtol / atol: elementwise tolerances that replace the noise-floor rule (see README, "Verification").
+        verify_timeout: seconds for every onnxruntime run of the verification together (None:
+            ``onnxfuse.verification.DEFAULT_TIMEOUT_S``, 300; 0: no limit); when they run out verification is
+            ``skipped`` with ``cause`` ``"time"`` (a :class:`VerificationError` with ``require_verify``).
 
     Returns:
         A :class:`onnxfuse.pipeline.Result`: ``model`` (the optimized ``ModelProto``), ``report`` (the
@@ -120,14 +123,15 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             (``.result`` holds the failing result and its report), or ``require_verify`` and it was skipped.
     """
     from onnxfuse import pipeline
-    from onnxfuse.verification import VerifyOptions
+    from onnxfuse.verification import VerifyOptions, timeout_seconds
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level)
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
+    timeout = timeout_seconds(verify_timeout)
     loaded = _load(model)
     verify_options = VerifyOptions(options.input_shapes, None if input_data is None else str(input_data),
                                    dict(input_values or {}), dict(input_ranges or {}), input_sets,
-                                   rtol=rtol, atol=atol) if verify else None
+                                   rtol=rtol, atol=atol, timeout=timeout) if verify else None
     result = pipeline.optimize(loaded.path, options, verify_options, loaded=loaded)
     verification = result.report.verification
     if verification.status == "failed":
@@ -143,11 +147,12 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
            *, input_shapes: Mapping[str, Iterable[int]] | None = None,
            input_data: str | os.PathLike[str] | None = None, input_values: Mapping[str, float] | None = None,
            input_ranges: Mapping[str, tuple[float, float]] | None = None, input_sets: int = 1,
-           rtol: float | None = None, atol: float | None = None) -> Verification:
+           rtol: float | None = None, atol: float | None = None, verify_timeout: float | None = None) -> Verification:
     """Compare ``candidate`` with ``original`` in onnxruntime (graph optimizations disabled on both), on the
     same generated (or ``input_data``) inputs; any pair of models, e.g. another optimizer's output.
 
-    Arguments after ``candidate`` are as :func:`optimize`'s; the rule is README's "Verification"
+    Arguments after ``candidate`` are as :func:`optimize`'s (``verify_timeout`` too: when it runs out the result
+    is ``skipped`` with ``cause`` ``"time"``); the rule is README's "Verification"
     (:func:`onnxfuse.verification.verify_models`).
 
     Returns:
@@ -156,12 +161,14 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
         applied. It does not raise on ``failed``: check ``status``.
 
     Raises:
-        InputError: an unreadable or invalid model, unreadable ``input_data``.
+        InputError: an unreadable or invalid model, unreadable ``input_data``, a negative ``verify_timeout``.
     """
-    from onnxfuse.verification import VerifyOptions, verify_models
+    from onnxfuse.verification import VerifyOptions, timeout_seconds, verify_models
 
+    timeout = timeout_seconds(verify_timeout)
     ref = _load(original)
     cand = _load(candidate)
     opts = VerifyOptions(_shapes(input_shapes), None if input_data is None else str(input_data),
-                         dict(input_values or {}), dict(input_ranges or {}), input_sets, rtol=rtol, atol=atol)
+                         dict(input_values or {}), dict(input_ranges or {}), input_sets, rtol=rtol, atol=atol,
+                         timeout=timeout)
     return verify_models(ref.ort_source(), cand.model, opts)

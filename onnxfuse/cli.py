@@ -46,6 +46,8 @@ ORT_LEVELS = ("disable", "basic", "extended", "all")
 DEFAULT_ORT_LEVEL = "all"
 #: report.FORMATS.
 REPORT_FORMATS = ("text", "json", "markdown", "html")
+#: verification.DEFAULT_TIMEOUT_S.
+DEFAULT_TIMEOUT_S = 300.0
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -167,21 +169,32 @@ def verify_options(fn):
                           "(a missing one is 0)."),
         click.option("--atol", type=click.FloatRange(min=0),
                      help="Absolute tolerance of that elementwise rule (see --rtol)."),
+        click.option("--verify-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+                     help="Time for every onnxruntime run of the verification together; when it runs out "
+                          f"verification is skipped (reason: time), never hangs. 0: no limit. [default: "
+                          f"{DEFAULT_TIMEOUT_S:g}]"),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
     return fn
 
 
-def _verify_options(input_shapes, input_data, input_value, input_range, input_sets, rtol, atol):
+def _verify_options(input_shapes, input_data, input_value, input_range, input_sets, rtol, atol, verify_timeout=None):
     from onnxfuse.runtime import parse_input_range, parse_input_value
-    from onnxfuse.verification import VerifyOptions
+    from onnxfuse.verification import VerifyOptions, timeout_seconds
 
-    for name, value in (("--rtol", rtol), ("--atol", atol)):
+    for name, value in (("--rtol", rtol), ("--atol", atol), ("--verify-timeout", verify_timeout)):
         if value is not None and not math.isfinite(value):
             raise InputError(f"{name} must be a finite number")
     return VerifyOptions(input_shapes, input_data, _pairs(input_value, parse_input_value, "--input-value"),
-                         _pairs(input_range, parse_input_range, "--input-range"), input_sets, rtol, atol)
+                         _pairs(input_range, parse_input_range, "--input-range"), input_sets, rtol, atol,
+                         timeout=timeout_seconds(verify_timeout))
+
+
+def _warn_unverified(verification, strict_option: bool = True) -> None:
+    """What verification did not check, as ``warning:`` lines on stderr (Verification.unchecked)."""
+    for line in verification.unchecked(strict_option):
+        log.warning("%s", line)
 
 
 def _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level) -> pipeline.Options:
@@ -346,8 +359,8 @@ def main(ctx: click.Context) -> None:
 @click.pass_context
 @_fail_cleanly
 def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_level, constant_initializer_inputs,
-             no_verify, require_verify, input_data, input_value, input_range, input_sets, rtol, atol, report_path,
-             report_format, bandwidth, overwrite):
+             no_verify, require_verify, input_data, input_value, input_range, input_sets, rtol, atol, verify_timeout,
+             report_path, report_format, bandwidth, overwrite):
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
     \b
@@ -384,7 +397,8 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
     options.expressions = report_path is not None
     options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
-    checked = _verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol)
+    checked = _verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol,
+                              verify_timeout)
     verify_options = None if no_verify else checked
     log.debug("optimizing %s for target %s", input_path, target)
     with _progress(ctx, f"optimizing {input_path}"):
@@ -399,6 +413,8 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if report_path is not None:
         _check_not_data_file(report_path, "--report", result.loaded)
         _write_text(report_path, rep.render(report, fmt, show_all=True))
+    if not (verification.status == "skipped" and require_verify):
+        _warn_unverified(verification)
     if verification.status == "failed":
         failed = verification.failed_outputs
         for o in failed:
@@ -413,6 +429,8 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
                                   protected=() if replacing_input else result.loaded.data_files)
     if _verbosity(ctx) >= 0:  # the results; -q prints nothing on success
+        if verification.status == "skipped":
+            click.echo(f"NOT VERIFIED: {verification.reason}")
         for line in rep.summary_lines(report, hints=False):
             click.echo(line)
     _hints(report)
@@ -688,7 +706,8 @@ Exit codes:
   1  failed: an output differs beyond tolerance, the outputs' names,
      order or dtypes differ, or onnxruntime cannot run CANDIDATE
   2  usage error, a model that cannot be read or is invalid, or
-     onnxruntime cannot run ORIGINAL on the inputs (verification skipped)"""
+     verification skipped (onnxruntime cannot run ORIGINAL on the
+     inputs, or --verify-timeout ran out)"""
 
 
 @main.command("verify", epilog=VERIFY_EXIT_CODES_HELP)
@@ -702,7 +721,7 @@ Exit codes:
 @click.pass_context
 @_fail_cleanly
 def verify_command(ctx, original, candidate, input_shape, input_data, input_value, input_range, input_sets, rtol,
-                   atol, fmt):
+                   atol, verify_timeout, fmt):
     """Check that CANDIDATE computes what ORIGINAL does, in onnxruntime (any pair of models: onnxfuse's output,
     another optimizer's, a hand-edited graph). See README, "Verification", for the rule.
 
@@ -715,7 +734,8 @@ def verify_command(ctx, original, candidate, input_shape, input_data, input_valu
     from onnxfuse import model_io
     from onnxfuse import verification as verify_mod
 
-    opts = _verify_options(_shapes(input_shape), input_data, input_value, input_range, input_sets, rtol, atol)
+    opts = _verify_options(_shapes(input_shape), input_data, input_value, input_range, input_sets, rtol, atol,
+                           verify_timeout)
     for path in (original, candidate):
         model_io.load_model(path)  # unreadable or invalid: an input error (exit 2)
     with _progress(ctx, "running both models in onnxruntime"):
@@ -726,6 +746,7 @@ def verify_command(ctx, original, candidate, input_shape, input_data, input_valu
         click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
         click.echo(_verification_text(result), nl=False)
+    _warn_unverified(result, strict_option=False)
     if result.status == "skipped":
         raise InputError(f"verification skipped: {result.reason}")
     if result.status == "failed":
@@ -737,10 +758,14 @@ def _verification_text(result) -> str:
     failed = result.failed_outputs
     detail = f"{len(failed)} of {len(result.outputs)} outputs beyond tolerance" if failed else result.summary
     lines = [f"verification: {result.status}" + (f" ({detail})" if detail else "")]
+    if result.status == "skipped":
+        lines[0] = "NOT VERIFIED: " + lines[0]
     if result.outputs:
         if result.rule == "noise-floor":
             lines.append(f"rule: max abs error <= {result.floor_multiple:g} x max(onnxruntime noise floor, rounding "
-                         "floor, min floor); integer/bool outputs equal; NaN/inf at the same places")
+                         "floor, min floor), per output and per small-valued slice; integer/bool outputs: at most "
+                         f"{result.floor_multiple:g}x as many elements differ as onnxruntime's own optimizations "
+                         "change; NaN/inf at the same places")
         else:
             lines.append("rule: |candidate - original| <= atol + rtol * |original| elementwise (--rtol/--atol)")
         if result.floor_note:
@@ -753,7 +778,7 @@ def _verification_text(result) -> str:
                          f"{o.max_rel_error:.2g}",
                          "-" if o.floor is None else f"{o.floor:.3g}",
                          "-" if o.rounding_floor is None else f"{o.rounding_floor:.3g}", f"{o.min_floor:.3g}", tol,
-                         "passed" if o.passed else "FAILED"))
+                         "passed" if o.passed else "not compared" if o.not_compared else "FAILED"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         lines += [f"  {o.describe(result.floor_multiple)}" for o in failed]
