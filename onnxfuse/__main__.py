@@ -33,13 +33,22 @@ def _use_this_package() -> None:
 def run() -> None:
     """The ``onnxfuse`` command (the console script's entry point, and ``python -m onnxfuse``): import the CLI
     (click; the library is imported by the command that runs), then run it. A Ctrl-C during that import, before
-    the CLI's own handling is in place, exits 130 with one line, as a Ctrl-C later does."""
+    the CLI's own handling is in place, exits 130 with one line, as a Ctrl-C later does. An exception that escapes
+    the commands' own handling (``cli._fail_cleanly``) exits 3 with one line (``errors.internal_error_line``;
+    ``ONNXFUSE_DEBUG=1`` keeps the traceback), never 1, the code for "the optimized model does not match"."""
     try:
         from onnxfuse.cli import main
+        from onnxfuse.errors import EXIT_INTERNAL, debug_requested, internal_error_line
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         sys.exit(130)
-    main()
+    try:
+        main()
+    except Exception as exc:
+        if debug_requested():
+            raise
+        sys.stderr.write(internal_error_line(exc) + "\n")
+        sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":
