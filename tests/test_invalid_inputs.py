@@ -243,10 +243,25 @@ def test_input_shapes_too_large_to_size_are_refused_like_merely_large_ones(tmp_p
                        "do not fit in memory; give smaller --input-shape values")
 
 
-def test_a_report_named_like_the_outputs_data_file_is_refused(tmp_path):
+@pytest.mark.parametrize("name", ["o.onnx.data", "o.onnx.0123456789abcdef.data", "o.on.0123456789abcdef.data"])
+def test_a_report_named_like_the_outputs_data_file_is_refused(tmp_path, name):
     out = tmp_path / "o.onnx"
-    assert_refused(tmp_path, ["optimize", SAMPLE, out, "--report", tmp_path / "o.onnx.data", "--report-format",
-                              "json"], "OUTPUT's external data file name")
+    assert_refused(tmp_path, ["optimize", SAMPLE, out, "--report", tmp_path / name, "--report-format", "json"],
+                   "has the name of an external data file of OUTPUT")
+
+
+def test_a_report_named_like_the_data_file_just_written_is_refused_and_leaves_the_weights(tmp_path):
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 8, 8])
+    src = tmp_path / "in.onnx"
+    onnx.save(b.build(b.op("Relu", [b.conv(x, 16, 32)])), str(src), save_as_external_data=True,
+              location="in.data", size_threshold=0)
+    out = tmp_path / "o.onnx"
+    assert run_cli("optimize", src, out).exit_code == 0
+    (data,) = [p for p in tmp_path.iterdir() if p.name.startswith("o.onnx.") and p.name.endswith(".data")]
+    assert_refused(tmp_path, ["optimize", src, out, "--report", data, "--report-format", "json"],
+                   "has the name of an external data file of OUTPUT")
+    assert run_cli("verify", src, out).exit_code == 0
 
 
 def test_a_model_that_cannot_be_written_leaves_no_report(tmp_path, monkeypatch):
