@@ -220,8 +220,7 @@ def check_external_data(tensor: onnx.TensorProto, label: str) -> onnx.external_d
     entries = {e.key: e.value for e in tensor.external_data}
     location = entries.get("location", "")
     parts = location.replace("\\", "/").split("/")
-    if not location or os.path.isabs(location) or location.startswith(("/", "\\")) or ".." in parts \
-            or (len(location) > 1 and location[1] == ":"):
+    if not location or os.path.isabs(location) or location.startswith(("/", "\\")) or ".." in parts:
         raise InputError(f"{label}: tensor {tensor.name!r} has external data location {location!r}, which is not "
                          "a file inside the model's folder")
     for key in ("offset", "length"):
