@@ -258,7 +258,8 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     session of the original is that load, so it costs nothing more. Without verification (``verify_options``
     None, or nothing rewritten) no session is made; the checks of :func:`analyse` still apply (onnx.checker
     with full_check, unique node names, :func:`onnxfuse.model_io.check_convs`), which find what onnxruntime's
-    load finds on the kinds of invalid input onnxfuse was given (issue 20), but not every defect it could.
+    load or first run finds in Conv attributes, weights and biases, node names and shapes, but not every defect
+    it could (an operator it has no kernel for is found by onnxruntime only).
 
     Raises:
         InputError: as :func:`analyse`; onnxruntime cannot load the original; given input shapes whose random
