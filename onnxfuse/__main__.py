@@ -60,8 +60,10 @@ def run() -> None:
     """The ``onnxfuse`` command (the console script's entry point, and ``python -m onnxfuse``): install the
     SIGTERM/SIGHUP handlers, import the CLI (click; the library is imported by the command that runs), then run it.
     A Ctrl-C or SIGTERM during that import, before the CLI's own handling is in place, exits 130 or 143 with one
-    line, as one later does."""
-    from onnxfuse.errors import interrupted_exit
+    line, as one later does. An exception that escapes the commands' own handling (``cli._fail_cleanly``) exits 3
+    with one line (``errors.internal_error_line``; ``ONNXFUSE_DEBUG=1`` keeps the traceback), never 1, the code for
+    "the optimized model does not match"."""
+    from onnxfuse.errors import EXIT_INTERNAL, debug_requested, internal_error_line, interrupted_exit
 
     install_signal_handlers()
     try:
@@ -70,7 +72,13 @@ def run() -> None:
         message, code = interrupted_exit(exc, working=False)
         sys.stderr.write(message + "\n")
         sys.exit(code)
-    main()
+    try:
+        main()
+    except Exception as exc:
+        if debug_requested():
+            raise
+        sys.stderr.write(internal_error_line(exc) + "\n")
+        sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Exit codes: 0 success; 1 the optimized model failed verification (or ``--require-verify`` and verification
 was skipped), no model written (a ``--report`` file is, with the verification result); 2 usage error, an input
-model that cannot be read or is invalid, or an output that cannot be written; 130 interrupted (Ctrl-C, SIGINT),
-143 terminated (SIGTERM), 129 hung up (SIGHUP): no partly written or temporary file left.
+model that cannot be read or is invalid, or an output that cannot be written; 3 an internal error (a bug in
+onnxfuse: one line, ``ONNXFUSE_DEBUG=1`` for the traceback); 130 interrupted (Ctrl-C, SIGINT), 143 terminated
+(SIGTERM), 129 hung up (SIGHUP): no partly written or temporary file left.
 
 Results (the optimize summary, a report, bench tables, the pass list) go to stdout; everything else (errors,
 warnings, hints, "wrote FILE", progress, ``-v`` detail) goes to stderr. Diagnostics go through :mod:`logging`: the
@@ -27,7 +28,15 @@ import click
 
 from onnxfuse import escape
 from onnxfuse._version import __version__
-from onnxfuse.errors import InputError, OnnxFuseError, VerificationError, interrupted_exit
+from onnxfuse.errors import (
+    EXIT_INTERNAL,
+    InputError,
+    OnnxFuseError,
+    VerificationError,
+    debug_requested,
+    internal_error_line,
+    interrupted_exit,
+)
 
 if TYPE_CHECKING:
     from onnxfuse import model_io, pipeline
@@ -57,6 +66,8 @@ Exit codes:
        with the verification result)
   2    usage error, an input model that cannot be read or is invalid,
        or an OUTPUT that cannot be written
+  3    internal error, a bug in onnxfuse (one line; ONNXFUSE_DEBUG=1
+       shows the traceback)
   130  interrupted (Ctrl-C); no partly written file is left
   143  terminated (SIGTERM: CI runners, timeout); the same"""
 
@@ -64,6 +75,7 @@ READ_ONLY_EXIT_CODES_HELP = """\b
 Exit codes:
   0    success
   2    usage error, or a model that cannot be read or is invalid
+  3    internal error, a bug in onnxfuse (ONNXFUSE_DEBUG=1: traceback)
   130  interrupted (Ctrl-C)
   143  terminated (SIGTERM)"""
 
@@ -109,8 +121,9 @@ def _unconfigure_logging() -> None:
 def _fail_cleanly(fn):
     """Turn an OnnxFuseError into a one-line ``error: ...`` on stderr and its exit code, and Ctrl-C into one line
     and exit code 130, SIGTERM 143, SIGHUP 129 (click's own handling would exit 1, the code for a failed
-    verification); bugs keep their traceback. Files are written whole or not at all (temporary file, then rename),
-    so an interrupt leaves no partly written file."""
+    verification), and any other exception (a bug) into one line and exit code 3 (``errors.EXIT_INTERNAL``; with
+    ``ONNXFUSE_DEBUG=1`` it is re-raised with its traceback); click's own exceptions pass through to click. Files
+    are written whole or not at all (temporary file, then rename), so an interrupt leaves no partly written file."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -126,6 +139,13 @@ def _fail_cleanly(fn):
         except UnicodeDecodeError:  # protobuf hands invalid UTF-8 in a string field to Python as it is
             click.echo("error: the model holds a name or string that is not valid UTF-8", err=True)
             sys.exit(InputError.exit_code)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            if debug_requested():
+                raise
+            click.echo(internal_error_line(exc), err=True)
+            sys.exit(EXIT_INTERNAL)
 
     return wrapper
 
@@ -186,6 +206,10 @@ def _verify_options(input_shapes, input_data, input_value, input_range, input_se
     for name, value in (("--rtol", rtol), ("--atol", atol), ("--verify-timeout", verify_timeout)):
         if value is not None and not math.isfinite(value):
             raise InputError(f"{name} must be a finite number")
+    if input_data is not None:
+        from onnxfuse import pipeline
+
+        pipeline.check_regular_file(input_data, "--input-data")  # /dev/zero would be read forever
     return VerifyOptions(input_shapes, input_data, _pairs(input_value, parse_input_value, "--input-value"),
                          _pairs(input_range, parse_input_range, "--input-range"), input_sets, rtol, atol,
                          timeout=timeout_seconds(verify_timeout))
@@ -392,6 +416,9 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
         for other, what in ((input_path, "INPUT"), (output_path, "OUTPUT")):
             if model_io.same_file(report_path, other):
                 raise InputError(f"--report {report_path}: is the same file as {what}; choose another name")
+        if _names_a_data_file_of(report_path, output_path):
+            raise InputError(f"--report {report_path}: has the name of an external data file of OUTPUT (written or "
+                             "removed with it when the model has external data or is over 2 GB); choose another name")
     options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
     options.input_data = input_data  # real inputs fix the report's shapes too
     # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
@@ -410,9 +437,13 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     verification = report.verification
     if any(model_io.same_file(output_path, f) for f in result.loaded.data_files):
         raise InputError(f"{output_path}: OUTPUT is an external data file of INPUT; choose another name")
+    refused = verification.status == "failed" or (verification.status == "skipped" and require_verify)
+    report_text = None
     if report_path is not None:
         _check_not_data_file(report_path, "--report", result.loaded)
-        _write_text(report_path, rep.render(report, fmt, show_all=True))
+        report_text = rep.render(report, fmt, show_all=True)
+        if refused:  # the report says why no model is written
+            _write_text(report_path, report_text)
     if not (verification.status == "skipped" and require_verify):
         _warn_unverified(verification)
     if verification.status == "failed":
@@ -428,6 +459,11 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     replacing_input = output_path.exists() and model_io.same_file(input_path, output_path)  # --overwrite
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
                                   protected=() if replacing_input else result.loaded.data_files)
+    if report_text is not None:  # after the model: a model that cannot be written leaves no report either
+        try:
+            _write_text(report_path, report_text)
+        except InputError as exc:
+            raise InputError(f"{exc}; {', '.join(str(p) for p in written)} was written") from None
     if _verbosity(ctx) >= 0:  # the results; -q prints nothing on success
         if verification.status == "skipped":
             click.echo(f"NOT VERIFIED: {verification.reason}")
@@ -437,6 +473,29 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if not result.changed:
         log.info("no pattern was fused: %s is the input model with onnxfuse metadata added", output_path)
     log.info("wrote %s", ", ".join(str(p) for p in [*written, *([report_path] if report_path else [])]))
+
+
+def _names_a_data_file_of(path: Path, output: Path) -> bool:
+    """True when ``path`` has the name of an external data file that ``model_io.save_model`` may write or remove
+    beside ``output`` (through a symlinked output, beside the file it points to): ``<name>.data``, or
+    ``model_io.data_file_name``'s ``<name, shortened from its end to fit NAME_MAX>.<16 hex digits>.data``."""
+    import re
+
+    target = _resolve(output, "OUTPUT") if output.is_symlink() else Path(os.path.abspath(output))
+    if _resolve(Path(os.path.abspath(path)).parent, "--report") != _resolve(target.parent, "OUTPUT"):
+        return False
+    if path.name == target.name + ".data":
+        return True
+    found = re.fullmatch(r"(.+)\.[0-9a-f]{16}\.data", path.name)
+    return found is not None and target.name.startswith(found.group(1))
+
+
+def _resolve(path: Path, what: str) -> Path:
+    """``path.resolve()``; a symbolic link that loops is an input error (Python raises RuntimeError or OSError)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise InputError(f"{what} {path}: cannot follow the symbolic link ({exc})") from None
 
 
 def _check_not_data_file(path: Path, what: str, loaded: model_io.LoadedModel) -> None:
@@ -454,7 +513,7 @@ def _check_folder(path: Path, what: str) -> None:
 
     if path.exists() and not path.is_file():
         raise InputError(f"{what} {path}: exists and is not a regular file; onnxfuse will not replace it")
-    folder = path.resolve().parent
+    folder = _resolve(path, what).parent
     if not folder.is_dir():
         raise InputError(f"{what} {path}: the folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
@@ -496,7 +555,7 @@ def _write_text(path: Path, text: str) -> None:
     _check_folder(path, "report")
     folder = path.resolve().parent
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".tmp", dir=folder)  # any legal name
     except OSError as exc:  # /proc, /sys: the folder passes os.access but takes no new file
         raise InputError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
     replaced = False
@@ -520,7 +579,8 @@ REPORT_EXIT_CODES_HELP = """\b
 Exit codes:
   0  success (with --baseline: no regression)
   1  with --baseline: a fusion was lost or the optimized traffic grew
-  2  usage error, or a model or baseline that cannot be read or is invalid"""
+  2  usage error, or a model or baseline that cannot be read or is invalid
+  3  internal error, a bug in onnxfuse (ONNXFUSE_DEBUG=1: traceback)"""
 
 
 @main.command(epilog=REPORT_EXIT_CODES_HELP)
@@ -648,7 +708,7 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
     levels = tuple(levels) or bench_mod.LEVELS
     bench_options = bench_mod.BenchOptions(runs=runs, warmup=warmup, threads=threads, levels=levels,
                                            input_shapes=options.input_shapes, input_data=input_data)
-    checked = _verify_options({}, None, input_value, input_range, 1, None, None)
+    checked = _verify_options({}, input_data, input_value, input_range, 1, None, None)
     bench_options.input_values, bench_options.input_ranges = checked.input_values, checked.input_ranges
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
         loaded = model_io.load_model(original)  # a bad ORIGINAL is an input error (exit 2), not an onnxruntime failure
@@ -707,7 +767,8 @@ Exit codes:
      order or dtypes differ, or onnxruntime cannot run CANDIDATE
   2  usage error, a model that cannot be read or is invalid, or
      verification skipped (onnxruntime cannot run ORIGINAL on the
-     inputs, or --verify-timeout ran out)"""
+     inputs, or --verify-timeout ran out)
+  3  internal error, a bug in onnxfuse (ONNXFUSE_DEBUG=1: traceback)"""
 
 
 @main.command("verify", epilog=VERIFY_EXIT_CODES_HELP)

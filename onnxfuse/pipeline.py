@@ -8,7 +8,9 @@ writes the model it returns).
 from __future__ import annotations
 
 import logging
+import math
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -181,9 +183,13 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     verification, no file).
 
     Raises:
-        InputError: unreadable or invalid model, unknown target or pass name, bad ``input_shapes``.
+        InputError: unreadable or invalid model (:func:`onnxfuse.model_io.load_model`, and a Conv whose
+            attributes, weight or bias contradict each other or its input: :func:`onnxfuse.model_io.check_convs`),
+            unknown target or pass name, bad ``input_shapes``, an ``input_data`` that is not a regular file.
     """
     selected = _check_options(options)
+    if options.input_data:
+        check_regular_file(options.input_data, "--input-data")
     loaded = loaded or model_io.load_model(path)
     model = loaded.model
     log.debug("loaded %s: %d nodes in the main graph", loaded.label, len(model.graph.node))
@@ -195,6 +201,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
                                                {vi.name for vi in model.graph.input} - inits, options.input_data)
     input_shapes = shapes.complete_input_shapes(model, given) if given else {}
     info, elem_types = shapes.infer(skel)  # the model's own (symbolic) shapes: what the passes may rely on
+    model_io.check_convs(model, info, loaded.label)
     sym, mismatches = _count_shapes(skel, info, input_shapes, options.expressions)
     before_sizes = traffic.Sizes(sym.shapes, {**elem_types, **sym.elem_types}, sym.reasons).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
@@ -235,7 +242,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
         after_index=traffic.ModelIndex(out), after_sizes=after_sizes, runtime=runtime,
     )
-    report.warnings = _target_warnings(out, options.target) + mismatches
+    report.warnings = loaded.warnings + _target_warnings(out, options.target) + mismatches
     if blocker is not None:
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
     return Result(out, fusions, skips, bool(fusions), report, loaded)
@@ -247,8 +254,16 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     ``verify_options`` is None or nothing was rewritten (status ``unchanged``); the verification result goes
     into ``result.report.verification``.
 
+    An input that onnxruntime (CPU provider, optimizations disabled) cannot load is refused: verification's own
+    session of the original is that load, so it costs nothing more. Without verification (``verify_options``
+    None, or nothing rewritten) no session is made; the checks of :func:`analyse` still apply (onnx.checker
+    with full_check, unique node names, :func:`onnxfuse.model_io.check_convs`), which find what onnxruntime's
+    load or first run finds in Conv attributes, weights and biases, node names and shapes, but not every defect
+    it could (an operator it has no kernel for is found by onnxruntime only).
+
     Raises:
-        InputError: as :func:`analyse`.
+        InputError: as :func:`analyse`; onnxruntime cannot load the original; given input shapes whose random
+            inputs numpy cannot even size (more bytes than a pointer can count).
     """
     from onnxfuse import verification as verify
 
@@ -262,9 +277,37 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     else:
         # the shapes analyse() used: the given ones plus those their named dims complete
         verify_options.input_shapes = {k: tuple(v) for k, v in result.report.input_shapes.items()}
+        _check_input_sizes(verify_options.input_shapes)
         log.debug("verifying the optimized model against the original in onnxruntime")
         result.report.verification = verify.verify_models(result.loaded.ort_source(), result.model, verify_options)
+        reason = result.report.verification.reason or ""
+        if result.report.verification.status == "skipped" and reason.startswith(verify.ORIGINAL_UNLOADABLE):
+            raise InputError(f"{result.loaded.label}: {reason}; onnxfuse does not rewrite a model onnxruntime "
+                             "cannot load")
     return result
+
+
+#: Bytes of one element of the widest input dtype onnxfuse generates (float64, int64).
+_WIDEST_ITEMSIZE = 8
+
+
+def _check_input_sizes(input_shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse input shapes whose arrays numpy cannot size (``ValueError: array is too big`` rather than the
+    MemoryError of a merely large one), with the message verification gives for a MemoryError."""
+    if any(math.prod(dims) * _WIDEST_ITEMSIZE > sys.maxsize for dims in input_shapes.values()):
+        raise InputError(f"random inputs of shapes {input_shapes} do not fit in memory; give smaller "
+                         "--input-shape values")
+
+
+def check_regular_file(path: str | os.PathLike, option: str) -> None:
+    """Refuse a ``path`` that is not a regular file (a device such as /dev/zero, a FIFO): reading it to the end
+    would never finish, or fill the memory.
+
+    Raises:
+        InputError: naming ``option`` and the path.
+    """
+    if not os.path.isfile(path):
+        raise InputError(f"{option} {path}: is not a regular file")
 
 
 def _count_shapes(skel: onnx.ModelProto, info: dict, input_shapes: dict[str, tuple[int, ...]], expressions: bool

@@ -82,6 +82,7 @@ REMEDIES: dict[str, str] = {
     "pad-value-not-zero": "none: Conv pads with zeros",
     "pad-on-batch-or-channel": "none: Conv pads the spatial axes only",
     "negative-pads": "none: negative pads crop, which Conv's pads cannot",
+    "pad-axes-invalid": "fix the model: the Pad's axes or pads do not fit its input (onnxruntime refuses it)",
     "conv-auto-pad-set": "export the Conv with explicit pads (auto_pad NOTSET)",
 }
 

@@ -70,6 +70,10 @@ ACCUMULATING_OPS = frozenset({"Conv", "ConvTranspose", "FusedConv", "Gemm", "Mat
 #: A model as verification takes it: a path, serialized bytes, or a ModelProto.
 Model = str | os.PathLike | bytes | onnx.ModelProto
 
+#: How the reason of a ``skipped`` verification starts when onnxruntime cannot load the original (an invalid
+#: input: ``pipeline.optimize`` refuses it).
+ORIGINAL_UNLOADABLE = "onnxruntime cannot load the original"
+
 #: Default number of input sets, as Polygraphy's default. More sets exercise more values (channels that ReLU
 #: kills on one input, other branches), at one more onnxruntime run per model per set.
 DEFAULT_INPUT_SETS = 1
@@ -700,8 +704,7 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
         except runtime.RunTimeout:
             raise
         except Exception as exc:
-            return Verification("skipped", f"onnxruntime cannot load the original: {runtime.short(exc)}",
-                                cause="load")
+            return Verification("skipped", f"{ORIGINAL_UNLOADABLE}: {runtime.short(exc)}", cause="load")
         runtime.check_names(ref_sess, spec)
         all_given = set(spec.data) >= {i.name for i in ref_sess.get_inputs()}
         seeds = [0] if all_given else list(range(max(1, opts.input_sets)))

@@ -90,6 +90,16 @@ def optimize(tmp_path: Path, model: onnx.ModelProto, target: str = "cpu", **opti
     return pipeline.analyse(path, pipeline.Options(target=target, **options))
 
 
+def analyse_unchecked(model: onnx.ModelProto, target: str = "cpu", **options) -> pipeline.Result:
+    """Run the passes on ``model`` (no verification) without the checks of ``model_io.load_model``: for a pass's
+    defence against an input that onnx.checker (full_check) or onnxruntime refuses, which no file reaches the
+    passes with."""
+    from onnxfuse import model_io
+
+    loaded = model_io.LoadedModel(model, None, "", 0, False)
+    return pipeline.analyse(None, pipeline.Options(target=target, **options), loaded)
+
+
 def op_counts(model: onnx.ModelProto) -> collections.Counter:
     """Op type counts over every graph of ``model``, subgraph bodies included."""
     return collections.Counter(n.op_type for graph, _ in proto_graphs(model.graph) for n in graph.node)

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from onnxfuse import __version__, model_io, ort_graph
 from onnxfuse.cli import main
+from onnxfuse.errors import internal_error_line
 from onnxfuse.passes import ALL_PASSES, PASS_NAMES
 from tests.builders import GraphBuilder
 from tests.conftest import REPO
@@ -196,8 +197,9 @@ def test_atomic_write_keeps_the_old_output_when_the_write_fails(tmp_path, monkey
         raise RuntimeError("simulated crash mid-write")
 
     monkeypatch.setattr(model_io, "write_parts", crash)  # --no-verify: verification writes with it too
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        CliRunner().invoke(main, ["optimize", str(SAMPLE), str(out), "--no-verify"], catch_exceptions=False)
+    result = run_cli("optimize", SAMPLE, out, "--no-verify")
+    assert result.exit_code == 3  # an unexpected exception: exit 3 and one line (see test_internal_error_...)
+    assert result.stderr.splitlines() == [internal_error_line(RuntimeError("simulated crash mid-write"))]
     assert out.read_bytes() == b"old model"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
 

@@ -64,6 +64,7 @@ class Reason(str, Enum):
     PAD_VALUE = "pad-value-not-zero"
     PAD_AXES = "pad-on-batch-or-channel"
     PAD_NEGATIVE = "negative-pads"
+    PAD_AXES_INVALID = "pad-axes-invalid"
     AUTO_PAD = "conv-auto-pad-set"
     SLOWER_AT_ORT_LEVEL = "slower-than-unfused-at-ort-level"
 
