@@ -166,22 +166,6 @@ def _cases() -> list[tuple[str, str, int]]:
     return cases + [("silero_vad_16k_op15", m.__name__, 0) for m in BYTE_MUTATIONS]
 
 
-_CONV = ("fixed on branch validate: invalid Conv attributes (wrong length, zero or negative strides, dilations, "
-         "pads)")
-_INFERENCE = "fixed on branch validate: a model that onnx shape inference (checker full_check) rejects"
-
-#: Invalid models that end in a traceback (AttributeError in symbolic.growth_share) or in exit 0 with an output
-#: that onnx.checker's full check rejects: the branch that validates input models (exit 2 or 3) fixes them.
-#: id -> reason. strict: once that branch is merged they pass, and the entry must go.
-KNOWN: dict[str, str] = {
-    "conv_clip-conv_attribute-2": _CONV, "conv_hardswish-conv_attribute-3": _CONV,
-    "conv_leakyrelu-conv_attribute-4": _CONV, "refuse_two_consumers-conv_attribute-5": _CONV,
-    "conv_clip-input_dim-6": f"{_INFERENCE} (a 5-D input to a 2-D Conv)",
-    "refuse_two_consumers-dtype-2": f"{_INFERENCE} (an int64 input to Conv)",
-    "conv_clip-dtype-5": f"{_INFERENCE} (Conv's X and W of different types)",
-}
-
-
 def mutant(model_name: str, mutation: str, seed: int) -> bytes:
     """The bytes of the mutant: deterministic in its three arguments."""
     rng = random.Random(f"{model_name}/{mutation}/{seed}")
@@ -195,9 +179,7 @@ def mutant(model_name: str, mutation: str, seed: int) -> bytes:
 
 
 @pytest.mark.parametrize(("model_name", "mutation", "seed"), [
-    pytest.param(*c, id=f"{c[0]}-{c[1]}-{c[2]}",
-                 marks=[pytest.mark.xfail(reason=KNOWN[f"{c[0]}-{c[1]}-{c[2]}"], strict=True)]
-                 if f"{c[0]}-{c[1]}-{c[2]}" in KNOWN else []) for c in _cases()])
+    pytest.param(*c, id=f"{c[0]}-{c[1]}-{c[2]}") for c in _cases()])
 def test_a_mutant_is_optimized_or_refused_in_one_line(tmp_path: Path, model_name: str, mutation: str, seed: int):
     src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
     src.write_bytes(mutant(model_name, mutation, seed))
