@@ -29,12 +29,12 @@ Method (times in seconds unless a name ends in ``_ms``):
 
 from __future__ import annotations
 
-import math
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -83,13 +83,16 @@ class BenchOptions:
 
 def order_ranks(n: int, confidence: float = CONFIDENCE) -> int | None:
     """The rank k (1-based) of the distribution-free confidence interval ``[r_(k), r_(n+1-k)]`` of the median of
-    ``n`` sorted values: the largest k with P(Binomial(n, 1/2) <= k - 1) <= (1 - confidence) / 2, so the interval
-    covers the true median with probability >= ``confidence`` whatever the distribution (the sign test's
-    interval; e.g. Hollander, Wolfe & Chicken, *Nonparametric Statistical Methods*, section 3.6). None when ``n``
-    is too small for any such k (at 99%: n < 8)."""
-    tail, total, k = (1 - confidence) / 2 * 2 ** n, 0, 0
-    while k < n and total + math.comb(n, k) <= tail:
-        total += math.comb(n, k)
+    ``n`` sorted values r (the sign test's interval): the largest k with P(Binomial(n, 1/2) <= k - 1) <=
+    (1 - confidence) / 2. It covers the true median with probability >= ``confidence`` whatever the distribution
+    of independent draws: r_(k) lies above the median only when at most k - 1 draws fall below it, each doing so
+    with probability 1/2 (and symmetrically for r_(n+1-k)). None when ``n`` is too small for any k (at 99%:
+    n < 8). Exact integer arithmetic: any n."""
+    tail = Fraction(1 - confidence) / 2 * 2 ** n
+    total, comb, k = 0, 1, 0  # comb = C(n, k)
+    while k < n and total + comb <= tail:
+        total += comb
+        comb = comb * (n - k) // (k + 1)
         k += 1
     return k or None
 

@@ -524,8 +524,8 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
 def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, constant_initializer_inputs, runs,
           max_time, margin, warmup, threads, levels, input_data, input_value, input_range, fmt):
     """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
-    options as `optimize` when not given) at each graph optimization level, in paired rounds, and say faster,
-    slower, same or inconclusive from the ratio's 95% interval.
+    options as `optimize` when not given) at each graph optimization level, in paired rounds; say faster, slower,
+    same or inconclusive from the ratio's interval, and when onnxruntime runs the same kernels for both.
 
     \b
     Examples:

@@ -117,6 +117,8 @@ def test_order_ranks_are_the_sign_test_interval():
     # n = 20 at 95%: P(Bin(20, 1/2) <= 5) = 0.0207 <= 0.025 < P(<= 6) = 0.0577, so [r_(6), r_(15)].
     assert order_ranks(20, 0.95) == 6
     assert order_ranks(5, 0.95) is None and order_ranks(6, 0.95) == 1  # 2 / 2^6 = 0.031 <= 0.05
+    # Large n (2^n beyond a float): the normal approximation n/2 - 1.96 sqrt(n)/2 = 956.2 for n = 2000.
+    assert abs(order_ranks(2000, 0.95) - 956) <= 1
 
 
 def test_compare_columns_agree_with_the_ratio_and_resist_outliers():
