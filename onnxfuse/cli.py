@@ -668,7 +668,14 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
 @click.argument("original", type=click.Path(path_type=Path))
 @click.argument("optimized", required=False, type=click.Path(path_type=Path))
 @pass_options
-@click.option("--runs", type=click.IntRange(1), default=20, show_default=True, help="Timed runs per model and level.")
+@click.option("--runs", type=click.IntRange(1), default=16, show_default=True,
+              help="Paired rounds per level at least (each runs original, optimized, optimized, original); a "
+                   "verdict needs 14 or more.")
+@click.option("--max-time", type=click.FloatRange(0), default=20.0, show_default=True, metavar="SECONDS",
+              help="Per level: after --runs rounds, rounds go on until the verdict is decided or this much time "
+                   "of timed rounds is spent (0: exactly --runs rounds).")
+@click.option("--margin", type=click.FloatRange(0, 50, max_open=True), default=2.0, show_default=True,
+              metavar="PERCENT", help="Equivalence margin: 'same' needs the ratio's interval within 1 +- this.")
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="onnxruntime intra-op threads.")
 @click.option("--level", "levels", multiple=True, type=click.Choice(["disable", "basic", "extended", "all"]),
@@ -681,9 +688,10 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
 @click.pass_context
 @_fail_cleanly
 def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, constant_initializer_inputs, runs,
-          warmup, threads, levels, input_data, input_value, input_range, fmt):
+          max_time, margin, warmup, threads, levels, input_data, input_value, input_range, fmt):
     """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
-    options as `optimize` when not given) at each graph optimization level, alternating the two run by run.
+    options as `optimize` when not given) at each graph optimization level, in paired rounds; say faster, slower,
+    same or inconclusive from the ratio's interval, and when onnxruntime runs the same kernels for both.
 
     \b
     Examples:
@@ -706,8 +714,9 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
                              f"{'them' if len(ignored) > 1 else 'it'} or OPTIMIZED")
     options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
     levels = tuple(levels) or bench_mod.LEVELS
-    bench_options = bench_mod.BenchOptions(runs=runs, warmup=warmup, threads=threads, levels=levels,
-                                           input_shapes=options.input_shapes, input_data=input_data)
+    bench_options = bench_mod.BenchOptions(runs=runs, max_time=max_time, margin=margin / 100, warmup=warmup,
+                                           threads=threads, levels=levels, input_shapes=options.input_shapes,
+                                           input_data=input_data)
     checked = _verify_options({}, input_data, input_value, input_range, 1, None, None)
     bench_options.input_values, bench_options.input_ranges = checked.input_values, checked.input_ranges
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
@@ -726,13 +735,17 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
             if not any(changed.values()):
                 log.warning("nothing was fused (target %s): the optimized model is the original; nothing to time",
                             target)
+                if fmt == "json":
+                    import json
+
+                    click.echo(json.dumps({"original": str(original), "optimized": None, "nothing_fused": True,
+                                           "levels": []}, indent=2, sort_keys=True))
                 return
             optimized_for = {level: str(paths[targets[level]]) for level in levels}
         else:
             other = model_io.load_model(optimized)
             if _same_graph(loaded.model, other.model):
-                log.warning("nothing was fused: OPTIMIZED has the same graph as ORIGINAL; nothing to time")
-                return
+                log.warning("OPTIMIZED has the same graph as ORIGINAL: timing the model against itself")
             optimized_for = str(optimized)
             targets = dict.fromkeys(levels)
         with _progress(ctx, "timing onnxruntime sessions"):
@@ -750,7 +763,7 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
     if fmt == "json":
         import json
 
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        click.echo(json.dumps({**data, "nothing_fused": False}, indent=2, sort_keys=True))
     else:
         click.echo(bench_mod.to_text(data), nl=False)
 

@@ -523,7 +523,8 @@ def test_results_go_to_stdout_and_diagnostics_to_stderr(tmp_path):
 
 
 def test_bench_results_go_to_stdout():
-    result = run_cli("bench", SAMPLE, "--runs", "1", "--warmup", "0", "--level", "disable", "--format", "json")
+    result = run_cli("bench", SAMPLE, "--runs", "1", "--max-time", "0", "--warmup", "0", "--level", "disable",
+                     "--format", "json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["levels"] and "{" not in result.stderr
 

@@ -553,8 +553,8 @@ def test_verify_command_bad_input(tmp_path):
 
 def test_bench_takes_input_values(tmp_path):
     sr = save(tmp_path, sample_rate_model(), "sr.onnx")
-    result = invoke("bench", sr, "--runs", "1", "--warmup", "0", "--level", "disable", "--input-value",
-                    "sr=16000", "--format", "json")
+    result = invoke("bench", sr, "--runs", "1", "--max-time", "0", "--warmup", "0", "--level", "disable",
+                    "--input-value", "sr=16000", "--format", "json")
     assert result.exit_code == 0, result.output
     result = invoke("bench", sr, "--runs", "1", "--warmup", "0", "--level", "disable")
     assert result.exit_code == 2 and "--input-value" in result.output
