@@ -179,14 +179,15 @@ def _verify_options(input_shapes, input_data, input_value, input_range, input_se
                          _pairs(input_range, parse_input_range, "--input-range"), input_sets, rtol, atol)
 
 
-def _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level) -> pipeline.Options:
+def _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level,
+             ort_version=None) -> pipeline.Options:
     from onnxfuse import pipeline
 
     if only and set(only) <= set(skip):
         raise InputError("--only and --skip leave no pass to run")
     return pipeline.Options(target=target, only=tuple(only), skip=tuple(skip), input_shapes=_shapes(input_shape),
                             constant_initializer_inputs=constant_initializer_inputs,
-                            ort_level=ort_level or DEFAULT_ORT_LEVEL)
+                            ort_level=ort_level or DEFAULT_ORT_LEVEL, ort_version=ort_version)
 
 
 def _verbosity(ctx: click.Context) -> int:
@@ -258,6 +259,10 @@ def pass_options(fn):
                      help="The onnxruntime graph optimization level your sessions run at (default: all, "
                           "onnxruntime's own default). Forms that run slower than the unfused original at that "
                           "level are left unfused (see BENCHMARKS.md)."),
+        click.option("--ort-version", metavar="X.Y",
+                     help="The onnxruntime release the model will run on (default: the installed one). Forms "
+                          "that release cannot load are left unfused; the summary and the model's metadata say "
+                          "which release the output needs."),
         click.option("--constant-initializer-inputs", is_flag=True,
                      help="Treat initializers that are also graph inputs (IR < 4 style) as constants, so they "
                           "can be folded. Only if nobody feeds those inputs at run time."),
@@ -339,9 +344,9 @@ def main(ctx: click.Context) -> None:
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_level, constant_initializer_inputs,
-             no_verify, require_verify, input_data, input_value, input_range, input_sets, rtol, atol, report_path,
-             report_format, bandwidth, overwrite):
+def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_level, ort_version,
+             constant_initializer_inputs, no_verify, require_verify, input_data, input_value, input_range, input_sets,
+             rtol, atol, report_path, report_format, bandwidth, overwrite):
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
     \b
@@ -373,7 +378,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
         for other, what in ((input_path, "INPUT"), (output_path, "OUTPUT")):
             if model_io.same_file(report_path, other):
                 raise InputError(f"--report {report_path}: is the same file as {what}; choose another name")
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = input_data  # real inputs fix the report's shapes too
     # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
     options.expressions = report_path is not None
@@ -519,8 +524,8 @@ Exit codes:
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant_initializer_inputs, input_data, fmt,
-           output, show_all, bandwidth, baseline):
+def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_version, constant_initializer_inputs,
+           input_data, fmt, output, show_all, bandwidth, baseline):
     """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
 
     Bytes are expressions in the model's symbolic input dims; --input-shape also gives the numbers at one size.
@@ -552,7 +557,7 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
     if bandwidth is not None and not math.isfinite(bandwidth):
         raise InputError("--bandwidth must be a finite number")
     old = baseline_mod.load(baseline) if baseline is not None else None
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = input_data
     with _progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)
@@ -595,8 +600,8 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, constant_initializer_inputs, runs,
-          warmup, threads, levels, input_data, input_value, input_range, fmt):
+def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, ort_version,
+          constant_initializer_inputs, runs, warmup, threads, levels, input_data, input_value, input_range, fmt):
     """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
     options as `optimize` when not given) at each graph optimization level, alternating the two run by run.
 
@@ -619,7 +624,7 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
             raise InputError(f"{', '.join(ignored)} only shape{'' if len(ignored) > 1 else 's'} the in-memory "
                              "optimization, which does not run when OPTIMIZED is given; drop "
                              f"{'them' if len(ignored) > 1 else 'it'} or OPTIMIZED")
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
     levels = tuple(levels) or bench_mod.LEVELS
     bench_options = bench_mod.BenchOptions(runs=runs, warmup=warmup, threads=threads, levels=levels,
                                            input_shapes=options.input_shapes, input_data=input_data)
