@@ -124,7 +124,7 @@ def _fail_cleanly(fn):
 
 
 def _shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-    from onnxfuse.shapes import parse_input_shape
+    from onnxfuse.shape_text import parse_input_shape
 
     return _pairs(values, parse_input_shape, "--input-shape")
 
