@@ -254,7 +254,8 @@ def pass_options(fn):
         click.option("--skip", multiple=True, type=_PassChoice(), metavar="PASS",
                      help="Do not run this pass (repeatable)."),
         click.option("--input-shape", multiple=True, metavar="NAME=DIMS",
-                     help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (repeatable)."),
+                     help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (also x:1,3,640,640 "
+                          "and x:[1,3,640,640], as onnxsim, onnxslim and Polygraphy write it; repeatable)."),
         click.option("--ort-level", type=click.Choice(list(ORT_LEVELS)), default=None,
                      help="The onnxruntime graph optimization level your sessions run at (default: all, "
                           "onnxruntime's own default). Forms that run slower than the unfused original at that "
@@ -693,7 +694,8 @@ Exit codes:
 @click.argument("original", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
 @click.option("--input-shape", multiple=True, metavar="NAME=DIMS",
-              help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (repeatable).")
+              help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (also x:1,3,640,640 "
+                          "and x:[1,3,640,640], as onnxsim, onnxslim and Polygraphy write it; repeatable).")
 @verify_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @verbosity_options
