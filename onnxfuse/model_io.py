@@ -46,6 +46,7 @@ class LoadedModel:
         overridable: names of initializers that are also graph inputs; onnxruntime lets a caller feed them,
             so they are not constants unless the user says so (ONNX IR.md, "Graphs": initializers as inputs).
         data_files: the external data files the model reads.
+        name: what reports call the model instead of its path (the API's ``name``); None: the path.
     """
 
     model: onnx.ModelProto | None
@@ -56,10 +57,14 @@ class LoadedModel:
     overridable: frozenset[str] = field(default_factory=frozenset)
     data_files: tuple[Path, ...] = ()
     proto: onnx.ModelProto | None = field(default=None, repr=False)
+    name: str | None = None
 
     @property
     def label(self) -> str:
-        """How messages and reports name the model: its path, or ``<ModelProto>``."""
+        """How messages and reports name the model: :attr:`name` when given, else its path, else
+        ``<ModelProto>``."""
+        if self.name is not None:
+            return self.name
         return str(self.path) if self.path is not None else "<ModelProto>"
 
     def ort_source(self) -> str | bytes:

@@ -115,6 +115,18 @@ class Result:
         """The ``onnxfuse.verification.Verification`` of :func:`optimize` (``report.verification``)."""
         return self.report.verification
 
+    def save(self, path: str | os.PathLike) -> list[os.PathLike]:
+        """Write :attr:`model` to ``path`` as ``onnxfuse optimize`` does: atomically, external data kept external
+        when the input had it (and for models over 2 GiB, which ``onnx.save`` cannot write inline), the input's
+        own data files never replaced (``model_io.save_model``). Returns the files written (the model first).
+
+        Raises:
+            InputError: ``path`` cannot be written (a folder, a missing or read-only folder, disk full), or its
+                data file would replace the input's.
+        """
+        return model_io.save_model(self.model, path, external_data=self.loaded.external_data,
+                                   protected=self.loaded.data_files)
+
 
 def _check_options(options: Options) -> tuple[Pass, ...]:
     if options.target not in TARGETS:

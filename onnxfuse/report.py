@@ -80,9 +80,16 @@ class Report:
     deployment: dict | None = None
     onnxfuse_version: str = __version__
 
+    def to_html(self) -> str:
+        """The self-contained HTML page (``onnxfuse report -o report.html``)."""
+        return render(self, "html")
+
     @property
     def saved_bytes(self) -> int | None:
-        """Bytes of memory traffic the rewrites removed (before - after), for the shapes used; None if unknown."""
+        """Bytes of memory traffic the rewrites removed (before - after) at the input shapes used. None when it
+        is unknown: a size could not be inferred, or the model has symbolic dims (a dynamic batch or image size)
+        and no input shapes were given (then ``totals["saved_bytes_expr"]`` has it as an expression in those
+        dims, and ``onnxruntime["saved_bytes_beyond"]`` likewise)."""
         return self.totals["saved_bytes"]
 
     @property
