@@ -94,17 +94,17 @@ CPU_SLOWER_AT: Mapping[str, frozenset[str]] = MappingProxyType({
 
 #: onnxruntime releases (major, minor) on which ``benchmarks/probe_ort_releases.py`` loaded and ran every form
 #: onnxfuse can emit (the newest patch of each minor release pip serves for Python 3.11), oldest first. Results:
-#: ``benchmarks/results/ort_releases.json``; table: docs/onnxruntime-releases.md.
+#: ``benchmarks/results/ort_releases.json``; table: ``benchmarks/results/ort_releases.md``.
 PROBED_ORT_RELEASES: tuple[tuple[int, int], ...] = tuple((1, minor) for minor in range(15, 33))
 
 #: Emitted form (:func:`form_name`, ``FusedGemm(activation)``) -> the oldest onnxruntime release that loads it and
 #: computes what the unfused graph computes on the CPU execution provider, where that is newer than the oldest
 #: probed release (a form not listed runs on every release in :data:`PROBED_ORT_RELEASES`). Source: the probe
-#: above; older releases refuse the HardSwish activation at session creation
-#: (``GetFusedActivationAttr(...).IsOK() was false``, onnxruntime ``core/providers/cpu/nn/conv_attributes.h``).
+#: above (1.15 to 1.29 refuse the HardSwish activation at session creation with
+#: ``GetFusedActivationAttr(...).IsOK() was false``; 1.30 is the first that loads and matches it).
 FORM_MIN_ORT: Mapping[str, tuple[int, int]] = MappingProxyType({
-    form_name("HardSwish", residual=False): (1, 22),
-    form_name("HardSwish", residual=True): (1, 22),
+    form_name("HardSwish", residual=False): (1, 30),
+    form_name("HardSwish", residual=True): (1, 30),
 })
 
 

@@ -356,7 +356,7 @@ def deployment_section(release: tuple[int, int], forms: dict[str, int], min_rele
 
 
 def deployment_line(doc: dict) -> str | None:
-    """``runs on: onnxruntime >= 1.22 (FusedConv(HardSwish) x24 needs it; ...)``: the oldest onnxruntime release
+    """``runs on: onnxruntime >= 1.30 (FusedConv(HardSwish) x24 needs it; ...)``: the oldest onnxruntime release
     that loads what was written, and what an older ``--ort-version`` would leave unfused; None without a
     ``deployment`` section."""
     d = doc.get("deployment")

@@ -24,7 +24,7 @@ Skipped when:
                                        than the unfused original at the chosen onnxruntime level
                                        (``providers.CPU_SLOWER_AT``; FusedConv(Z) at ``all``)
     form-needs-newer-onnxruntime       the form does not load in the onnxruntime release given by --ort-version
-                                       (``providers.FORM_MIN_ORT``: FusedConv(HardSwish) needs 1.22)
+                                       (``providers.FORM_MIN_ORT``: FusedConv(HardSwish) needs 1.30)
 """
 
 from __future__ import annotations

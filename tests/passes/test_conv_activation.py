@@ -329,7 +329,7 @@ def test_skip_quantized_conv_feeding_quantize(fuse):
 
 
 def test_skip_form_needs_newer_onnxruntime(fuse):
-    """FusedConv(HardSwish) does not load before onnxruntime 1.23 (providers.FORM_MIN_ORT, from
+    """FusedConv(HardSwish) does not load before onnxruntime 1.30 (providers.FORM_MIN_ORT, from
     benchmarks/probe_ort_releases.py): a model for an older release keeps the HardSwish op; Relu fuses on any."""
     from onnxfuse.providers import FORM_MIN_ORT, release_text
 
