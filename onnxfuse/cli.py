@@ -151,7 +151,7 @@ def _fail_cleanly(fn):
 
 
 def _shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-    from onnxfuse.shapes import parse_input_shape
+    from onnxfuse.shape_text import parse_input_shape
 
     return _pairs(values, parse_input_shape, "--input-shape")
 
@@ -221,14 +221,15 @@ def _warn_unverified(verification, strict_option: bool = True) -> None:
         log.warning("%s", line)
 
 
-def _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level) -> pipeline.Options:
+def _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level,
+             ort_version=None) -> pipeline.Options:
     from onnxfuse import pipeline
 
     if only and set(only) <= set(skip):
         raise InputError("--only and --skip leave no pass to run")
     return pipeline.Options(target=target, only=tuple(only), skip=tuple(skip), input_shapes=_shapes(input_shape),
                             constant_initializer_inputs=constant_initializer_inputs,
-                            ort_level=ort_level or DEFAULT_ORT_LEVEL)
+                            ort_level=ort_level or DEFAULT_ORT_LEVEL, ort_version=ort_version)
 
 
 def _verbosity(ctx: click.Context) -> int:
@@ -296,11 +297,16 @@ def pass_options(fn):
         click.option("--skip", multiple=True, type=_PassChoice(), metavar="PASS",
                      help="Do not run this pass (repeatable)."),
         click.option("--input-shape", multiple=True, metavar="NAME=DIMS",
-                     help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (repeatable)."),
+                     help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (also x:1,3,640,640 "
+                          "and x:[1,3,640,640], as onnxsim, onnxslim and Polygraphy write it; repeatable)."),
         click.option("--ort-level", type=click.Choice(list(ORT_LEVELS)), default=None,
                      help="The onnxruntime graph optimization level your sessions run at (default: all, "
                           "onnxruntime's own default). Forms that run slower than the unfused original at that "
                           "level are left unfused (see BENCHMARKS.md)."),
+        click.option("--ort-version", metavar="X.Y",
+                     help="The onnxruntime release the model will run on (default: the installed one). Forms "
+                          "that release cannot load are left unfused; the summary and the model's metadata say "
+                          "which release the output needs."),
         click.option("--constant-initializer-inputs", is_flag=True,
                      help="Treat initializers that are also graph inputs (IR < 4 style) as constants, so they "
                           "can be folded. Only if nobody feeds those inputs at run time."),
@@ -382,9 +388,9 @@ def main(ctx: click.Context) -> None:
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_level, constant_initializer_inputs,
-             no_verify, require_verify, input_data, input_value, input_range, input_sets, rtol, atol, verify_timeout,
-             report_path, report_format, bandwidth, overwrite):
+def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_level, ort_version,
+             constant_initializer_inputs, no_verify, require_verify, input_data, input_value, input_range, input_sets,
+             rtol, atol, verify_timeout, report_path, report_format, bandwidth, overwrite):
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
     \b
@@ -419,7 +425,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
         if _names_a_data_file_of(report_path, output_path):
             raise InputError(f"--report {report_path}: has the name of an external data file of OUTPUT (written or "
                              "removed with it when the model has external data or is over 2 GB); choose another name")
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = input_data  # real inputs fix the report's shapes too
     # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
     options.expressions = report_path is not None
@@ -603,8 +609,8 @@ Exit codes:
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant_initializer_inputs, input_data, fmt,
-           output, show_all, bandwidth, baseline):
+def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_version, constant_initializer_inputs,
+           input_data, fmt, output, show_all, bandwidth, baseline):
     """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
 
     Bytes are expressions in the model's symbolic input dims; --input-shape also gives the numbers at one size.
@@ -636,7 +642,7 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
     if bandwidth is not None and not math.isfinite(bandwidth):
         raise InputError("--bandwidth must be a finite number")
     old = baseline_mod.load(baseline) if baseline is not None else None
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = input_data
     with _progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)
@@ -687,8 +693,9 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, constant_initializer_inputs, runs,
-          max_time, margin, warmup, threads, levels, input_data, input_value, input_range, fmt):
+def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, ort_version,
+          constant_initializer_inputs, runs, max_time, margin, warmup, threads, levels, input_data, input_value,
+          input_range, fmt):
     """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
     options as `optimize` when not given) at each graph optimization level, in paired rounds; say faster, slower,
     same or inconclusive from the ratio's interval, and when onnxruntime runs the same kernels for both.
@@ -712,7 +719,7 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
             raise InputError(f"{', '.join(ignored)} only shape{'' if len(ignored) > 1 else 's'} the in-memory "
                              "optimization, which does not run when OPTIMIZED is given; drop "
                              f"{'them' if len(ignored) > 1 else 'it'} or OPTIMIZED")
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
     levels = tuple(levels) or bench_mod.LEVELS
     bench_options = bench_mod.BenchOptions(runs=runs, max_time=max_time, margin=margin / 100, warmup=warmup,
                                            threads=threads, levels=levels, input_shapes=options.input_shapes,
@@ -788,7 +795,8 @@ Exit codes:
 @click.argument("original", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
 @click.option("--input-shape", multiple=True, metavar="NAME=DIMS",
-              help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (repeatable).")
+              help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (also x:1,3,640,640 "
+                          "and x:[1,3,640,640], as onnxsim, onnxslim and Polygraphy write it; repeatable).")
 @verify_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @verbosity_options

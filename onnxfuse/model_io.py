@@ -48,6 +48,7 @@ class LoadedModel:
         data_files: the external data files the model reads.
         warnings: what the checks at load let through but the user should know (:func:`check_shapes`: declared
             shapes that contradict shape inference).
+        name: what reports call the model instead of its path (the API's ``name``); None: the path.
     """
 
     model: onnx.ModelProto | None
@@ -59,10 +60,14 @@ class LoadedModel:
     data_files: tuple[Path, ...] = ()
     proto: onnx.ModelProto | None = field(default=None, repr=False)
     warnings: list[str] = field(default_factory=list)
+    name: str | None = None
 
     @property
     def label(self) -> str:
-        """How messages and reports name the model: its path, or ``<ModelProto>``."""
+        """How messages and reports name the model: :attr:`name` when given, else its path, else
+        ``<ModelProto>``."""
+        if self.name is not None:
+            return self.name
         return str(self.path) if self.path is not None else "<ModelProto>"
 
     def ort_source(self) -> str | bytes:

@@ -23,7 +23,19 @@ from onnxfuse import report as rep
 from onnxfuse._version import __version__
 from onnxfuse.errors import InputError
 from onnxfuse.passes import Context, Fusion, Match, Pass, Skip
-from onnxfuse.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET, ORT_LEVELS, TARGETS, get_target
+from onnxfuse.providers import (
+    DEFAULT_ORT_LEVEL,
+    DEFAULT_TARGET,
+    ORT_LEVELS,
+    PROBED_ORT_RELEASES,
+    TARGETS,
+    form_min_release,
+    form_name,
+    gemm_form_name,
+    get_target,
+    parse_release,
+    release_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +44,11 @@ log = logging.getLogger(__name__)
 #: 10 leaves ample room while guaranteeing termination.
 MAX_ROUNDS = 10
 
-#: ``metadata_props`` keys that onnxfuse writes into the optimized model.
+#: ``metadata_props`` keys that onnxfuse writes into the optimized model. ``onnxfuse.min_onnxruntime``: the oldest
+#: onnxruntime release that loads every FusedConv/FusedGemm form in the model (``providers.FORM_MIN_ORT``; the
+#: oldest probed release when every form loads in all of them, or none is there).
 META_VERSION, META_TARGET, META_PASSES = "onnxfuse.version", "onnxfuse.target", "onnxfuse.passes"
+META_MIN_ORT = "onnxfuse.min_onnxruntime"
 
 
 @dataclass
@@ -62,6 +77,8 @@ class Options:
         compare_with_onnxruntime: have onnxruntime optimize the original and the result at ``ort_level`` and
             report which fusions it makes itself at load and what is saved beyond it (``ort_graph``; two
             session loads). False leaves the report's ``onnxruntime`` section out.
+        ort_version: the onnxruntime release the model will run on (``--ort-version``, ``"1.20"``); forms that
+            release cannot load are not emitted (``providers.FORM_MIN_ORT``). None: the installed onnxruntime.
     """
 
     target: str = DEFAULT_TARGET
@@ -73,6 +90,7 @@ class Options:
     ort_level: str | None = DEFAULT_ORT_LEVEL
     expressions: bool = True
     compare_with_onnxruntime: bool = True
+    ort_version: str | None = None
 
 
 @dataclass
@@ -99,16 +117,67 @@ class Result:
         """The ``onnxfuse.verification.Verification`` of :func:`optimize` (``report.verification``)."""
         return self.report.verification
 
+    def save(self, path: str | os.PathLike) -> list[os.PathLike]:
+        """Write :attr:`model` to ``path`` as ``onnxfuse optimize`` does: atomically, external data kept external
+        when the input had it (and for models over 2 GiB, which ``onnx.save`` cannot write inline), the input's
+        own data files never replaced (``model_io.save_model``). Returns the files written (the model first).
+
+        Raises:
+            InputError: ``path`` cannot be written (a folder, a missing or read-only folder, disk full), or its
+                data file would replace the input's.
+        """
+        return model_io.save_model(self.model, path, external_data=self.loaded.external_data,
+                                   protected=self.loaded.data_files)
+
 
 def _check_options(options: Options) -> tuple[Pass, ...]:
     if options.target not in TARGETS:
         raise InputError(f"--target {options.target!r}: choose one of {', '.join(TARGETS)}")
     if options.ort_level is not None and options.ort_level not in ORT_LEVELS:
         raise InputError(f"--ort-level {options.ort_level!r}: choose one of {', '.join(ORT_LEVELS)}")
+    deployment_release(options)
     try:
         return passes_mod.select(tuple(options.only), tuple(options.skip))
     except KeyError as exc:
         raise InputError(str(exc.args[0])) from None
+
+
+def deployment_release(options: Options) -> tuple[int, int]:
+    """The onnxruntime release (major, minor) the model is for: ``options.ort_version``, else the installed one.
+
+    Raises:
+        InputError: ``ort_version`` is not a release number, or older than the oldest release whose forms were
+            probed (``providers.PROBED_ORT_RELEASES``): onnxfuse cannot say what such a release loads.
+    """
+    from onnxfuse.ort_graph import installed_version
+
+    text = options.ort_version or installed_version()
+    try:
+        release = parse_release(text.split("+")[0])
+    except ValueError as exc:
+        raise InputError(f"--ort-version: {exc}") from None
+    oldest, newest = PROBED_ORT_RELEASES[0], PROBED_ORT_RELEASES[-1]
+    if release < oldest:
+        raise InputError(f"--ort-version {text}: onnxfuse knows which forms onnxruntime loads from "
+                         f"{release_text(oldest)} to {release_text(newest)} (probed); for an older release use "
+                         "--target onnx (standard ONNX only)")
+    return release
+
+
+def emitted_forms(model: onnx.ModelProto) -> Counter:
+    """FusedConv / FusedGemm form name (``providers.form_name``, ``gemm_form_name``) -> node count, over every
+    graph of ``model``."""
+    forms: Counter = Counter()
+    for graph, _ in g.proto_graphs(model.graph):
+        for node in graph.node:
+            if node.domain != g.MS_DOMAIN or node.op_type not in ("FusedConv", "FusedGemm"):
+                continue
+            act = next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
+            if node.op_type == "FusedGemm":
+                forms[gemm_form_name(act or "")] += 1
+            else:
+                forms[form_name(act, len(node.input) > 3 and bool(node.input[3]))] += 1
+    return forms
 
 
 def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fusion], list[Skip]]:
@@ -168,8 +237,9 @@ def _with_pass(s: Skip, name: str) -> Skip:
     return Skip(s.reason, s.detail, s.nodes, s.output, name)
 
 
-def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...]) -> None:
-    values = {META_VERSION: __version__, META_TARGET: target, META_PASSES: ",".join(p.name for p in selected)}
+def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...], min_release: str) -> None:
+    values = {META_VERSION: __version__, META_TARGET: target, META_PASSES: ",".join(p.name for p in selected),
+              META_MIN_ORT: min_release}
     for prop in model.metadata_props:
         if prop.key in values:
             prop.value = values.pop(prop.key)
@@ -214,7 +284,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     if blocker is None:
         try:
             graph = g.to_graph(model)
-            ctx = Context(get_target(options.target, options.ort_level), overridable, info, namer=g.Namer(graph))
+            ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
+                          info, namer=g.Namer(graph))
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
             out = g.to_model(graph, model, reuse_original=True) if fusions else model
@@ -222,7 +293,9 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
             raise InputError(f"{loaded.label}: {exc}") from None
     else:
         out = model
-    _set_metadata(out, options.target, selected)
+    forms = emitted_forms(out)
+    min_release = max((form_min_release(f) for f in forms), default=PROBED_ORT_RELEASES[0])
+    _set_metadata(out, options.target, selected, release_text(min_release))
     if fusions:
         # Let the input's protobuf go once the result exists (peak memory: it is as large as the model).
         del graph, ctx, model
@@ -242,6 +315,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
         after_index=traffic.ModelIndex(out), after_sizes=after_sizes, runtime=runtime,
     )
+    report.deployment = rep.deployment_section(deployment_release(options), forms, min_release)
     report.warnings = loaded.warnings + _target_warnings(out, options.target) + mismatches
     if blocker is not None:
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")

@@ -78,11 +78,19 @@ class Report:
     verification: Any = None
     bandwidth: dict | None = None
     onnxruntime: dict | None = None
+    deployment: dict | None = None
     onnxfuse_version: str = __version__
+
+    def to_html(self) -> str:
+        """The self-contained HTML page (``onnxfuse report -o report.html``)."""
+        return render(self, "html")
 
     @property
     def saved_bytes(self) -> int | None:
-        """Bytes of memory traffic the rewrites removed (before - after), for the shapes used; None if unknown."""
+        """Bytes of memory traffic the rewrites removed (before - after) at the input shapes used. None when it
+        is unknown: a size could not be inferred, or the model has symbolic dims (a dynamic batch or image size)
+        and no input shapes were given (then ``totals["saved_bytes_expr"]`` has it as an expression in those
+        dims, and ``onnxruntime["saved_bytes_beyond"]`` likewise)."""
         return self.totals["saved_bytes"]
 
     @property
@@ -156,6 +164,7 @@ class Report:
             "verification": self.verification_dict(),
             "bandwidth": self.bandwidth,
             **({"onnxruntime": self.onnxruntime} if self.onnxruntime is not None else {}),
+            **({"deployment": self.deployment} if self.deployment is not None else {}),
         }
 
 
@@ -333,6 +342,37 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         nodes={"before": [_node_row(r, num) for r in before_rows], "after": [_node_row(r, num) for r in after_rows]},
         onnxruntime=None if runtime is None else _runtime_section(runtime, fusion_rows, beyond, num),
     )
+
+
+def deployment_section(release: tuple[int, int], forms: dict[str, int], min_release: tuple[int, int]) -> dict:
+    """The report's ``deployment`` object: the onnxruntime release the model is for (``--ort-version``, default the
+    installed one), the oldest release that loads every FusedConv/FusedGemm form in it, and each form with its
+    count and the release it needs (``providers.FORM_MIN_ORT``, from ``benchmarks/probe_ort_releases.py``)."""
+    from onnxfuse.providers import PROBED_ORT_RELEASES, form_min_release, release_text
+
+    return {"ort_version": release_text(release), "min_onnxruntime": release_text(min_release),
+            "probed": [release_text(PROBED_ORT_RELEASES[0]), release_text(PROBED_ORT_RELEASES[-1])],
+            "forms": [{"form": f, "count": n, "min_onnxruntime": release_text(form_min_release(f))}
+                      for f, n in sorted(forms.items())]}
+
+
+def deployment_line(doc: dict) -> str | None:
+    """``runs on: onnxruntime >= 1.30 (FusedConv(HardSwish) x24 needs it; ...)``: the oldest onnxruntime release
+    that loads what was written, and what an older ``--ort-version`` would leave unfused; None without a
+    ``deployment`` section."""
+    d = doc.get("deployment")
+    if not d:
+        return None
+    oldest, newest = d["probed"]
+    if not d["forms"]:
+        return "runs on: any onnxruntime that runs the original (no onnxruntime-specific op was written)"
+    newer = [f for f in d["forms"] if f["min_onnxruntime"] != oldest]
+    if not newer:
+        return (f"runs on: onnxruntime >= {oldest} (every release probed, {oldest} to {newest}, loads each form "
+                "written)")
+    needs = ", ".join(f"{f['form']} x{f['count']} needs {f['min_onnxruntime']}" for f in newer)
+    return (f"runs on: onnxruntime >= {d['min_onnxruntime']} ({needs}; an older --ort-version leaves "
+            f"{'it' if len(newer) == 1 and newer[0]['count'] == 1 else 'them'} unfused)")
 
 
 def _saved_beyond(saved: Bytes | None, intermediates: list[NodeTraffic | None], runtime: RuntimeGraphs
@@ -606,6 +646,8 @@ def headline(doc: dict, code: bool = False, hints: bool = True, plain=str) -> li
         lines.append(f"unknown: {before['unknown_nodes']} of {before['nodes']} nodes before and "
                      f"{after['unknown_nodes']} of {after['nodes']} after are left out of these totals "
                      f"({plain(first)})")
+    if (line := deployment_line(doc)) is not None:
+        lines.append(line)
     return lines
 
 

@@ -84,9 +84,11 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 def optimize(tmp_path: Path, model: onnx.ModelProto, target: str = "cpu", **options) -> pipeline.Result:
-    """Save ``model`` under ``tmp_path`` and run the passes (no verification) with ``options``."""
+    """Save ``model`` under ``tmp_path`` and run the passes (no verification, no comparison with onnxruntime's own
+    graph unless ``compare_with_onnxruntime=True``) with ``options``."""
     path = tmp_path / f"in_{len(list(tmp_path.iterdir()))}.onnx"
     onnx.save(model, str(path))
+    options.setdefault("compare_with_onnxruntime", False)
     return pipeline.analyse(path, pipeline.Options(target=target, **options))
 
 

@@ -67,6 +67,7 @@ class Reason(str, Enum):
     PAD_AXES_INVALID = "pad-axes-invalid"
     AUTO_PAD = "conv-auto-pad-set"
     SLOWER_AT_ORT_LEVEL = "slower-than-unfused-at-ort-level"
+    NEEDS_NEWER_ORT = "form-needs-newer-onnxruntime"
 
     def __str__(self) -> str:
         return self.value

@@ -246,3 +246,11 @@ def test_skip_constant_not_folded(fuse):
     model = b.build(b.op("Add", [b.conv(x, 3, 4), bias]), opset=14)
     s = assert_skipped(fuse(model, target="cpu", skip=("constant_fold",)), model, Reason.CONSTANT_NOT_FOLDED)
     assert "constant_fold" in s.detail
+
+
+def test_skip_form_needs_newer_onnxruntime(fuse):
+    """Conv -> Add(Z) -> HardSwish for a release without FusedConv(Z, HardSwish), at level all (where the plain
+    FusedConv(Z) is slower): the HardSwish form's reason is the one given."""
+    model, _ = residual("HardSwish")
+    s = assert_skipped(fuse(model, ort_level="all", ort_version="1.20"), model, Reason.NEEDS_NEWER_ORT)
+    assert "FusedConv(Z, HardSwish) needs onnxruntime" in s.detail
