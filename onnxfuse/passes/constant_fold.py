@@ -46,7 +46,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -55,7 +54,9 @@ from onnxfuse import graph as g
 from onnxfuse.passes._checks import ONNX_DOMAINS, replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 
-#: A fold may make the model at most this much larger than the constant inputs it reads (bytes, 1 MiB).
+#: A fold may make the model at most this much larger than the constant inputs it reads (bytes, 1 MiB). It is also
+#: the memory budget of a fold: a node is run only when its outputs, sized before it runs (``predicted_outputs``),
+#: fit in its constant inputs' bytes plus this.
 FOLD_GROWTH_LIMIT_BYTES = 1 << 20
 #: A fold whose constant inputs stay in the model (other nodes read them) adds its whole output: allowed up to this
 #: many bytes more than the inputs it frees (4 KiB: shapes, scalars, per-channel vectors). Without it, slices of
@@ -173,15 +174,17 @@ def predicted_outputs(node: gs.Node, inputs: list[np.ndarray | None], opset: int
     for out in inferred.graph.output:
         tt = out.type.tensor_type
         elems.append(tt.elem_type)
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
         if node.op == "Range":
-            n = _range_length(inputs)
-            dims = [n] if n is not None else [None]
+            dims = [_range_length(inputs)]
+        elif tt.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        else:
+            dims = [None]  # not even the rank is known
         try:
             itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize
         except (KeyError, TypeError, ValueError):
             itemsize = None
-        if total is None or itemsize is None or not tt.HasField("shape") or any(d is None or d < 0 for d in dims):
+        if total is None or itemsize is None or any(d is None or d < 0 for d in dims):
             total = None
             continue
         total += math.prod(dims) * itemsize
@@ -214,11 +217,8 @@ def evaluate(node: gs.Node, inputs: list[np.ndarray | None], opset: int, elems: 
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
         if _native(dtype):
             continue
-        try:
-            ml_dtypes.finfo(dtype)
-            wide = onnx.TensorProto.FLOAT
-        except ValueError:
-            wide = onnx.TensorProto.INT32
+        integer = onnx.TensorProto.DataType.Name(elem).startswith(("INT", "UINT"))  # INT4, UINT4, INT2, UINT2
+        wide = onnx.TensorProto.INT32 if integer else onnx.TensorProto.FLOAT
         fetch[i] = f"{name}__onnxfuse_wide"
         model.graph.node.append(onnx.helper.make_node("Cast", [name], [fetch[i]], to=wide))
         model.graph.output.append(onnx.ValueInfoProto(name=fetch[i]))
