@@ -75,6 +75,7 @@ REMEDIES: dict[str, str] = {
     "op-has-no-fusedconv-form": "none: onnxruntime's FusedConv has no form for this op",
     "chain-broken-by-op": "none: no pass removes the op in between",
     "fold-grows-model": "none: the folded constant would grow the model past onnxfuse's limit",
+    "fold-size-unknown": "none: the size of the folded constant cannot be known without computing it",
     "random-op": "none: the op draws new values on every run",
     "quantize-dequantize-node": "none: left for onnxruntime's QDQ fusions",
     "evaluation-failed": "none: onnxruntime could not evaluate the node",

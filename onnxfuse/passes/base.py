@@ -55,6 +55,7 @@ class Reason(str, Enum):
     CHAIN_BROKEN = "chain-broken-by-op"
     # canonicalization (onnxfuse.passes.CANONICALIZE)
     FOLD_GROWS = "fold-grows-model"
+    FOLD_SIZE_UNKNOWN = "fold-size-unknown"
     RANDOM_OP = "random-op"
     QDQ_NODE = "quantize-dequantize-node"
     EVALUATION_FAILED = "evaluation-failed"
