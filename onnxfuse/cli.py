@@ -689,13 +689,16 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
 @click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
               help="Real inputs: an .npz with one array per graph input name.")
 @input_value_options
+@click.option("--profile", is_flag=True,
+              help="Also run both models under onnxruntime's profiler at each level: time and bytes per kernel, "
+                   "per op and per fusion (JSON: every kernel).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
 def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, ort_version,
           constant_initializer_inputs, runs, max_time, margin, warmup, threads, levels, input_data, input_value,
-          input_range, fmt):
+          input_range, profile, fmt):
     """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
     options as `optimize` when not given) at each graph optimization level, in paired rounds; say faster, slower,
     same or inconclusive from the ratio's interval, and when onnxruntime runs the same kernels for both.
@@ -723,7 +726,8 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
     levels = tuple(levels) or bench_mod.LEVELS
     bench_options = bench_mod.BenchOptions(runs=runs, max_time=max_time, margin=margin / 100, warmup=warmup,
                                            threads=threads, levels=levels, input_shapes=options.input_shapes,
-                                           input_data=input_data)
+                                           input_data=input_data, profile=profile)
+    options.compare_with_onnxruntime = False  # bench measures onnxruntime itself
     checked = _verify_options({}, input_data, input_value, input_range, 1, None, None)
     bench_options.input_values, bench_options.input_ranges = checked.input_values, checked.input_ranges
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
@@ -731,13 +735,14 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
         if optimized is None:
             # One model per timed level, optimized for that level's sessions (unless --ort-level says which).
             targets = {level: ort_level or level for level in levels}
-            paths, changed = {}, {}
+            paths, changed, fusions = {}, {}, {}
             for wanted in dict.fromkeys(targets.values()):
                 options.ort_level = wanted
                 with _progress(ctx, f"optimizing {original} in memory for onnxruntime level {wanted}"):
                     result = pipeline.analyse(original, options, loaded if len(paths) == 0 else None)
                 paths[wanted] = Path(tmp) / f"optimized.{wanted}.onnx"
                 changed[wanted] = result.changed
+                fusions[wanted] = result.report.to_dict()["fusions"]
                 model_io.save_model(result.model, paths[wanted], external_data=result.loaded.external_data)
             if not any(changed.values()):
                 log.warning("nothing was fused (target %s): the optimized model is the original; nothing to time",
@@ -749,6 +754,7 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
                                            "levels": []}, indent=2, sort_keys=True))
                 return
             optimized_for = {level: str(paths[targets[level]]) for level in levels}
+            bench_options.fusions = {level: fusions[targets[level]] for level in levels}
         else:
             other = model_io.load_model(optimized)
             if _same_graph(loaded.model, other.model):
@@ -773,6 +779,8 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
         click.echo(json.dumps({**data, "nothing_fused": False}, indent=2, sort_keys=True))
     else:
         click.echo(bench_mod.to_text(data), nl=False)
+        if profile:
+            click.echo(bench_mod.profile_text(data), nl=False)
 
 
 def _same_graph(a, b) -> bool:
