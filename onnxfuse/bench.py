@@ -67,6 +67,11 @@ class BenchOptions:
         input_shapes: graph input name -> dims for symbolic dims.
         input_data: optional ``.npz`` of real inputs.
         input_values / input_ranges: fill values and ranges per input (:class:`onnxfuse.runtime.InputSpec`).
+        profile: also run both models with onnxruntime's profiler (``onnxfuse.ort_profile``) at each level and
+            report per kernel, per op and per fusion.
+        profile_runs: profiled runs per model and level (their median time per kernel).
+        fusions: level -> the ``fusions[]`` rows of the report of the model optimized for that level (None when
+            OPTIMIZED was given): the profile's per-fusion rows follow them.
     """
 
     runs: int = 16
@@ -79,6 +84,9 @@ class BenchOptions:
     input_data: str | None = None
     input_values: dict[str, float] = field(default_factory=dict)
     input_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    profile: bool = False
+    profile_runs: int = 10
+    fusions: dict[str, list[dict]] | None = None
 
 
 def order_ranks(n: int, confidence: float = CONFIDENCE) -> int | None:
@@ -254,6 +262,7 @@ def bench(original: str, optimized: str | dict[str, str], opts: BenchOptions) ->
                      values=dict(opts.input_values), ranges=dict(opts.input_ranges))
     per_level = optimized if isinstance(optimized, dict) else dict.fromkeys(opts.levels, optimized)
     results = []
+    profiles: dict[str, dict] = {}
     feeds, invented = None, []
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
         for path in {original, *per_level.values()}:  # onnxruntime's one-time set-up must not count as session time
@@ -293,15 +302,89 @@ def bench(original: str, optimized: str | dict[str, str], opts: BenchOptions) ->
                         opts.runs, opts.max_time, opts.margin, stop_at_min=same)
             sides["original"]["ms"], sides["optimized"]["ms"] = m["original_ms"], m["optimized_ms"]
             sides["optimized"]["median_ms"] = m["optimized_median_ms"]
+            if opts.profile:
+                profiles[level] = _profile(models, feeds, level, opts)
             results.append({"level": level, **sides, "ratio": m["ratio"], "ci_low": m["ci_low"],
                             "ci_high": m["ci_high"], "ci_confidence": m["confidence"], "rounds": m["rounds"],
                             "stopped": m["stopped"], "interval_verdict": m["verdict"],
                             "verdict": "same" if same else m["verdict"], "same_kernels": same,
-                            "kernels": sides["original"]["nodes_after_ort"] if same else None})
+                            "kernels": sides["original"]["nodes_after_ort"] if same else None,
+                            **({"profile": profiles[level]} if level in profiles else {})})
     return {"original": original, "threads": opts.threads, "runs": opts.runs, "max_time_s": opts.max_time,
             "margin": opts.margin, "confidence": CONFIDENCE, "warmup": opts.warmup,
             "input_shapes": {k: list(v.shape) for k, v in (feeds or {}).items()}, "invented_shapes": invented,
             "levels": results}
+
+
+def _profile(models: dict[str, str], feeds: dict, level: str, opts: BenchOptions) -> dict[str, Any]:
+    """Both models under onnxruntime's profiler at ``level`` (``ort_profile.profile``): per side ``kernels``
+    (every kernel: ms, bytes), ``by_op``, totals; ``by_fusion`` when the fusions are known."""
+    from onnxfuse import ort_profile
+
+    out: dict[str, Any] = {"runs": opts.profile_runs}
+    measured = {}
+    for key, path in models.items():
+        kernels_ = ort_profile.profile(path, feeds, level=level, threads=opts.threads, runs=opts.profile_runs,
+                                       warmup=1)
+        measured[key] = kernels_
+        out[key] = {"kernels": [k.to_dict() for k in kernels_], "by_op": ort_profile.by_op(kernels_),
+                    "total_ms": sum(k.ms for k in kernels_), "total_bytes": sum(k.total_bytes for k in kernels_)}
+    if opts.fusions is not None and level in opts.fusions:
+        out["by_fusion"] = ort_profile.by_fusion(measured["optimized"], opts.fusions[level])
+    return out
+
+
+def profile_text(result: dict[str, Any], top: int = 12) -> str:
+    """The ``--profile`` tables: per level, the kernels' total time and bytes of both models, then per op (the
+    ``top`` slowest of the original) and per fusion (the ``top`` slowest), side by side."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from onnxfuse import escape
+    from onnxfuse.report import human_bytes
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=120, color_system=None, highlight=False, markup=False, emoji=False)
+    for r in result["levels"]:
+        prof = r.get("profile")
+        if not prof:
+            continue
+        o, p = prof["original"], prof["optimized"]
+        console.print(f"profile at level {r['level']} (onnxruntime's profiler, median of {prof['runs']} runs): "
+                      f"original {len(o['kernels'])} kernels, {o['total_ms']:.3f} ms, "
+                      f"{human_bytes(o['total_bytes'])} read+written; optimized {len(p['kernels'])} kernels, "
+                      f"{p['total_ms']:.3f} ms, {human_bytes(p['total_bytes'])}")
+        table = Table(box=box.SIMPLE, title=f"per op at {r['level']} (original / optimized)", title_justify="left")
+        for col in ("op", "kernels", "ms", "bytes"):
+            table.add_column(col, justify="left" if col == "op" else "right")
+        for op in list(dict.fromkeys([*o["by_op"], *p["by_op"]]))[:top]:
+            a, b = o["by_op"].get(op), p["by_op"].get(op)
+
+            def cell(row, key, fmt):
+                return "-" if row is None else fmt(row[key])
+
+            def total(row):
+                return row["output_bytes"] + row["activation_bytes"] + row["parameter_bytes"]
+
+            table.add_row(escape.text(op), f"{cell(a, 'kernels', str)} / {cell(b, 'kernels', str)}",
+                          f"{cell(a, 'ms', lambda v: f'{v:.3f}')} / {cell(b, 'ms', lambda v: f'{v:.3f}')}",
+                          f"{'-' if a is None else human_bytes(total(a))} / "
+                          f"{'-' if b is None else human_bytes(total(b))}")
+        console.print(table)
+        rows = sorted((f for f in prof.get("by_fusion", []) if f["ms"] is not None), key=lambda f: -f["ms"])
+        if rows:
+            table = Table(box=box.SIMPLE, title=f"per fusion at {r['level']}: the kernel that computes it",
+                          title_justify="left")
+            for col in ("node", "replaced", "kernel", "ms", "bytes measured", "saved (counted)"):
+                table.add_column(col, justify="left" if col in ("node", "replaced", "kernel") else "right")
+            for f in rows[:top]:
+                table.add_row(escape.text(f["node"]), f["replaced"], escape.text(f"{f['kernel']} ({f['kernel_op']})"),
+                              f"{f['ms']:.3f}", human_bytes(f["total_bytes"]), human_bytes(f["counted_saved_bytes"]))
+            console.print(table)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
 def to_text(result: dict[str, Any]) -> str:

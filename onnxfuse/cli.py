@@ -378,10 +378,11 @@ def main(ctx: click.Context) -> None:
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison (the report says so).")
 @click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped (strict CI).")
 @verify_options
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the full report here (.json, .md, .txt or .html).")
+@click.option("--report", "report_paths", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the full report here (.json, .md, .txt or .html; repeatable, one file per format "
+                   "from its extension: --report r.json --report r.md).")
 @click.option("--report-format", type=click.Choice(REPORT_FORMATS),
-              help="Format of --report (default: from its extension).")
+              help="Format of a single --report (default: from its extension).")
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="GB/S",
               help="Add an estimated memory time at this bandwidth (10^9 bytes/s).")
 @click.option("--overwrite", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
@@ -390,7 +391,7 @@ def main(ctx: click.Context) -> None:
 @_fail_cleanly
 def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_level, ort_version,
              constant_initializer_inputs, no_verify, require_verify, input_data, input_value, input_range, input_sets,
-             rtol, atol, verify_timeout, report_path, report_format, bandwidth, overwrite):
+             rtol, atol, verify_timeout, report_paths, report_format, bandwidth, overwrite):
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
     \b
@@ -412,12 +413,8 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if model_io.same_file(input_path, output_path) and not overwrite:
         raise InputError(f"{output_path}: OUTPUT is the same file as INPUT; pass --overwrite to replace it")
     _check_folder(output_path, "OUTPUT")
-    fmt = None
-    if report_path is not None:
-        fmt = report_format or rep.format_for_path(str(report_path))
-        if fmt is None:
-            raise InputError(f"--report {report_path}: give a {', '.join(rep.REPORT_EXTENSIONS)} name, or "
-                             "--report-format")
+    reports = _report_files(report_paths, report_format)
+    for report_path, _ in reports:
         _check_folder(report_path, "--report")
         for other, what in ((input_path, "INPUT"), (output_path, "OUTPUT")):
             if model_io.same_file(report_path, other):
@@ -428,7 +425,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = input_data  # real inputs fix the report's shapes too
     # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
-    options.expressions = report_path is not None
+    options.expressions = bool(reports)
     options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
     checked = _verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol,
                               verify_timeout)
@@ -444,12 +441,12 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if any(model_io.same_file(output_path, f) for f in result.loaded.data_files):
         raise InputError(f"{output_path}: OUTPUT is an external data file of INPUT; choose another name")
     refused = verification.status == "failed" or (verification.status == "skipped" and require_verify)
-    report_text = None
-    if report_path is not None:
+    report_texts = []
+    for report_path, fmt in reports:
         _check_not_data_file(report_path, "--report", result.loaded)
-        report_text = rep.render(report, fmt, show_all=True)
+        report_texts.append((report_path, rep.render(report, fmt, show_all=True)))
         if refused:  # the report says why no model is written
-            _write_text(report_path, report_text)
+            _write_text(report_path, report_texts[-1][1])
     if not (verification.status == "skipped" and require_verify):
         _warn_unverified(verification)
     if verification.status == "failed":
@@ -465,11 +462,12 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     replacing_input = output_path.exists() and model_io.same_file(input_path, output_path)  # --overwrite
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
                                   protected=() if replacing_input else result.loaded.data_files)
-    if report_text is not None:  # after the model: a model that cannot be written leaves no report either
+    for report_path, report_text in report_texts:  # after the model: a model not written leaves no report either
         try:
             _write_text(report_path, report_text)
         except InputError as exc:
             raise InputError(f"{exc}; {', '.join(str(p) for p in written)} was written") from None
+        written.append(report_path)
     if _verbosity(ctx) >= 0:  # the results; -q prints nothing on success
         if verification.status == "skipped":
             click.echo(f"NOT VERIFIED: {verification.reason}")
@@ -478,7 +476,31 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     _hints(report)
     if not result.changed:
         log.info("no pattern was fused: %s is the input model with onnxfuse metadata added", output_path)
-    log.info("wrote %s", ", ".join(str(p) for p in [*written, *([report_path] if report_path else [])]))
+    log.info("wrote %s", ", ".join(str(p) for p in written))
+
+
+def _report_files(paths: tuple[Path, ...], report_format: str | None, option: str = "--report",
+                  format_option: str = "--report-format") -> list[tuple[Path, str]]:
+    """``(path, format)`` for each report file (``optimize --report``, ``report -o``): the format from
+    ``format_option`` (one file only) or from the file's extension.
+
+    Raises:
+        InputError: an extension without a format, ``--report-format`` with several reports, or one file twice.
+    """
+    from onnxfuse import report as rep
+
+    if report_format is not None and len(paths) > 1:
+        raise InputError(f"{format_option} applies to a single {option}; with several, each format comes from "
+                         "its file's extension")
+    out = []
+    for path in paths:
+        fmt = report_format or rep.format_for_path(str(path))
+        if fmt is None:
+            raise InputError(f"{option} {path}: give a {', '.join(rep.REPORT_EXTENSIONS)} name, or {format_option}")
+        if any(os.path.abspath(path) == os.path.abspath(p) for p, _ in out):
+            raise InputError(f"{option} {path}: given twice")
+        out.append((path, fmt))
+    return out
 
 
 def _names_a_data_file_of(path: Path, output: Path) -> bool:
@@ -597,8 +619,9 @@ Exit codes:
 @click.option("--format", "fmt", type=click.Choice(REPORT_FORMATS),
               help="Output format (default: from the -o extension, else text); html is one "
                    "self-contained page with charts.")
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the report to this file instead of stdout (.json, .md, .txt or .html).")
+@click.option("-o", "--output", "outputs", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report to this file instead of stdout (.json, .md, .txt or .html; repeatable, each "
+                   "format from its extension: -o r.json -o r.md).")
 @click.option("--all", "show_all", is_flag=True,
               help="Show every row (text and Markdown show the top 20; JSON and HTML always show all).")
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="GB/S",
@@ -610,7 +633,7 @@ Exit codes:
 @click.pass_context
 @_fail_cleanly
 def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_version, constant_initializer_inputs,
-           input_data, fmt, output, show_all, bandwidth, baseline):
+           input_data, fmt, outputs, show_all, bandwidth, baseline):
     """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
 
     Bytes are expressions in the model's symbolic input dims; --input-shape also gives the numbers at one size.
@@ -630,15 +653,13 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
     if baseline is not None:
         from onnxfuse import baseline as baseline_mod  # it imports sympy: only --baseline needs it
 
-    if output is not None:
-        _check_folder(output, "--output")
-        if model_io.same_file(output, model_path):
-            raise InputError(f"-o {output}: is the same file as the model; choose another name")
-        if fmt is None:
-            fmt = rep.format_for_path(str(output))
-            if fmt is None:
-                raise InputError(f"-o {output}: give a {', '.join(rep.REPORT_EXTENSIONS)} name, or --format")
-    fmt = fmt or "text"
+    files = _report_files(outputs, fmt, "-o", "--format") if outputs else []
+    for path, _ in files:
+        _check_folder(path, "--output")
+        if model_io.same_file(path, model_path):
+            raise InputError(f"-o {path}: is the same file as the model; choose another name")
+    output = files[0][0] if files else None
+    fmt = files[0][1] if files else (fmt or "text")
     if bandwidth is not None and not math.isfinite(bandwidth):
         raise InputError("--bandwidth must be a finite number")
     old = baseline_mod.load(baseline) if baseline is not None else None
@@ -649,13 +670,14 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
     if bandwidth:
         result.report.set_bandwidth(bandwidth)
     _diagnostics(result.report)
-    text = rep.render(result.report, fmt, show_all, width=_text_width(output))
-    if output is not None:
-        _check_not_data_file(output, "-o", result.loaded)
-        _write_text(output, text)
-        log.info("wrote %s", output)
+    for path, _ in files:
+        _check_not_data_file(path, "-o", result.loaded)
+    for path, path_fmt in files:
+        _write_text(path, rep.render(result.report, path_fmt, show_all, width=_text_width(path)))
+    if files:
+        log.info("wrote %s", ", ".join(str(p) for p, _ in files))
     elif old is None:
-        click.echo(text, nl=False)
+        click.echo(rep.render(result.report, fmt, show_all, width=_text_width(None)), nl=False)
     if old is not None:
         comparison = baseline_mod.compare(old, result.report.to_dict())
         if fmt == "json" and output is None:
@@ -689,13 +711,16 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
 @click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
               help="Real inputs: an .npz with one array per graph input name.")
 @input_value_options
+@click.option("--profile", is_flag=True,
+              help="Also run both models under onnxruntime's profiler at each level: time and bytes per kernel, "
+                   "per op and per fusion (JSON: every kernel).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
 def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, ort_version,
           constant_initializer_inputs, runs, max_time, margin, warmup, threads, levels, input_data, input_value,
-          input_range, fmt):
+          input_range, profile, fmt):
     """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
     options as `optimize` when not given) at each graph optimization level, in paired rounds; say faster, slower,
     same or inconclusive from the ratio's interval, and when onnxruntime runs the same kernels for both.
@@ -723,7 +748,8 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
     levels = tuple(levels) or bench_mod.LEVELS
     bench_options = bench_mod.BenchOptions(runs=runs, max_time=max_time, margin=margin / 100, warmup=warmup,
                                            threads=threads, levels=levels, input_shapes=options.input_shapes,
-                                           input_data=input_data)
+                                           input_data=input_data, profile=profile)
+    options.compare_with_onnxruntime = False  # bench measures onnxruntime itself
     checked = _verify_options({}, input_data, input_value, input_range, 1, None, None)
     bench_options.input_values, bench_options.input_ranges = checked.input_values, checked.input_ranges
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
@@ -731,13 +757,14 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
         if optimized is None:
             # One model per timed level, optimized for that level's sessions (unless --ort-level says which).
             targets = {level: ort_level or level for level in levels}
-            paths, changed = {}, {}
+            paths, changed, fusions = {}, {}, {}
             for wanted in dict.fromkeys(targets.values()):
                 options.ort_level = wanted
                 with _progress(ctx, f"optimizing {original} in memory for onnxruntime level {wanted}"):
                     result = pipeline.analyse(original, options, loaded if len(paths) == 0 else None)
                 paths[wanted] = Path(tmp) / f"optimized.{wanted}.onnx"
                 changed[wanted] = result.changed
+                fusions[wanted] = result.report.to_dict()["fusions"]
                 model_io.save_model(result.model, paths[wanted], external_data=result.loaded.external_data)
             if not any(changed.values()):
                 log.warning("nothing was fused (target %s): the optimized model is the original; nothing to time",
@@ -749,6 +776,7 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
                                            "levels": []}, indent=2, sort_keys=True))
                 return
             optimized_for = {level: str(paths[targets[level]]) for level in levels}
+            bench_options.fusions = {level: fusions[targets[level]] for level in levels}
         else:
             other = model_io.load_model(optimized)
             if _same_graph(loaded.model, other.model):
@@ -773,6 +801,8 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
         click.echo(json.dumps({**data, "nothing_fused": False}, indent=2, sort_keys=True))
     else:
         click.echo(bench_mod.to_text(data), nl=False)
+        if profile:
+            click.echo(bench_mod.profile_text(data), nl=False)
 
 
 def _same_graph(a, b) -> bool:

@@ -318,3 +318,26 @@ def test_bench_in_memory_follows_ort_level(tmp_path):
     assert [lv["optimized_for_ort_level"] for lv in data["levels"]] == ["disable", "all"]
     only_all = CliRunner().invoke(main, [*args, "--level", "all", "--ort-level", "all"])
     assert only_all.exit_code == 0 and "nothing was fused" in only_all.stderr
+
+
+def test_bench_profile_gives_per_kernel_time_and_bytes_for_both_models():
+    """bench --profile (issue: measured, per kernel): both models under onnxruntime's profiler, per kernel, per op
+    and per fusion, in JSON; the text names the kernel that computes each fusion."""
+    sample = str(REPO / "sample_models" / "resnet_block.onnx")
+    args = ["bench", sample, "--runs", "2", "--max-time", "0", "--warmup", "1", "--target", "cpu",
+            "--level", "disable", "--profile"]
+    result = CliRunner().invoke(main, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    [level] = json.loads(result.stdout)["levels"]
+    prof = level["profile"]
+    for side in ("original", "optimized"):
+        kernels = prof[side]["kernels"]
+        assert kernels and all(k["ms"] >= 0 and k["total_bytes"] > 0 and k["runs"] == prof["runs"] for k in kernels)
+        assert prof[side]["total_bytes"] == sum(k["total_bytes"] for k in kernels)
+        assert sum(r["kernels"] for r in prof[side]["by_op"].values()) == len(kernels)
+    assert set(prof["original"]["by_op"]) == {"Conv", "BatchNormalization", "Relu", "Add"}
+    assert set(prof["optimized"]["by_op"]) == {"FusedConv"}
+    assert len(prof["optimized"]["kernels"]) == level["optimized"]["nodes_after_ort"]
+    assert {f["kernel_op"] for f in prof["by_fusion"]} == {"FusedConv"}
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0 and "per fusion at disable: the kernel that computes it" in text.output
