@@ -698,14 +698,64 @@ def summary_lines(report: Report, hints: bool = True) -> list[str]:
     """The short summary ``optimize`` prints: traffic, fusion count, unfused count, verification, bandwidth, and
     (when ``hints``) :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.escape.text`)."""
     doc = escape.escaped(report.to_dict())
-    rewrites = sum(s["applied"] for s in doc["pass_stats"])
     lines = [*headline(doc, hints=hints),
-             f"fusions: {_fused_count(doc)} from {_plural(rewrites, 'rewrite')}, "
-             f"{_plural(len(doc['unfused']), 'pattern')} left unfused (target {doc['target']})",
-             _verification_line(doc)]
+             f"fusions: {_fused_count(doc)}; {_plural(len(doc['unfused']), 'pattern')} left unfused "
+             f"(target {doc['target']})"]
+    if doc["unfused"]:
+        lines.append(unfused_line(doc))
+    lines.append(_verification_line(doc))
     if doc["bandwidth"]:
         lines.append(_bandwidth_line(doc["bandwidth"]))
     return lines
+
+
+def unfused_groups(doc: dict) -> list[tuple[str, int, str]]:
+    """The unfused patterns of a report dict grouped by reason: ``(reason, count, what would fuse them)``, most
+    frequent first (``onnxfuse.remedies.remedy``; for a target-dependent reason, the first pattern's)."""
+    from onnxfuse.remedies import remedy
+
+    counts: dict[str, int] = {}
+    first: dict[str, dict] = {}
+    for row in doc["unfused"]:
+        counts[row["reason"]] = counts.get(row["reason"], 0) + 1
+        first.setdefault(row["reason"], row)
+    order = sorted(counts, key=lambda r: (-counts[r], r))
+    return [(r, counts[r], remedy(first[r], doc["target"])) for r in order]
+
+
+def unfused_line(doc: dict) -> str:
+    """``left unfused: 45 dtype-has-no-fusedconv-kernel (no target: ...); 1 ...``: one line, each reason with its
+    count and what would fuse those patterns, in the words of ``onnxfuse/remedies.py``."""
+    return "left unfused: " + "; ".join(f"{n} {reason} (what would fuse {'it' if n == 1 else 'them'}: {fix})"
+                                        for reason, n, fix in unfused_groups(doc))
+
+
+def grouped_unfused(rows: list[dict]) -> list[dict]:
+    """Unfused rows with the same chain of ops and reason merged into one: ``count``, the first row's nodes and
+    detail, ``bytes`` summed when every one is known (``bytes_expr`` summed likewise). Order: first appearance."""
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        key = (tuple(n["op"] for n in r["nodes"]), r["reason"])
+        g = groups.get(key)
+        if g is None:
+            groups[key] = {**r, "count": 1, "_exprs": [r["bytes_expr"]]}
+            continue
+        g["count"] += 1
+        g["bytes"] = None if g["bytes"] is None or r["bytes"] is None else g["bytes"] + r["bytes"]
+        g["_exprs"].append(r["bytes_expr"])
+    out = []
+    for g in groups.values():
+        exprs = g.pop("_exprs")
+        if g["count"] > 1:
+            g["bytes_expr"] = None if None in exprs else _sum_expressions(exprs)
+        out.append(g)
+    return out
+
+
+def _sum_expressions(exprs: list[str]) -> str:
+    """The sum of byte expressions (report strings), printed as the report prints them."""
+    total = add([expressions.parse(e) for e in exprs])
+    return printer()(total)
 
 
 def _bandwidth_line(b: dict) -> str:
@@ -719,6 +769,15 @@ def _bandwidth_line(b: dict) -> str:
 def _short(text: str, limit: int = 40) -> str:
     """A table cell: long expressions are left to the JSON report (the total column keeps its expression)."""
     return text if len(text) <= limit else "(see JSON)"
+
+
+def _unfused_label(row: dict, name, ops) -> str:
+    """``conv1: Conv -> Relu``, or ``45 x Conv -> Relu (first conv1)`` for a group of :func:`grouped_unfused`;
+    ``name`` and ``ops`` format the node name and the chain (code span and escaping in Markdown)."""
+    first, chain = name(_label(row["nodes"][0])), ops(_chain(row["nodes"]))
+    if row.get("count", 1) > 1:
+        return f"{row['count']} x {chain} (first {first})"
+    return f"{first}: {chain}"
 
 
 def _label(node: dict) -> str:
@@ -785,12 +844,11 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
         if hidden:
             console.print(f"... {hidden} more fusions (use --all to show every row)")
     if doc["unfused"]:
-        rows, hidden = _top(doc["unfused"], "bytes", show_all)
+        rows, hidden = _top(grouped_unfused(doc["unfused"]), "bytes", show_all)
         tab = table(f"Left unfused ({len(doc['unfused'])})",
                     [("nodes", fold), ("reason", {"no_wrap": True}), ("detail", fold), ("would save", right)])
         for r in rows:
-            tab.add_row(f"{_label(r['nodes'][0])}: {_chain(r['nodes'])}", r["reason"], r["detail"],
-                        _cell(r["bytes"], r["bytes_expr"], doc))
+            tab.add_row(_unfused_label(r, str, str), r["reason"], r["detail"], _cell(r["bytes"], r["bytes_expr"], doc))
         console.print()
         console.print(tab)
         if hidden:
@@ -874,10 +932,10 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
             out.append(f"\n_{hidden} more rows not shown._")
         out.append("")
     if doc["unfused"]:
-        rows, hidden = _top(doc["unfused"], "bytes", show_all)
+        rows, hidden = _top(grouped_unfused(doc["unfused"]), "bytes", show_all)
         out += [f"#### Left unfused ({len(doc['unfused'])})", "",
                 _md_row(["nodes", "reason", "detail", "would save"]), _md_row(["---"] * 4)]
-        out += [_md_row([f"{code(_label(r['nodes'][0]))} {md(_chain(r['nodes']))}", code(r["reason"]), md(r["detail"]),
+        out += [_md_row([_unfused_label(r, code, md), code(r["reason"]), md(r["detail"]),
                          _cell(r["bytes"], r["bytes_expr"], doc, True)]) for r in rows]
         if hidden:
             out.append(f"\n_{hidden} more rows not shown._")

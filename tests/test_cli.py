@@ -487,7 +487,7 @@ def test_results_go_to_stdout_and_diagnostics_to_stderr(tmp_path):
     result = run_cli("optimize", SAMPLE, out, "--target", "cpu")
     assert [line.split(":")[0].split(" at level")[0] for line in result.stdout.splitlines()] == [
         f"vs onnxruntime {ort_graph.installed_version()}", "vs the graph as exported", "runs on", "fusions",
-        "verification"]
+        "left unfused", "verification"]
     assert result.stderr == f"wrote {out}\n"
 
     verbose = run_cli("-v", "optimize", SAMPLE, out, "--overwrite", "--target", "cpu")

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 import sympy
 from click.testing import CliRunner
@@ -399,3 +400,24 @@ def test_names_in_baseline_lines_are_escaped(tmp_path):
                                        "--format", "markdown"])
     assert "compared with " in result.stdout and "\x1b" not in result.output, result.output
     assert all(line.startswith("- ") for line in result.stdout.splitlines())
+
+
+def test_unfused_patterns_are_grouped_by_reason_with_what_would_fuse_them(tmp_path):
+    """45 identical float16 refusals were 45 rows and no hint: the summary names each reason once with its count
+    and remedy (onnxfuse/remedies.py), the tables list identical chains once with their count."""
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder(dtype=np.float16)
+    y = b.input("x", [1, 4, 8, 8])
+    for _ in range(3):
+        y = b.op("Relu", [b.conv(y, 4, 4)])
+    report = pipeline.analyse(None, pipeline.Options(target="cpu", compare_with_onnxruntime=False),
+                              loaded=__import__("onnxfuse.model_io", fromlist=["x"]).load_proto(b.build(y))).report
+    lines = rep.summary_lines(report)
+    assert ("left unfused: 3 dtype-has-no-fusedconv-kernel (what would fuse them: no target: onnxruntime has "
+            "FusedConv kernels for float32 only)") in lines
+    text = rep.to_text(report)
+    assert text.count("3 x Conv -> Relu (first") == 1  # one row for the three patterns
+    md = rep.to_markdown(report)
+    assert "3 x Conv -&gt; Relu (first" in md or "3 x Conv -> Relu (first" in md
+    assert len(report.to_dict()["unfused"]) == 3  # the JSON keeps every pattern
