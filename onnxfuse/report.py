@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 2
 
+#: The verification reason of a report that ``onnxfuse report`` (or the API's ``analyse``) made: nothing was run.
+REPORT_DOES_NOT_VERIFY = "onnxfuse report does not verify"
+
 #: Formats ``render`` accepts (the CLI's ``--format`` and ``--report-format`` choices).
 FORMATS = ("text", "json", "markdown", "html")
 
@@ -136,7 +139,7 @@ class Report:
     def verification_dict(self) -> dict[str, Any]:
         """The ``verification`` object of the JSON form (``skipped`` when nothing verified, as in ``report``)."""
         if self.verification is None:
-            return {"status": "skipped", "reason": "onnxfuse report does not verify"}
+            return {"status": "skipped", "reason": REPORT_DOES_NOT_VERIFY}
         return self.verification.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
@@ -573,6 +576,8 @@ def _chain(nodes: list[dict]) -> str:
 
 def _verification_line(doc: dict) -> str:
     v = doc["verification"]
+    if v.get("reason") == REPORT_DOES_NOT_VERIFY:
+        return "verification: not run (onnxfuse report only analyses; onnxfuse optimize verifies what it writes)"
     detail = v.get("summary") or v.get("reason")
     if not detail and v.get("max_abs_error") is not None:
         detail = f"max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g}"
@@ -766,11 +771,6 @@ def _bandwidth_line(b: dict) -> str:
             f"{human_time(b['before_ms'])} -> {human_time(b['after_ms'])}")
 
 
-def _short(text: str, limit: int = 40) -> str:
-    """A table cell: long expressions are left to the JSON report (the total column keeps its expression)."""
-    return text if len(text) <= limit else "(see JSON)"
-
-
 def _unfused_label(row: dict, name, ops) -> str:
     """``conv1: Conv -> Relu``, or ``45 x Conv -> Relu (first conv1)`` for a group of :func:`grouped_unfused`;
     ``name`` and ``ops`` format the node name and the chain (code span and escaping in Markdown)."""
@@ -785,12 +785,40 @@ def _label(node: dict) -> str:
     return node["name"] or node["output"]
 
 
-def _shape_text(row: dict) -> str:
+def _shape_text(row: dict, doc: dict | None = None) -> str:
     """``1x8x32x32 float32``; a symbolic shape as ``[N_, 8, H, W]`` (an ``x`` between expressions would read as a
-    product), or "(see JSON)" when longer than a table cell."""
+    product), a long dim by its leading terms (``~H/4``, :func:`_short_dim`; the JSON has it exact)."""
     dims = row["shape"] or ["?"]
-    text = "x".join(map(str, dims)) if all(isinstance(d, int) for d in dims) else f"[{', '.join(map(str, dims))}]"
-    return f"{_short(text)} {row['dtype'] or '?'}"
+    if all(isinstance(d, int) for d in dims):
+        text = "x".join(map(str, dims))
+    else:
+        names = _display_names(doc) if doc else {}
+        text = f"[{', '.join(_short_dim(d, names) for d in dims)}]"
+    return f"{text} {row['dtype'] or '?'}"
+
+
+def _short_dim(dim, names: dict[str, str]) -> str:
+    """A dim for a table cell, its symbols by their display names (``names``, :func:`_display_names`): as it is
+    when short, else ``~`` and its highest-degree terms once floors and ceilings are dropped
+    (``floor(floor(H/2 - 1/2)/2) + 1`` -> ``~H/4``), or its first characters when it is no polynomial."""
+    text = str(dim)
+    if dim is None or isinstance(dim, int):
+        return "?" if dim is None else text
+    import sympy
+
+    try:
+        e = expressions.parse(text)
+        e = e.xreplace({s: sympy.Symbol(names.get(s.name, s.name)) for s in e.free_symbols})
+        if len(str(e)) <= 16:
+            return str(e)
+        e = sympy.expand(e.replace(sympy.floor, lambda a: a).replace(sympy.ceiling, lambda a: a))
+        poly = sympy.Poly(e, *sorted(e.free_symbols, key=str))
+        top = poly.total_degree()
+        lead = sum((c * sympy.prod(s**k for s, k in zip(poly.gens, m)) for m, c in poly.terms() if sum(m) == top),
+                   sympy.Integer(0))
+        return "~" + str(lead)
+    except (ValueError, TypeError, sympy.PolynomialError):
+        return text[:13] + "..."
 
 
 def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
@@ -825,8 +853,8 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
                  ("unknown nodes", right)])
     for side in ("before", "after"):
         s = t[side]
-        tab.add_row(side, _short(bytes_text(s["read_bytes"], s["read_bytes_expr"])),
-                    _short(bytes_text(s["written_bytes"], s["written_bytes_expr"])),
+        tab.add_row(side, _cell(s["read_bytes"], s["read_bytes_expr"], doc),
+                    _cell(s["written_bytes"], s["written_bytes_expr"], doc),
                     _cell(s["total_bytes"], s["total_bytes_expr"], doc), str(s["nodes"]), str(s["unknown_nodes"]))
     pct = f" ({t['saved_percent']:.1f}%)" if t["saved_percent"] is not None else ""
     tab.add_row("saved", "", "", _cell(t["saved_bytes"], t["saved_bytes_expr"], doc) + pct, "", "")
@@ -838,7 +866,7 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
                     [("node", fold), ("replaced", fold), ("activation", {"no_wrap": True}), ("output", fold),
                      ("saved", right)])
         for r in rows:
-            tab.add_row(r["node"], _chain(r["replaced"]), r["activation"] or "", _shape_text(r),
+            tab.add_row(r["node"], _chain(r["replaced"]), r["activation"] or "", _shape_text(r, doc),
                         _cell(r["saved_bytes"], r["saved_bytes_expr"], doc))
         console.print(tab)
         if hidden:
