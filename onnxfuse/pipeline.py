@@ -21,6 +21,7 @@ from onnxfuse import report as rep
 from onnxfuse._version import __version__
 from onnxfuse.errors import InputError
 from onnxfuse.passes import Context, Fusion, Match, Pass, Skip
+from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
 from onnxfuse.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET, ORT_LEVELS, TARGETS, get_target
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,9 @@ def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fu
     (``passes.CANONICALIZE``) until nothing changes, then the fusion passes until nothing changes (at most
     MAX_ROUNDS rounds per stage and graph).
 
+    When constant_fold folded a ``Shape``/``Size`` in the main graph, ``ctx.shapes`` is refreshed by onnx shape
+    inference before the fusion passes (``constant_fold.refresh_shapes``).
+
     Returns the rewrites in the order applied and the skips seen in each stage's last (unchanged) round.
     """
     stages = [tuple(p for p in selected if p.name in passes_mod.CANONICALIZE_NAMES),
@@ -123,7 +127,11 @@ def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fu
     for sub in list(g.all_graphs(graph)):
         ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, g.NodeOrder(sub)
         for stage in stages:
+            done = len(fusions)
             _run_stage(sub, stage, ctx, fusions, skips)
+            if sub is graph and any(f.pass_name == "constant_fold" and f.replaced[0][1] in SHAPE_OPS
+                                    for f in fusions[done:]):
+                refresh_shapes(sub, ctx)  # a Reshape of a folded static Shape now has a shape the passes can see
         g.remove_unused_constant_nodes(sub)
     return fusions, skips
 
