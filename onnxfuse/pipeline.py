@@ -215,7 +215,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     if blocker is None:
         try:
             graph = g.to_graph(model)
-            ctx = Context(get_target(options.target, options.ort_level), overridable, info, namer=g.Namer(graph))
+            ctx = Context(get_target(options.target, options.ort_level), overridable, info, namer=g.Namer(graph),
+                          symbolic=sym if options.expressions or not input_shapes else None)  # own shapes only
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
             out = g.to_model(graph, model, reuse_original=True) if fusions else model

@@ -140,6 +140,8 @@ class Context:
         namer: fresh names for new initializers.
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
         order: the node slots of ``graph`` that rewrites edit (see ``graph.NodeOrder``).
+        symbolic: the model's own symbolic shapes (``onnxfuse.symbolic.SymbolicShapes``: every dim a sympy
+            expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed.
     """
 
     target: Target
@@ -149,6 +151,7 @@ class Context:
     namer: g.Namer | None = None
     members: set[int] = field(default_factory=set)
     order: g.NodeOrder | None = None
+    symbolic: object | None = None
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.
