@@ -20,7 +20,7 @@ from onnxfuse import passes as passes_mod
 from onnxfuse import report as rep
 from onnxfuse._version import __version__
 from onnxfuse.errors import InputError
-from onnxfuse.passes import Context, Fusion, Match, Pass, Skip
+from onnxfuse.passes import Context, Fusion, Match, Pass, Reason, Skip
 from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
 from onnxfuse.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET, ORT_LEVELS, TARGETS, get_target
 
@@ -158,14 +158,28 @@ def _run_stage(sub, stage: tuple[Pass, ...], ctx: Context, fusions: list[Fusion]
             break
 
 
+#: Reasons that only a value stands behind: the pattern fits and the pass would fuse it if that input were a
+#: constant (or folded). A pass that stops there came nearer to fusing than one that refused the pattern's
+#: structure, shape, target or speed.
+VALUE_REASONS = frozenset({Reason.WEIGHTS_NOT_CONSTANT, Reason.PARAMS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
+                           Reason.CONSTANT_NOT_FOLDED})
+
+
 def _longest_per_conv(skips: list[Skip]) -> list[Skip]:
-    """One skip per Conv: the one covering the longest chain. An unfused written-out HardSwish is refused by
+    """One skip per Conv: the one of the pass that came nearest to fusing. A skip for a value that is not
+    constant (:data:`VALUE_REASONS`: with conv weights fed as graph inputs, conv_affine's ``weights-not-constant``
+    for a bias Add that conv_residual sees as a residual of the wrong shape) comes first; among the rest, the one
+    covering the longest chain, and the earlier pass on a tie. An unfused written-out HardSwish is refused by
     conv_hardswish (Conv -> Add -> Clip -> Mul -> Div: "HardSwish not supported by target") and, as a side
     effect, by conv_affine for its Add(x, 3) ("2 consumers"); only the first says what the pattern is."""
     best: dict[str, Skip] = {}
+
+    def rank(s: Skip) -> tuple[bool, int]:
+        return s.reason in VALUE_REASONS, len(s.nodes)
+
     for s in skips:
         key = s.nodes[0][2]
-        if key not in best or len(s.nodes) > len(best[key].nodes):
+        if key not in best or rank(s) > rank(best[key]):
             best[key] = s
     return [s for s in skips if best[s.nodes[0][2]] is s]
 

@@ -26,7 +26,11 @@ Skipped when:
     quantized-conv                     the conv is part of a QDQ pattern
     slower-than-unfused-at-ort-level   the form (FusedConv with Z, with or without the activation) runs slower
                                        than the unfused original at the chosen onnxruntime level
-                                       (``providers.CPU_SLOWER_AT``; FusedConv(Z) at ``all``)
+                                       (``providers.CPU_SLOWER_AT``; FusedConv(Z) at ``all``). Not for a
+                                       conv whose weight is computed at run time or is a graph input: the
+                                       rule's cause, onnxruntime's NCHWc Conv, needs constant weights
+                                       (``core/optimizer/nchwc_transformer.cc``), and onnxruntime then makes
+                                       the same FusedConv with Z itself at ``all`` (seen in the graph it saves)
 """
 
 from __future__ import annotations
@@ -88,6 +92,16 @@ def _dims(shape: tuple | None) -> str:
     return "unknown" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+def _target_check(ctx: Context, conv: gs.Node, activation: str | None, nodes: list[gs.Node], output: gs.Tensor
+                  ) -> Skip | None:
+    """``fusedconv.target_check`` for a form with Z, except its speed rule for a conv whose weight is not a
+    constant (see the module docstring: no NCHWc Conv to lose against)."""
+    bad = target_check(ctx, conv, activation, nodes, output, True)
+    if bad is not None and bad.reason == Reason.SLOWER_AT_ORT_LEVEL and ctx.constant(conv.inputs[1])[0] is None:
+        return None
+    return bad
+
+
 class ConvResidual(Pass[FusedConvMatch]):
     """Conv -> Add(run-time tensor) [-> activation] => FusedConv with Z."""
 
@@ -134,13 +148,13 @@ class ConvResidual(Pass[FusedConvMatch]):
             return skip(Reason.RESIDUAL_SHAPE, f"Z {z.name} shape {_dims(z_shape)} is not exactly the conv "
                         f"output shape {_dims(y_shape)}{why}", nodes, out)
         params = activation_params(ctx, act) if act is not None else []
-        if act is not None and (params is None or target_check(ctx, conv, act.op, nodes, out, True)):
+        if act is not None and (params is None or _target_check(ctx, conv, act.op, nodes, out)):
             # The activation cannot be fused: fuse Conv + Add alone if the target allows a plain FusedConv.
-            plain = target_check(ctx, conv, None, nodes[:2], add.outputs[0], True)
+            plain = _target_check(ctx, conv, None, nodes[:2], add.outputs[0])
             if plain:
-                return target_check(ctx, conv, act.op, nodes, out, True) or plain
+                return _target_check(ctx, conv, act.op, nodes, out) or plain
             return FusedConvMatch(nodes[:2], None, [], z)
-        bad = target_check(ctx, conv, act.op if act is not None else None, nodes, out, True)
+        bad = _target_check(ctx, conv, act.op if act is not None else None, nodes, out)
         if bad:
             return bad
         return FusedConvMatch(nodes, act.op if act is not None else None, params, z)

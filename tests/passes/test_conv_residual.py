@@ -283,3 +283,22 @@ def test_skip_residual_shape_mismatch_when_symbols_are_only_assumed_equal(fuse, 
     result = fuse(model, ort_level="extended")
     s = assert_skipped(result, model, Reason.RESIDUAL_SHAPE)
     assert "symbolic" in s.detail
+
+
+def test_run_time_weights_fuse_with_z_at_all(fuse):
+    # FusedConv(Z, ...) is slower at `all` only against onnxruntime's NCHWc Conv, which needs constant weights;
+    # with W a graph input onnxruntime makes this same FusedConv itself at `all`
+    b = GraphBuilder()
+    x, w, z = b.input("x", [1, 3, 6, 6]), b.input("w", [4, 3, 3, 3]), b.input("z", SHAPE)
+    model = b.build(b.op("Relu", [b.op("Add", [b.conv(x, 3, 4, weight=w), z])]))
+    result = fuse(model, ort_level="all")
+    onnx.checker.check_model(result.model, full_check=True)
+    assert op_counts(result.model) == {"FusedConv": 1}
+    assert attr(the_fused(result.model), "activation") == b"Relu"
+    assert not result.skips
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_skip_slower_than_unfused_at_ort_level_still_applies_to_constant_weights(fuse):
+    model, _ = residual("Relu")
+    assert_skipped(fuse(model, ort_level="all"), model, Reason.SLOWER_AT_ORT_LEVEL)
