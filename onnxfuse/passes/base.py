@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.providers import Target
+
+if TYPE_CHECKING:
+    from onnxfuse.symbolic import SymbolicShapes
 
 
 class Reason(str, Enum):
@@ -151,7 +154,7 @@ class Context:
     namer: g.Namer | None = None
     members: set[int] = field(default_factory=set)
     order: g.NodeOrder | None = None
-    symbolic: object | None = None
+    symbolic: SymbolicShapes | None = None
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.

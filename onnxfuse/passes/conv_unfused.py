@@ -65,46 +65,33 @@ QDQ_KERNELS = {"Conv": "QLinearConv", "Gemm": "com.microsoft::QGemm", "MatMul": 
 
 
 def unary_chain(conv: gs.Node, ctx: Context) -> list[gs.Node] | None:
-    """The nodes, in execution order, of a written-out unary function of ``conv``'s output y: every reader of y
-    and everything they feed, as long as each node is a default-domain :data:`CHAIN_OPS` op whose other inputs
-    are y, constants or outputs of the group, and exactly one node's output leaves the group (read elsewhere or a
-    graph output). None when y has a reader outside such a group, the group has more than one exit, or it has
-    more than :data:`MAX_CHAIN` nodes. Read-only."""
+    """The nodes, in execution order, of the smallest written-out unary function of ``conv``'s output y: a group
+    that holds every reader of y, whose nodes are default-domain :data:`CHAIN_OPS` ops with y, constants or
+    outputs of the group as inputs, and where only the last node's output is read outside the group (or is a
+    graph output). None when there is no such group of at most :data:`MAX_CHAIN` nodes (y read by another op, a
+    run-time operand from outside). Read-only."""
     y = conv.outputs[0]
-    if g.is_graph_output(y, ctx.graph):
+    readers = g.consumers(y)
+    if g.is_graph_output(y, ctx.graph) or not all(is_op(r, *CHAIN_OPS) for r in readers):
         return None
     inside: dict[int, gs.Node] = {}
     produced = {id(y)}
-    pending = list(g.consumers(y))
-    progress = True
-    while pending and progress:
-        progress = False
-        for node in list(pending):
-            if id(node) in inside:
-                pending.remove(node)
-                continue
-            if not is_op(node, *CHAIN_OPS) or len(node.outputs) != 1:
-                return None
-            ready = all(not t.name or id(t) in produced or ctx.constant(t)[0] is not None for t in node.inputs)
-            if not ready:
-                if any(g.producer(t) is None and ctx.constant(t)[0] is None and t.name for t in node.inputs):
-                    return None  # a run-time operand from outside: no unary function of y
-                continue
-            inside[id(node)] = node
-            produced.add(id(node.outputs[0]))
-            pending.remove(node)
-            pending.extend(r for r in g.consumers(node.outputs[0]) if id(r) not in inside)
-            progress = True
-            if len(inside) > MAX_CHAIN:
-                return None
-    if pending:
-        return None
-    nodes = list(inside.values())
-    exits = [n for n in nodes if g.is_graph_output(n.outputs[0], ctx.graph)
-             or any(id(r) not in inside for r in g.consumers(n.outputs[0]))]
-    if len(exits) != 1 or exits[0] is not nodes[-1]:
-        return None
-    return nodes
+    pending = list(readers)
+    while pending:
+        node = next((n for n in pending if len(n.outputs) == 1 and is_op(n, *CHAIN_OPS) and all(
+            not t.name or id(t) in produced or ctx.constant(t)[0] is not None for t in n.inputs)), None)
+        if node is None or len(inside) >= MAX_CHAIN:
+            return None  # what is left reads a run-time tensor from outside, or is no elementwise op
+        pending = [n for n in pending if n is not node]
+        inside[id(node)] = node
+        produced.add(id(node.outputs[0]))
+        if not pending and all(id(r) in inside for r in readers):
+            nodes = list(inside.values())
+            if all(all(id(r) in inside for r in g.consumers(n.outputs[0]))
+                   and not g.is_graph_output(n.outputs[0], ctx.graph) for n in nodes[:-1]):
+                return nodes
+        pending.extend(r for r in g.consumers(node.outputs[0]) if id(r) not in inside and r not in pending)
+    return None
 
 
 def onnxruntime_makes(kind: str, chain: list[gs.Node], y: gs.Tensor, ctx: Context) -> str:
@@ -129,6 +116,19 @@ def onnxruntime_makes(kind: str, chain: list[gs.Node], y: gs.Tensor, ctx: Contex
                 "it stays as it is there too")
     return ("onnxruntime's FastGeluFusion (core/optimizer/fast_gelu_fusion.cc) matches only exact node forms and "
             "made no FastGelu of the written-out forms tried after a Conv, so expect it to stay there too")
+
+
+def _with_half(chain: list[gs.Node], ctx: Context) -> list[gs.Node]:
+    """A GELU chain with its trailing ``Mul(., 0.5)`` when that sits after the group (``(x * (1 + Erf(..))) *
+    0.5``: :func:`unary_chain` closes the group before it) and no Mul by 0.5 is inside it already."""
+    def half(n: gs.Node) -> bool:
+        return n.op == "Mul" and any(_near(ctx, t, 0.5) for t in n.inputs)
+
+    last = chain[-1].outputs[0]
+    readers = g.consumers(last)
+    if any(half(n) for n in chain) or len(readers) != 1 or g.is_graph_output(last, ctx.graph):
+        return chain
+    return [*chain, readers[0]] if is_op(readers[0], "Mul") and half(readers[0]) else chain
 
 
 def _near(ctx: Context, t: gs.Tensor, value: float) -> bool:
@@ -189,6 +189,8 @@ class ConvUnfused(Pass[ChainMatch]):
         y = node.outputs[0]
         chain = unary_chain(node, ctx) if node.op == "Conv" else None
         kind = chain_kind(chain) if chain and len(chain) > 1 else None
+        if kind in ("erf", "tanh"):
+            chain = _with_half(chain, ctx)
         if kind is not None:
             return skip(Reason.NO_FUSEDCONV_FORM, f"FusedConv has no form for {CHAIN_NAMES[kind]}, written out as "
                         f"{len(chain)} nodes; {onnxruntime_makes(kind, chain, y, ctx)}", [node, *chain],

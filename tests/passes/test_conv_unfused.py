@@ -8,7 +8,7 @@ import pytest
 from onnxfuse.passes import Reason
 from onnxfuse.report import summary_lines
 from tests.builders import GraphBuilder, skip_of
-from tests.conftest import op_counts
+from tests.conftest import ATOL, RTOL, assert_same_outputs, op_counts
 
 PASS = "conv_unfused"
 
@@ -223,3 +223,20 @@ def test_quantized_conv_qdq_patterns_are_listed(fuse, tmp_path, op, kernel):
     assert "QLinearConv, QGemm, QLinearMatMul" in line and "at load" in line
     ort_ops = onnxruntime_ops(model, tmp_path)
     assert ort_ops[kernel.split("::")[-1]] == 1 and op not in ort_ops, ort_ops
+
+
+@pytest.mark.parametrize(("fn", "nodes"), [(silu, 2), (gelu_erf, 5)], ids=["silu", "gelu-erf"])
+def test_op_has_no_fusedconv_form_written_out_activation_then_next_conv(fuse, fn, nodes):
+    # as in an EfficientNet block: the activation's output feeds the next Conv, which is not part of the pattern
+    import onnx
+
+    b = GraphBuilder()
+    y = b.conv(b.input("x", [1, 3, 8, 8]), 3, 4)
+    model = b.build(b.op("Relu", [b.conv(fn(b, y), 4, 4)]), opset=13)
+    result = fuse(model, target="cpu")
+    onnx.checker.check_model(result.model, full_check=True)
+    (s,) = [x for x in result.skips if x.pass_name == PASS]
+    assert s.reason == Reason.NO_FUSEDCONV_FORM and len(s.nodes) == 1 + nodes
+    assert "Conv" not in [n[1] for n in s.nodes[1:]]
+    assert op_counts(result.model)["FusedConv"] == 1  # the second Conv takes its Relu
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
