@@ -426,3 +426,35 @@ def test_static_concat_of_sliced_shape_bias_folds_into_the_conv(fuse):
     onnx.checker.check_model(result.model, full_check=True)
     assert op_counts(result.model) == {"FusedConv": 1}
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_shapes_stay_as_they_were_when_the_graph_cannot_be_exported_for_inference(fuse, monkeypatch):
+    # refresh_shapes exports the graph without weights; a failing export must leave ctx.shapes as it was (the
+    # Dense layers behind the Flatten then stay MatMul + Add, named matmul-input-not-2d) and change nothing else
+    import onnx_graphsurgeon as gs
+
+    def fail(node):
+        raise ValueError("injected export failure")
+
+    from onnxfuse.passes import constant_fold
+
+    model = keras_flatten_mlp()
+
+    calls = []
+
+    def refresh_failing(graph, ctx):
+        # only during the refresh: constant_fold.evaluate exports the nodes it folds with the same exporter
+        calls.append(dict(ctx.shapes))
+        with monkeypatch.context() as patch:
+            patch.setattr(gs.exporters.onnx_exporter.OnnxExporter, "export_node", staticmethod(fail))
+            constant_fold.refresh_shapes(graph, ctx)
+        assert ctx.shapes == calls[0]
+
+    monkeypatch.setattr(pipeline, "refresh_shapes", refresh_failing)
+    result = fuse(model)
+    assert len(calls) == 1
+    onnx.checker.check_model(result.model, full_check=True)
+    counts = op_counts(result.model)
+    assert "Shape" not in counts and counts["MatMul"] == 4, counts
+    assert {s.reason for s in result.skips if s.pass_name == "matmul_add"} == {Reason.MATMUL_NOT_2D}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)

@@ -264,3 +264,21 @@ def test_full_shape_graph_input_is_a_residual_not_a_parameter(fuse):
     assert [f.pass_name for f in result.fusions] == ["conv_residual"]
     assert not result.skips
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_pipeline_shows_the_reason_of_the_pass_nearest_to_fusing():
+    # per conv: a value that is not constant (the pass would fuse once it is) beats a longer chain refused for
+    # its shape or speed; otherwise the longest chain, then the earlier pass
+    from onnxfuse.passes.base import Skip
+    from onnxfuse.pipeline import _longest_per_conv
+
+    conv = ("conv", "Conv", "y")
+    weights = Skip(Reason.WEIGHTS_NOT_CONSTANT, "", (conv, ("a", "Add", "a_out")), "a_out", PASS)
+    shape = Skip(Reason.RESIDUAL_SHAPE, "", (conv, ("a", "Add", "a_out"), ("r", "Relu", "r_out")), "r_out",
+                 "conv_residual")
+    slower = Skip(Reason.SLOWER_AT_ORT_LEVEL, "", shape.nodes, "r_out", "conv_residual")
+    short = Skip(Reason.NOT_PRIVATE, "", weights.nodes, "a_out", PASS)
+    assert _longest_per_conv([shape, weights]) == [weights]
+    assert _longest_per_conv([slower, weights]) == [weights]
+    assert _longest_per_conv([short, shape]) == [shape]
+    assert _longest_per_conv([short, Skip(Reason.QDQ, "", weights.nodes, "a_out", "conv_unfused")]) == [short]
