@@ -1,6 +1,6 @@
 """Inference latency of every shared model, original vs optimized, per onnxruntime optimization level.
 
-Runs `onnxfuse bench` (1 intra-op thread; rotating rounds of original / control / optimized; medians; the
+Runs `onnxfuse bench` (1 intra-op thread; paired rounds, the median ratio and its interval; the
 optimized model made in memory for each timed level, as `--ort-level` that level would make it) for each model in
 $ONNXFUSE_MODELS_DIR (default ../shared/models) and for the synthetic RRDB model of benchmarks/make_rrdb.py, with
 the default target and with --target cpu. Writes a summary table (ratio and verdict per level) and a table per
@@ -87,12 +87,12 @@ def main() -> int:
         if data.get("nothing_fused"):
             continue
         print(f"\n#### {data['model']}, --target {data['target']}\n")
-        print("| level | original ms | optimized ms | ratio | control | noise | verdict | nodes run (orig/opt) |")
+        print("| level | original ms | optimized ms | ratio | interval | rounds | verdict | nodes run (orig/opt) |")
         print("|---|---:|---:|---:|---:|---:|---|---:|")
         for lv in data["levels"]:
             o, p = lv["original"], lv["optimized"]
-            print(f"| {lv['level']} | {o['median_ms']:.2f} | {p['median_ms']:.2f} | {lv['ratio']:.3f} | "
-                  f"{lv['control_ratio']:.3f} | ±{lv['noise'] * 100:.1f}% | {lv['verdict']} | "
+            print(f"| {lv['level']} | {o['ms']:.2f} | {p['ms']:.2f} | {lv['ratio']:.3f} | "
+                  f"{lv['ci_low']:.3f}-{lv['ci_high']:.3f} | {lv['rounds']} | {lv['verdict']} | "
                   f"{o['nodes_after_ort']} / {p['nodes_after_ort']} |")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
@@ -108,7 +108,8 @@ def summary(results: list[dict]) -> str:
         if data.get("nothing_fused"):
             lines.append(f"| {data['model']} | {data['target']} | " + " | ".join(["nothing fused"] * 4) + " |")
             continue
-        cells = [f"{by[lv]['ratio']:.3f} {by[lv]['verdict']} (±{by[lv]['noise'] * 100:.1f}%)" if lv in by else ""
+        cells = [f"{by[lv]['ratio']:.3f} {by[lv]['verdict']} ({by[lv]['ci_low']:.3f}-{by[lv]['ci_high']:.3f})"
+                 if lv in by else ""
                  for lv in levels]
         lines.append(f"| {data['model']} | {data['target']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

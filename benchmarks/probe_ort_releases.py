@@ -17,6 +17,8 @@ kept in ``benchmarks/out/ort-venvs`` and reused):
 
     python benchmarks/probe_ort_releases.py                 # every minor release pip serves
     python benchmarks/probe_ort_releases.py --releases 1.20.1 1.32.0
+    python benchmarks/probe_ort_releases.py --releases 1.20.1 --check-model original.onnx optimized.onnx \\
+        --input-shape x=1x3x48x320                          # a written model in an older release
 """
 
 from __future__ import annotations
@@ -202,6 +204,54 @@ print(json.dumps(out))
 '''
 
 
+#: Runs inside a release's venv: loads an original and an optimized model, feeds both the same seeded inputs
+#: (symbolic dims at the sizes given on the command line, else 1), compares every output.
+MODEL_RUNNER = r'''
+import json, sys
+import numpy as np
+import onnxruntime as ort
+
+original, optimized, shapes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+so = ort.SessionOptions()
+so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+so.log_severity_level = 4
+out = {"onnxruntime": ort.__version__}
+try:
+    b = ort.InferenceSession(optimized, so, providers=["CPUExecutionProvider"])
+except Exception as exc:
+    out.update(status="load", error=" ".join(str(exc).split())[:300])
+    print(json.dumps(out)); sys.exit()
+a = ort.InferenceSession(original, so, providers=["CPUExecutionProvider"])
+rng = np.random.default_rng(0)
+feeds = {}
+for i in a.get_inputs():
+    shape = shapes.get(i.name) or [d if isinstance(d, int) else 1 for d in i.shape]
+    dtype = {"tensor(float)": np.float32, "tensor(int64)": np.int64}.get(i.type, np.float32)
+    feeds[i.name] = rng.standard_normal(shape).astype(dtype)
+want, got = a.run(None, feeds), b.run(None, feeds)
+err = max(float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) for x, y in zip(want, got))
+scale = max(float(np.max(np.abs(x))) for x in want)
+out.update(status="ok" if err <= 1e-4 * max(1.0, scale) else "mismatch", max_abs_error=err, output_scale=scale)
+print(json.dumps(out))
+'''
+
+
+def check_models(original: str, optimized: str, releases: list[str], shapes: dict) -> list[dict]:
+    """Load ``optimized`` and ``original`` in each release's venv (made by :func:`probe` when missing) and compare
+    their outputs on the same seeded inputs, graph optimizations disabled."""
+    forms_dir = OUT / "ort-probe-forms"
+    results = []
+    for release in releases:
+        if not (OUT / "ort-venvs" / release / "bin" / "python").exists():
+            probe(release, forms_dir)
+        python = OUT / "ort-venvs" / release / "bin" / "python"
+        proc = subprocess.run([str(python), "-c", MODEL_RUNNER, original, optimized, json.dumps(shapes)],
+                              capture_output=True, text=True)
+        results.append(json.loads(proc.stdout) if proc.returncode == 0 else
+                       {"onnxruntime": release, "status": "error", "error": proc.stderr.strip()[-300:]})
+    return results
+
+
 def newest_patches() -> list[str]:
     """The newest patch release of each onnxruntime minor release that pip serves for this Python, oldest
     first (``pip index versions``)."""
@@ -243,8 +293,17 @@ def markdown(results: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--releases", nargs="*", help="releases to probe (default: newest patch of every minor)")
+    parser.add_argument("--check-model", nargs=2, metavar=("ORIGINAL", "OPTIMIZED"),
+                        help="instead of the forms: load OPTIMIZED and ORIGINAL in each release and compare outputs")
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
+                        help="with --check-model: sizes of an input's symbolic dims, e.g. x=1x3x48x320")
     args = parser.parse_args()
     releases = args.releases or newest_patches()
+    if args.check_model:
+        shapes = {k: [int(d) for d in v.split("x")] for k, v in (t.split("=") for t in args.input_shape)}
+        for r in check_models(*args.check_model, releases, shapes):
+            print(json.dumps(r), flush=True)
+        return
     forms_dir = OUT / "ort-probe-forms"
     build_probes(forms_dir)
     results = []

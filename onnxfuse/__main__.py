@@ -30,16 +30,55 @@ def _use_this_package() -> None:
     spec.loader.exec_module(module)
 
 
+def _stop(signum: int, frame) -> None:
+    """Signal handler for SIGTERM and SIGHUP: raise :class:`onnxfuse.errors.Interrupted` in the main thread, as
+    Python's own SIGINT handler raises KeyboardInterrupt. Termination signals that follow are ignored, so that they
+    cannot cut short the clean-up the first one started."""
+    import signal
+
+    from onnxfuse.errors import Interrupted
+
+    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def install_signal_handlers() -> None:
+    """Handle SIGTERM (what CI runners, ``timeout`` and ``kill`` send) and SIGHUP (a closed terminal) like Ctrl-C:
+    an exception that unwinds the stack, so temporary files are removed, then one line and exit ``128 + signum``.
+    A signal the parent set to be ignored (``nohup``) stays ignored. Main thread only (``signal.signal``)."""
+    import signal
+
+    for name in ("SIGTERM", "SIGHUP"):
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _stop)
+
+
 def run() -> None:
-    """The ``onnxfuse`` command (the console script's entry point, and ``python -m onnxfuse``): import the CLI
-    (click; the library is imported by the command that runs), then run it. A Ctrl-C during that import, before
-    the CLI's own handling is in place, exits 130 with one line, as a Ctrl-C later does."""
+    """The ``onnxfuse`` command (the console script's entry point, and ``python -m onnxfuse``): install the
+    SIGTERM/SIGHUP handlers, import the CLI (click; the library is imported by the command that runs), then run it.
+    A Ctrl-C or SIGTERM during that import, before the CLI's own handling is in place, exits 130 or 143 with one
+    line, as one later does. An exception that escapes the commands' own handling (``cli._fail_cleanly``) exits 3
+    with one line (``errors.internal_error_line``; ``ONNXFUSE_DEBUG=1`` keeps the traceback), never 1, the code for
+    "the optimized model does not match"."""
+    from onnxfuse.errors import EXIT_INTERNAL, debug_requested, internal_error_line, interrupted_exit
+
+    install_signal_handlers()
     try:
         from onnxfuse.cli import main
-    except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
-        sys.exit(130)
-    main()
+    except KeyboardInterrupt as exc:
+        message, code = interrupted_exit(exc, working=False)
+        sys.stderr.write(message + "\n")
+        sys.exit(code)
+    try:
+        main()
+    except Exception as exc:
+        if debug_requested():
+            raise
+        sys.stderr.write(internal_error_line(exc) + "\n")
+        sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ caller's ``ModelProto`` or file, and raise :class:`~onnxfuse.errors.InputError` 
     import onnx, onnxfuse
 
     model = onnx.load("model.onnx")
-    result = onnxfuse.optimize(model, target="cpu", input_shapes={"x": (1, 3, 640, 640)})
-    onnx.save(result.model, "model.fused.onnx")
+    result = onnxfuse.optimize(model, target="cpu", input_shapes={"x": (1, 3, 640, 640)}, name="detector")
+    result.save("model.fused.onnx")  # atomic, external data kept (onnx.save would inline weights over 2 GB)
     print(result.report.saved_bytes, result.report.to_markdown())
 """
 
@@ -29,12 +29,12 @@ if TYPE_CHECKING:
     from onnxfuse.report import Report
     from onnxfuse.verification import Verification
 
-def _load(model) -> LoadedModel:
+def _load(model, name: str | None = None) -> LoadedModel:
     from onnxfuse import model_io
 
-    if isinstance(model, (str, os.PathLike)):
-        return model_io.load_model(model)
-    return model_io.load_proto(model)
+    loaded = model_io.load_model(model) if isinstance(model, (str, os.PathLike)) else model_io.load_proto(model)
+    loaded.name = name
+    return loaded
 
 
 def _shapes(input_shapes: Mapping[str, Iterable[int]] | None) -> dict[str, tuple[int, ...]]:
@@ -50,19 +50,21 @@ def _shapes(input_shapes: Mapping[str, Iterable[int]] | None) -> dict[str, tuple
     return out
 
 
-def _options(target: str, input_shapes, only, skip, constant_initializer_inputs: bool, ort_level: str) -> Options:
+def _options(target: str, input_shapes, only, skip, constant_initializer_inputs: bool, ort_level: str,
+             ort_version: str | None = None) -> Options:
     from onnxfuse.pipeline import Options
 
     if isinstance(only, str) or isinstance(skip, str):
         raise InputError("only/skip take a sequence of pass names, not a string")
     return Options(target=target, only=tuple(only), skip=tuple(skip), input_shapes=_shapes(input_shapes),
-                   constant_initializer_inputs=constant_initializer_inputs, ort_level=ort_level)
+                   constant_initializer_inputs=constant_initializer_inputs, ort_level=ort_level,
+                   ort_version=ort_version)
 
 
 def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DEFAULT_TARGET,
             input_shapes: Mapping[str, Iterable[int]] | None = None, only: Iterable[str] = (),
             skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
-            ort_level: str = DEFAULT_ORT_LEVEL) -> Report:
+            ort_level: str = DEFAULT_ORT_LEVEL, ort_version: str | None = None, name: str | None = None) -> Report:
     """The memory-traffic report of what :func:`optimize` would do to ``model``; no rewrite is kept, nothing
     is verified. What ``onnxfuse report`` prints.
 
@@ -75,14 +77,20 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
         ort_level: the onnxruntime graph optimization level your sessions run at (``disable``, ``basic``,
             ``extended``, ``all``; onnxruntime's default is ``all``): forms measured slower than the unfused
             graph at that level are not emitted (``onnxfuse.providers``, BENCHMARKS.md).
+        ort_version: the onnxruntime release the model will run on, ``"1.20"`` (default: the installed one):
+            forms that release cannot load are not emitted (``providers.FORM_MIN_ORT``); the report's
+            ``deployment`` section and the model's ``onnxfuse.min_onnxruntime`` metadata name the oldest release
+            that loads the result.
+        name: what the report calls the model (its title, ``model.path`` in JSON); default: the path, or
+            ``<ModelProto>`` for a ModelProto.
 
     Raises:
         InputError: an unreadable or invalid model, an unknown target or pass, bad ``input_shapes``.
     """
     from onnxfuse import pipeline
 
-    options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level)
-    loaded = _load(model)
+    options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
+    loaded = _load(model, name)
     return pipeline.analyse(loaded.path, options, loaded).report
 
 
@@ -93,14 +101,17 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              input_ranges: Mapping[str, tuple[float, float]] | None = None, input_sets: int = 1,
              rtol: float | None = None, atol: float | None = None, only: Iterable[str] = (),
              skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
-             ort_level: str = DEFAULT_ORT_LEVEL) -> Result:
+             ort_level: str = DEFAULT_ORT_LEVEL, verify_timeout: float | None = None,
+             ort_version: str | None = None, name: str | None = None) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
-    What ``onnxfuse optimize`` does, without writing a file: save ``result.model`` yourself (``onnx.save``).
+    What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
+    (atomically, external data kept).
 
     Args:
         model: an ``onnx.ModelProto`` (external data loaded; it is not modified) or the path of a ``.onnx`` file.
-        target, input_shapes, only, skip, constant_initializer_inputs, ort_level: as :func:`analyse`.
+        target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version, name: as
+            :func:`analyse`.
         verify: run the original and the optimized model in onnxruntime (graph optimizations disabled on both)
             and compare the outputs; False records verification as skipped.
         require_verify: raise :class:`VerificationError` when verification was skipped (say, onnxruntime
@@ -109,6 +120,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
         input_values / input_ranges / input_sets: a fill value or a ``(low, high)`` range per input name (say
             ``{"sr": 16000}``), and how many seeded input sets to compare on (see README, "Verification").
         rtol / atol: elementwise tolerances that replace the noise-floor rule (see README, "Verification").
+        verify_timeout: seconds for every onnxruntime run of the verification together (None:
+            ``onnxfuse.verification.DEFAULT_TIMEOUT_S``, 300; 0: no limit); when they run out verification is
+            ``skipped`` with ``cause`` ``"time"`` (a :class:`VerificationError` with ``require_verify``).
 
     Returns:
         A :class:`onnxfuse.pipeline.Result`: ``model`` (the optimized ``ModelProto``), ``report`` (the
@@ -120,14 +134,15 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             (``.result`` holds the failing result and its report), or ``require_verify`` and it was skipped.
     """
     from onnxfuse import pipeline
-    from onnxfuse.verification import VerifyOptions
+    from onnxfuse.verification import VerifyOptions, timeout_seconds
 
-    options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level)
+    options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
-    loaded = _load(model)
+    timeout = timeout_seconds(verify_timeout)
+    loaded = _load(model, name)
     verify_options = VerifyOptions(options.input_shapes, None if input_data is None else str(input_data),
                                    dict(input_values or {}), dict(input_ranges or {}), input_sets,
-                                   rtol=rtol, atol=atol) if verify else None
+                                   rtol=rtol, atol=atol, timeout=timeout) if verify else None
     result = pipeline.optimize(loaded.path, options, verify_options, loaded=loaded)
     verification = result.report.verification
     if verification.status == "failed":
@@ -143,11 +158,12 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
            *, input_shapes: Mapping[str, Iterable[int]] | None = None,
            input_data: str | os.PathLike[str] | None = None, input_values: Mapping[str, float] | None = None,
            input_ranges: Mapping[str, tuple[float, float]] | None = None, input_sets: int = 1,
-           rtol: float | None = None, atol: float | None = None) -> Verification:
+           rtol: float | None = None, atol: float | None = None, verify_timeout: float | None = None) -> Verification:
     """Compare ``candidate`` with ``original`` in onnxruntime (graph optimizations disabled on both), on the
     same generated (or ``input_data``) inputs; any pair of models, e.g. another optimizer's output.
 
-    Arguments after ``candidate`` are as :func:`optimize`'s; the rule is README's "Verification"
+    Arguments after ``candidate`` are as :func:`optimize`'s (``verify_timeout`` too: when it runs out the result
+    is ``skipped`` with ``cause`` ``"time"``); the rule is README's "Verification"
     (:func:`onnxfuse.verification.verify_models`).
 
     Returns:
@@ -156,12 +172,14 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
         applied. It does not raise on ``failed``: check ``status``.
 
     Raises:
-        InputError: an unreadable or invalid model, unreadable ``input_data``.
+        InputError: an unreadable or invalid model, unreadable ``input_data``, a negative ``verify_timeout``.
     """
-    from onnxfuse.verification import VerifyOptions, verify_models
+    from onnxfuse.verification import VerifyOptions, timeout_seconds, verify_models
 
+    timeout = timeout_seconds(verify_timeout)
     ref = _load(original)
     cand = _load(candidate)
     opts = VerifyOptions(_shapes(input_shapes), None if input_data is None else str(input_data),
-                         dict(input_values or {}), dict(input_ranges or {}), input_sets, rtol=rtol, atol=atol)
+                         dict(input_values or {}), dict(input_ranges or {}), input_sets, rtol=rtol, atol=atol,
+                         timeout=timeout)
     return verify_models(ref.ort_source(), cand.model, opts)

@@ -187,8 +187,11 @@ class Comparison:
                 "optimized_traffic_grew_at": self.worse_at,
                 "unknown_nodes": {"baseline": self.unknown_before, "new": self.unknown_after}}
 
-    def lines(self) -> list[str]:
-        """What changed, one fact per line, for people (text and Markdown lists)."""
+    def lines(self, fmt: str = "text") -> list[str]:
+        """What changed, one fact per line, for people: ``fmt`` ``text`` (names escaped for a terminal,
+        :func:`onnxfuse.escape.text`) or ``markdown`` (list items' text, :func:`onnxfuse.escape.markdown`)."""
+        from onnxfuse import escape
+
         out = [f"fusion gained: {kind} (x{n})" for kind, n in sorted(self.gained.items())]
         out += [f"fusion extended: {kind} (x{n})" for kind, n in sorted(self.extended.items())]
         out += [f"fusion lost: {kind} (x{n})" for kind, n in sorted(self.lost.items())]
@@ -205,7 +208,7 @@ class Comparison:
             out.append(f"nodes of unknown size: {self.unknown_after} (was {self.unknown_before})")
         out.append("result: " + ("REGRESSION (a fusion was lost or the optimized traffic grew)" if self.regressed
                                  else "no regression"))
-        return out
+        return [escape.markdown(line) if fmt == "markdown" else escape.text(line) for line in out]
 
 
     def _short(self, expr: str | None) -> str:

@@ -2,8 +2,9 @@
 
 Exit codes: 0 success; 1 the optimized model failed verification (or ``--require-verify`` and verification
 was skipped), no model written (a ``--report`` file is, with the verification result); 2 usage error, an input
-model that cannot be read or is invalid, or an output that cannot be written; 130 interrupted (Ctrl-C, SIGINT),
-no partly written file left.
+model that cannot be read or is invalid, or an output that cannot be written; 3 an internal error (a bug in
+onnxfuse: one line, ``ONNXFUSE_DEBUG=1`` for the traceback); 130 interrupted (Ctrl-C, SIGINT), 143 terminated
+(SIGTERM), 129 hung up (SIGHUP): no partly written or temporary file left.
 
 Results (the optimize summary, a report, bench tables, the pass list) go to stdout; everything else (errors,
 warnings, hints, "wrote FILE", progress, ``-v`` detail) goes to stderr. Diagnostics go through :mod:`logging`: the
@@ -25,8 +26,17 @@ from typing import TYPE_CHECKING
 
 import click
 
+from onnxfuse import escape
 from onnxfuse._version import __version__
-from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
+from onnxfuse.errors import (
+    EXIT_INTERNAL,
+    InputError,
+    OnnxFuseError,
+    VerificationError,
+    debug_requested,
+    internal_error_line,
+    interrupted_exit,
+)
 
 if TYPE_CHECKING:
     from onnxfuse import model_io, pipeline
@@ -45,6 +55,8 @@ ORT_LEVELS = ("disable", "basic", "extended", "all")
 DEFAULT_ORT_LEVEL = "all"
 #: report.FORMATS.
 REPORT_FORMATS = ("text", "json", "markdown", "html")
+#: verification.DEFAULT_TIMEOUT_S.
+DEFAULT_TIMEOUT_S = 300.0
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -54,16 +66,21 @@ Exit codes:
        with the verification result)
   2    usage error, an input model that cannot be read or is invalid,
        or an OUTPUT that cannot be written
-  130  interrupted (Ctrl-C); no partly written file is left"""
+  3    internal error, a bug in onnxfuse (one line; ONNXFUSE_DEBUG=1
+       shows the traceback)
+  130  interrupted (Ctrl-C); no partly written file is left
+  143  terminated (SIGTERM: CI runners, timeout); the same"""
 
 READ_ONLY_EXIT_CODES_HELP = """\b
 Exit codes:
   0    success
   2    usage error, or a model that cannot be read or is invalid
-  130  interrupted (Ctrl-C)"""
+  3    internal error, a bug in onnxfuse (ONNXFUSE_DEBUG=1: traceback)
+  130  interrupted (Ctrl-C)
+  143  terminated (SIGTERM)"""
 
 #: Exit code after SIGINT (Ctrl-C): 128 + signal number 2, the shell convention. Not 1, which means "verification
-#: failed".
+#: failed". SIGTERM exits 143 and SIGHUP 129 (errors.Interrupted.exit_code).
 EXIT_INTERRUPTED = 130
 
 #: The package's root logger: the CLI's own messages, and the parent of every library module's logger.
@@ -72,11 +89,12 @@ log = logging.getLogger("onnxfuse")
 
 class _StderrHandler(logging.Handler):
     """Writes each record to the current ``sys.stderr`` through click (looked up at each record, so that click's
-    test runner captures it), a ``warning: `` prefix on warnings, no other decoration."""
+    test runner captures it), a ``warning: `` prefix on warnings, no other decoration. The message is escaped
+    (:func:`onnxfuse.escape.text`): names and paths in it cannot add a line or send an escape sequence."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            message = self.format(record)
+            message = escape.text(self.format(record))
             if record.levelno == logging.WARNING:
                 message = f"warning: {message}"
             click.echo(message, err=True)
@@ -102,29 +120,38 @@ def _unconfigure_logging() -> None:
 
 def _fail_cleanly(fn):
     """Turn an OnnxFuseError into a one-line ``error: ...`` on stderr and its exit code, and Ctrl-C into one line
-    and exit code 130 (click's own handling would exit 1, the code for a failed verification); bugs keep their
-    traceback. Files are written whole or not at all (temporary file, then rename), so an interrupt leaves no
-    partly written file."""
+    and exit code 130, SIGTERM 143, SIGHUP 129 (click's own handling would exit 1, the code for a failed
+    verification), and any other exception (a bug) into one line and exit code 3 (``errors.EXIT_INTERNAL``; with
+    ``ONNXFUSE_DEBUG=1`` it is re-raised with its traceback); click's own exceptions pass through to click. Files
+    are written whole or not at all (temporary file, then rename), so an interrupt leaves no partly written file."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except KeyboardInterrupt:
-            click.echo("error: interrupted; no partly written file was left", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Interrupted, from __main__.run)
+            message, code = interrupted_exit(exc)
+            click.echo(message, err=True)
+            sys.exit(code)
         except OnnxFuseError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {escape.text(exc)}", err=True)  # one line: a name in it adds none
             sys.exit(exc.exit_code)
         except UnicodeDecodeError:  # protobuf hands invalid UTF-8 in a string field to Python as it is
             click.echo("error: the model holds a name or string that is not valid UTF-8", err=True)
             sys.exit(InputError.exit_code)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            if debug_requested():
+                raise
+            click.echo(internal_error_line(exc), err=True)
+            sys.exit(EXIT_INTERNAL)
 
     return wrapper
 
 
 def _shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-    from onnxfuse.shapes import parse_input_shape
+    from onnxfuse.shape_text import parse_input_shape
 
     return _pairs(values, parse_input_shape, "--input-shape")
 
@@ -162,31 +189,47 @@ def verify_options(fn):
                           "(a missing one is 0)."),
         click.option("--atol", type=click.FloatRange(min=0),
                      help="Absolute tolerance of that elementwise rule (see --rtol)."),
+        click.option("--verify-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+                     help="Time for every onnxruntime run of the verification together; when it runs out "
+                          f"verification is skipped (reason: time), never hangs. 0: no limit. [default: "
+                          f"{DEFAULT_TIMEOUT_S:g}]"),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
     return fn
 
 
-def _verify_options(input_shapes, input_data, input_value, input_range, input_sets, rtol, atol):
+def _verify_options(input_shapes, input_data, input_value, input_range, input_sets, rtol, atol, verify_timeout=None):
     from onnxfuse.runtime import parse_input_range, parse_input_value
-    from onnxfuse.verification import VerifyOptions
+    from onnxfuse.verification import VerifyOptions, timeout_seconds
 
-    for name, value in (("--rtol", rtol), ("--atol", atol)):
+    for name, value in (("--rtol", rtol), ("--atol", atol), ("--verify-timeout", verify_timeout)):
         if value is not None and not math.isfinite(value):
             raise InputError(f"{name} must be a finite number")
+    if input_data is not None:
+        from onnxfuse import pipeline
+
+        pipeline.check_regular_file(input_data, "--input-data")  # /dev/zero would be read forever
     return VerifyOptions(input_shapes, input_data, _pairs(input_value, parse_input_value, "--input-value"),
-                         _pairs(input_range, parse_input_range, "--input-range"), input_sets, rtol, atol)
+                         _pairs(input_range, parse_input_range, "--input-range"), input_sets, rtol, atol,
+                         timeout=timeout_seconds(verify_timeout))
 
 
-def _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level) -> pipeline.Options:
+def _warn_unverified(verification, strict_option: bool = True) -> None:
+    """What verification did not check, as ``warning:`` lines on stderr (Verification.unchecked)."""
+    for line in verification.unchecked(strict_option):
+        log.warning("%s", line)
+
+
+def _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level,
+             ort_version=None) -> pipeline.Options:
     from onnxfuse import pipeline
 
     if only and set(only) <= set(skip):
         raise InputError("--only and --skip leave no pass to run")
     return pipeline.Options(target=target, only=tuple(only), skip=tuple(skip), input_shapes=_shapes(input_shape),
                             constant_initializer_inputs=constant_initializer_inputs,
-                            ort_level=ort_level or DEFAULT_ORT_LEVEL)
+                            ort_level=ort_level or DEFAULT_ORT_LEVEL, ort_version=ort_version)
 
 
 def _verbosity(ctx: click.Context) -> int:
@@ -217,8 +260,9 @@ def _progress(ctx: click.Context, message: str):
     """A spinner on stderr while ``message`` runs, only when stderr is a terminal and not --quiet."""
     if sys.stderr.isatty() and _verbosity(ctx) >= 0:
         from rich.console import Console
+        from rich.text import Text
 
-        with Console(stderr=True).status(message):
+        with Console(stderr=True).status(Text(escape.text(message))):  # Text: no markup read in a file name
             yield
     else:
         yield
@@ -253,11 +297,16 @@ def pass_options(fn):
         click.option("--skip", multiple=True, type=_PassChoice(), metavar="PASS",
                      help="Do not run this pass (repeatable)."),
         click.option("--input-shape", multiple=True, metavar="NAME=DIMS",
-                     help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (repeatable)."),
+                     help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (also x:1,3,640,640 "
+                          "and x:[1,3,640,640], as onnxsim, onnxslim and Polygraphy write it; repeatable)."),
         click.option("--ort-level", type=click.Choice(list(ORT_LEVELS)), default=None,
                      help="The onnxruntime graph optimization level your sessions run at (default: all, "
                           "onnxruntime's own default). Forms that run slower than the unfused original at that "
                           "level are left unfused (see BENCHMARKS.md)."),
+        click.option("--ort-version", metavar="X.Y",
+                     help="The onnxruntime release the model will run on (default: the installed one). Forms "
+                          "that release cannot load are left unfused; the summary and the model's metadata say "
+                          "which release the output needs."),
         click.option("--constant-initializer-inputs", is_flag=True,
                      help="Treat initializers that are also graph inputs (IR < 4 style) as constants, so they "
                           "can be folded. Only if nobody feeds those inputs at run time."),
@@ -329,19 +378,20 @@ def main(ctx: click.Context) -> None:
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison (the report says so).")
 @click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped (strict CI).")
 @verify_options
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the full report here (.json, .md, .txt or .html).")
+@click.option("--report", "report_paths", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the full report here (.json, .md, .txt or .html; repeatable, one file per format "
+                   "from its extension: --report r.json --report r.md).")
 @click.option("--report-format", type=click.Choice(REPORT_FORMATS),
-              help="Format of --report (default: from its extension).")
+              help="Format of a single --report (default: from its extension).")
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="GB/S",
               help="Add an estimated memory time at this bandwidth (10^9 bytes/s).")
 @click.option("--overwrite", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_level, constant_initializer_inputs,
-             no_verify, require_verify, input_data, input_value, input_range, input_sets, rtol, atol, report_path,
-             report_format, bandwidth, overwrite):
+def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_level, ort_version,
+             constant_initializer_inputs, no_verify, require_verify, input_data, input_value, input_range, input_sets,
+             rtol, atol, verify_timeout, report_paths, report_format, bandwidth, overwrite):
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
     \b
@@ -363,22 +413,22 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if model_io.same_file(input_path, output_path) and not overwrite:
         raise InputError(f"{output_path}: OUTPUT is the same file as INPUT; pass --overwrite to replace it")
     _check_folder(output_path, "OUTPUT")
-    fmt = None
-    if report_path is not None:
-        fmt = report_format or rep.format_for_path(str(report_path))
-        if fmt is None:
-            raise InputError(f"--report {report_path}: give a {', '.join(rep.REPORT_EXTENSIONS)} name, or "
-                             "--report-format")
+    reports = _report_files(report_paths, report_format)
+    for report_path, _ in reports:
         _check_folder(report_path, "--report")
         for other, what in ((input_path, "INPUT"), (output_path, "OUTPUT")):
             if model_io.same_file(report_path, other):
                 raise InputError(f"--report {report_path}: is the same file as {what}; choose another name")
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
+        if _names_a_data_file_of(report_path, output_path):
+            raise InputError(f"--report {report_path}: has the name of an external data file of OUTPUT (written or "
+                             "removed with it when the model has external data or is over 2 GB); choose another name")
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = input_data  # real inputs fix the report's shapes too
     # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
-    options.expressions = report_path is not None
+    options.expressions = bool(reports)
     options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
-    checked = _verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol)
+    checked = _verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol,
+                              verify_timeout)
     verify_options = None if no_verify else checked
     log.debug("optimizing %s for target %s", input_path, target)
     with _progress(ctx, f"optimizing {input_path}"):
@@ -390,9 +440,15 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     verification = report.verification
     if any(model_io.same_file(output_path, f) for f in result.loaded.data_files):
         raise InputError(f"{output_path}: OUTPUT is an external data file of INPUT; choose another name")
-    if report_path is not None:
+    refused = verification.status == "failed" or (verification.status == "skipped" and require_verify)
+    report_texts = []
+    for report_path, fmt in reports:
         _check_not_data_file(report_path, "--report", result.loaded)
-        _write_text(report_path, rep.render(report, fmt, show_all=True))
+        report_texts.append((report_path, rep.render(report, fmt, show_all=True)))
+        if refused:  # the report says why no model is written
+            _write_text(report_path, report_texts[-1][1])
+    if not (verification.status == "skipped" and require_verify):
+        _warn_unverified(verification)
     if verification.status == "failed":
         failed = verification.failed_outputs
         for o in failed:
@@ -406,13 +462,68 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     replacing_input = output_path.exists() and model_io.same_file(input_path, output_path)  # --overwrite
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
                                   protected=() if replacing_input else result.loaded.data_files)
+    for report_path, report_text in report_texts:  # after the model: a model not written leaves no report either
+        try:
+            _write_text(report_path, report_text)
+        except InputError as exc:
+            raise InputError(f"{exc}; {', '.join(str(p) for p in written)} was written") from None
+        written.append(report_path)
     if _verbosity(ctx) >= 0:  # the results; -q prints nothing on success
+        if verification.status == "skipped":
+            click.echo(f"NOT VERIFIED: {verification.reason}")
         for line in rep.summary_lines(report, hints=False):
             click.echo(line)
     _hints(report)
     if not result.changed:
         log.info("no pattern was fused: %s is the input model with onnxfuse metadata added", output_path)
-    log.info("wrote %s", ", ".join(str(p) for p in [*written, *([report_path] if report_path else [])]))
+    log.info("wrote %s", ", ".join(str(p) for p in written))
+
+
+def _report_files(paths: tuple[Path, ...], report_format: str | None, option: str = "--report",
+                  format_option: str = "--report-format") -> list[tuple[Path, str]]:
+    """``(path, format)`` for each report file (``optimize --report``, ``report -o``): the format from
+    ``format_option`` (one file only) or from the file's extension.
+
+    Raises:
+        InputError: an extension without a format, ``--report-format`` with several reports, or one file twice.
+    """
+    from onnxfuse import report as rep
+
+    if report_format is not None and len(paths) > 1:
+        raise InputError(f"{format_option} applies to a single {option}; with several, each format comes from "
+                         "its file's extension")
+    out = []
+    for path in paths:
+        fmt = report_format or rep.format_for_path(str(path))
+        if fmt is None:
+            raise InputError(f"{option} {path}: give a {', '.join(rep.REPORT_EXTENSIONS)} name, or {format_option}")
+        if any(os.path.abspath(path) == os.path.abspath(p) for p, _ in out):
+            raise InputError(f"{option} {path}: given twice")
+        out.append((path, fmt))
+    return out
+
+
+def _names_a_data_file_of(path: Path, output: Path) -> bool:
+    """True when ``path`` has the name of an external data file that ``model_io.save_model`` may write or remove
+    beside ``output`` (through a symlinked output, beside the file it points to): ``<name>.data``, or
+    ``model_io.data_file_name``'s ``<name, shortened from its end to fit NAME_MAX>.<16 hex digits>.data``."""
+    import re
+
+    target = _resolve(output, "OUTPUT") if output.is_symlink() else Path(os.path.abspath(output))
+    if _resolve(Path(os.path.abspath(path)).parent, "--report") != _resolve(target.parent, "OUTPUT"):
+        return False
+    if path.name == target.name + ".data":
+        return True
+    found = re.fullmatch(r"(.+)\.[0-9a-f]{16}\.data", path.name)
+    return found is not None and target.name.startswith(found.group(1))
+
+
+def _resolve(path: Path, what: str) -> Path:
+    """``path.resolve()``; a symbolic link that loops is an input error (Python raises RuntimeError or OSError)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise InputError(f"{what} {path}: cannot follow the symbolic link ({exc})") from None
 
 
 def _check_not_data_file(path: Path, what: str, loaded: model_io.LoadedModel) -> None:
@@ -430,7 +541,7 @@ def _check_folder(path: Path, what: str) -> None:
 
     if path.exists() and not path.is_file():
         raise InputError(f"{what} {path}: exists and is not a regular file; onnxfuse will not replace it")
-    folder = path.resolve().parent
+    folder = _resolve(path, what).parent
     if not folder.is_dir():
         raise InputError(f"{what} {path}: the folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
@@ -472,7 +583,7 @@ def _write_text(path: Path, text: str) -> None:
     _check_folder(path, "report")
     folder = path.resolve().parent
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".tmp", dir=folder)  # any legal name
     except OSError as exc:  # /proc, /sys: the folder passes os.access but takes no new file
         raise InputError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
     replaced = False
@@ -496,7 +607,8 @@ REPORT_EXIT_CODES_HELP = """\b
 Exit codes:
   0  success (with --baseline: no regression)
   1  with --baseline: a fusion was lost or the optimized traffic grew
-  2  usage error, or a model or baseline that cannot be read or is invalid"""
+  2  usage error, or a model or baseline that cannot be read or is invalid
+  3  internal error, a bug in onnxfuse (ONNXFUSE_DEBUG=1: traceback)"""
 
 
 @main.command(epilog=REPORT_EXIT_CODES_HELP)
@@ -507,8 +619,9 @@ Exit codes:
 @click.option("--format", "fmt", type=click.Choice(REPORT_FORMATS),
               help="Output format (default: from the -o extension, else text); html is one "
                    "self-contained page with charts.")
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the report to this file instead of stdout (.json, .md, .txt or .html).")
+@click.option("-o", "--output", "outputs", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report to this file instead of stdout (.json, .md, .txt or .html; repeatable, each "
+                   "format from its extension: -o r.json -o r.md).")
 @click.option("--all", "show_all", is_flag=True,
               help="Show every row (text and Markdown show the top 20; JSON and HTML always show all).")
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="GB/S",
@@ -519,8 +632,8 @@ Exit codes:
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant_initializer_inputs, input_data, fmt,
-           output, show_all, bandwidth, baseline):
+def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_version, constant_initializer_inputs,
+           input_data, fmt, outputs, show_all, bandwidth, baseline):
     """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
 
     Bytes are expressions in the model's symbolic input dims; --input-shape also gives the numbers at one size.
@@ -540,32 +653,31 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
     if baseline is not None:
         from onnxfuse import baseline as baseline_mod  # it imports sympy: only --baseline needs it
 
-    if output is not None:
-        _check_folder(output, "--output")
-        if model_io.same_file(output, model_path):
-            raise InputError(f"-o {output}: is the same file as the model; choose another name")
-        if fmt is None:
-            fmt = rep.format_for_path(str(output))
-            if fmt is None:
-                raise InputError(f"-o {output}: give a {', '.join(rep.REPORT_EXTENSIONS)} name, or --format")
-    fmt = fmt or "text"
+    files = _report_files(outputs, fmt, "-o", "--format") if outputs else []
+    for path, _ in files:
+        _check_folder(path, "--output")
+        if model_io.same_file(path, model_path):
+            raise InputError(f"-o {path}: is the same file as the model; choose another name")
+    output = files[0][0] if files else None
+    fmt = files[0][1] if files else (fmt or "text")
     if bandwidth is not None and not math.isfinite(bandwidth):
         raise InputError("--bandwidth must be a finite number")
     old = baseline_mod.load(baseline) if baseline is not None else None
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = input_data
     with _progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)
     if bandwidth:
         result.report.set_bandwidth(bandwidth)
     _diagnostics(result.report)
-    text = rep.render(result.report, fmt, show_all, width=_text_width(output))
-    if output is not None:
-        _check_not_data_file(output, "-o", result.loaded)
-        _write_text(output, text)
-        log.info("wrote %s", output)
+    for path, _ in files:
+        _check_not_data_file(path, "-o", result.loaded)
+    for path, path_fmt in files:
+        _write_text(path, rep.render(result.report, path_fmt, show_all, width=_text_width(path)))
+    if files:
+        log.info("wrote %s", ", ".join(str(p) for p, _ in files))
     elif old is None:
-        click.echo(text, nl=False)
+        click.echo(rep.render(result.report, fmt, show_all, width=_text_width(None)), nl=False)
     if old is not None:
         comparison = baseline_mod.compare(old, result.report.to_dict())
         if fmt == "json" and output is None:
@@ -573,8 +685,9 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
 
             click.echo(json.dumps(comparison.to_dict(), indent=2, sort_keys=True))
         else:
-            bullet = "- " if fmt == "markdown" else ""
-            click.echo("\n".join(f"{bullet}{line}" for line in [f"compared with {baseline}:", *comparison.lines()]))
+            bullet, safe = ("- ", escape.markdown) if fmt == "markdown" else ("", escape.text)
+            lines = [f"compared with {safe(baseline)}:", *comparison.lines(fmt)]
+            click.echo("\n".join(f"{bullet}{line}" for line in lines))
         if comparison.regressed:
             sys.exit(1)
 
@@ -583,7 +696,14 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
 @click.argument("original", type=click.Path(path_type=Path))
 @click.argument("optimized", required=False, type=click.Path(path_type=Path))
 @pass_options
-@click.option("--runs", type=click.IntRange(1), default=20, show_default=True, help="Timed runs per model and level.")
+@click.option("--runs", type=click.IntRange(1), default=16, show_default=True,
+              help="Paired rounds per level at least (each runs original, optimized, optimized, original); a "
+                   "verdict needs 14 or more.")
+@click.option("--max-time", type=click.FloatRange(0), default=20.0, show_default=True, metavar="SECONDS",
+              help="Per level: after --runs rounds, rounds go on until the verdict is decided or this much time "
+                   "of timed rounds is spent (0: exactly --runs rounds).")
+@click.option("--margin", type=click.FloatRange(0, 50, max_open=True), default=2.0, show_default=True,
+              metavar="PERCENT", help="Equivalence margin: 'same' needs the ratio's interval within 1 +- this.")
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="onnxruntime intra-op threads.")
 @click.option("--level", "levels", multiple=True, type=click.Choice(["disable", "basic", "extended", "all"]),
@@ -591,14 +711,19 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, constant
 @click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
               help="Real inputs: an .npz with one array per graph input name.")
 @input_value_options
+@click.option("--profile", is_flag=True,
+              help="Also run both models under onnxruntime's profiler at each level: time and bytes per kernel, "
+                   "per op and per fusion (JSON: every kernel).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
-def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, constant_initializer_inputs, runs,
-          warmup, threads, levels, input_data, input_value, input_range, fmt):
+def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, ort_version,
+          constant_initializer_inputs, runs, max_time, margin, warmup, threads, levels, input_data, input_value,
+          input_range, profile, fmt):
     """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
-    options as `optimize` when not given) at each graph optimization level, alternating the two run by run.
+    options as `optimize` when not given) at each graph optimization level, in paired rounds; say faster, slower,
+    same or inconclusive from the ratio's interval, and when onnxruntime runs the same kernels for both.
 
     \b
     Examples:
@@ -619,35 +744,43 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
             raise InputError(f"{', '.join(ignored)} only shape{'' if len(ignored) > 1 else 's'} the in-memory "
                              "optimization, which does not run when OPTIMIZED is given; drop "
                              f"{'them' if len(ignored) > 1 else 'it'} or OPTIMIZED")
-    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level)
+    options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
     levels = tuple(levels) or bench_mod.LEVELS
-    bench_options = bench_mod.BenchOptions(runs=runs, warmup=warmup, threads=threads, levels=levels,
-                                           input_shapes=options.input_shapes, input_data=input_data)
-    checked = _verify_options({}, None, input_value, input_range, 1, None, None)
+    bench_options = bench_mod.BenchOptions(runs=runs, max_time=max_time, margin=margin / 100, warmup=warmup,
+                                           threads=threads, levels=levels, input_shapes=options.input_shapes,
+                                           input_data=input_data, profile=profile)
+    options.compare_with_onnxruntime = False  # bench measures onnxruntime itself
+    checked = _verify_options({}, input_data, input_value, input_range, 1, None, None)
     bench_options.input_values, bench_options.input_ranges = checked.input_values, checked.input_ranges
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
         loaded = model_io.load_model(original)  # a bad ORIGINAL is an input error (exit 2), not an onnxruntime failure
         if optimized is None:
             # One model per timed level, optimized for that level's sessions (unless --ort-level says which).
             targets = {level: ort_level or level for level in levels}
-            paths, changed = {}, {}
+            paths, changed, fusions = {}, {}, {}
             for wanted in dict.fromkeys(targets.values()):
                 options.ort_level = wanted
                 with _progress(ctx, f"optimizing {original} in memory for onnxruntime level {wanted}"):
                     result = pipeline.analyse(original, options, loaded if len(paths) == 0 else None)
                 paths[wanted] = Path(tmp) / f"optimized.{wanted}.onnx"
                 changed[wanted] = result.changed
+                fusions[wanted] = result.report.to_dict()["fusions"]
                 model_io.save_model(result.model, paths[wanted], external_data=result.loaded.external_data)
             if not any(changed.values()):
                 log.warning("nothing was fused (target %s): the optimized model is the original; nothing to time",
                             target)
+                if fmt == "json":
+                    import json
+
+                    click.echo(json.dumps({"original": str(original), "optimized": None, "nothing_fused": True,
+                                           "levels": []}, indent=2, sort_keys=True))
                 return
             optimized_for = {level: str(paths[targets[level]]) for level in levels}
+            bench_options.fusions = {level: fusions[targets[level]] for level in levels}
         else:
             other = model_io.load_model(optimized)
             if _same_graph(loaded.model, other.model):
-                log.warning("nothing was fused: OPTIMIZED has the same graph as ORIGINAL; nothing to time")
-                return
+                log.warning("OPTIMIZED has the same graph as ORIGINAL: timing the model against itself")
             optimized_for = str(optimized)
             targets = dict.fromkeys(levels)
         with _progress(ctx, "timing onnxruntime sessions"):
@@ -665,9 +798,11 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
     if fmt == "json":
         import json
 
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        click.echo(json.dumps({**data, "nothing_fused": False}, indent=2, sort_keys=True))
     else:
         click.echo(bench_mod.to_text(data), nl=False)
+        if profile:
+            click.echo(bench_mod.profile_text(data), nl=False)
 
 
 def _same_graph(a, b) -> bool:
@@ -681,21 +816,24 @@ Exit codes:
   1  failed: an output differs beyond tolerance, the outputs' names,
      order or dtypes differ, or onnxruntime cannot run CANDIDATE
   2  usage error, a model that cannot be read or is invalid, or
-     onnxruntime cannot run ORIGINAL on the inputs (verification skipped)"""
+     verification skipped (onnxruntime cannot run ORIGINAL on the
+     inputs, or --verify-timeout ran out)
+  3  internal error, a bug in onnxfuse (ONNXFUSE_DEBUG=1: traceback)"""
 
 
 @main.command("verify", epilog=VERIFY_EXIT_CODES_HELP)
 @click.argument("original", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
 @click.option("--input-shape", multiple=True, metavar="NAME=DIMS",
-              help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (repeatable).")
+              help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (also x:1,3,640,640 "
+                          "and x:[1,3,640,640], as onnxsim, onnxslim and Polygraphy write it; repeatable).")
 @verify_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
 def verify_command(ctx, original, candidate, input_shape, input_data, input_value, input_range, input_sets, rtol,
-                   atol, fmt):
+                   atol, verify_timeout, fmt):
     """Check that CANDIDATE computes what ORIGINAL does, in onnxruntime (any pair of models: onnxfuse's output,
     another optimizer's, a hand-edited graph). See README, "Verification", for the rule.
 
@@ -708,7 +846,8 @@ def verify_command(ctx, original, candidate, input_shape, input_data, input_valu
     from onnxfuse import model_io
     from onnxfuse import verification as verify_mod
 
-    opts = _verify_options(_shapes(input_shape), input_data, input_value, input_range, input_sets, rtol, atol)
+    opts = _verify_options(_shapes(input_shape), input_data, input_value, input_range, input_sets, rtol, atol,
+                           verify_timeout)
     for path in (original, candidate):
         model_io.load_model(path)  # unreadable or invalid: an input error (exit 2)
     with _progress(ctx, "running both models in onnxruntime"):
@@ -719,6 +858,7 @@ def verify_command(ctx, original, candidate, input_shape, input_data, input_valu
         click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
         click.echo(_verification_text(result), nl=False)
+    _warn_unverified(result, strict_option=False)
     if result.status == "skipped":
         raise InputError(f"verification skipped: {result.reason}")
     if result.status == "failed":
@@ -730,10 +870,14 @@ def _verification_text(result) -> str:
     failed = result.failed_outputs
     detail = f"{len(failed)} of {len(result.outputs)} outputs beyond tolerance" if failed else result.summary
     lines = [f"verification: {result.status}" + (f" ({detail})" if detail else "")]
+    if result.status == "skipped":
+        lines[0] = "NOT VERIFIED: " + lines[0]
     if result.outputs:
         if result.rule == "noise-floor":
             lines.append(f"rule: max abs error <= {result.floor_multiple:g} x max(onnxruntime noise floor, rounding "
-                         "floor, min floor); integer/bool outputs equal; NaN/inf at the same places")
+                         "floor, min floor), per output and per small-valued slice; integer/bool outputs: at most "
+                         f"{result.floor_multiple:g}x as many elements differ as onnxruntime's own optimizations "
+                         "change; NaN/inf at the same places")
         else:
             lines.append("rule: |candidate - original| <= atol + rtol * |original| elementwise (--rtol/--atol)")
         if result.floor_note:
@@ -742,14 +886,15 @@ def _verification_text(result) -> str:
                  "min floor", "tolerance", "result")]
         for o in result.outputs:
             tol = f"{o.tolerance:.3g}" if o.tolerance is not None else f"atol {o.atol:g} rtol {o.rtol:g}"
-            rows.append((o.name, o.dtype, f"{o.max_abs_error:.3g}", f"{o.scale:.3g}", f"{o.max_rel_error:.2g}",
+            rows.append((escape.text(o.name), escape.text(o.dtype), f"{o.max_abs_error:.3g}", f"{o.scale:.3g}",
+                         f"{o.max_rel_error:.2g}",
                          "-" if o.floor is None else f"{o.floor:.3g}",
                          "-" if o.rounding_floor is None else f"{o.rounding_floor:.3g}", f"{o.min_floor:.3g}", tol,
-                         "passed" if o.passed else "FAILED"))
+                         "passed" if o.passed else "not compared" if o.not_compared else "FAILED"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         lines += [f"  {o.describe(result.floor_multiple)}" for o in failed]
-    return "\n".join(lines) + "\n"
+    return "\n".join(escape.text(line) for line in lines) + "\n"  # the verdict's reason, describe(): names
 
 
 @main.command()

@@ -23,6 +23,16 @@ def _subgraphs(node: onnx.NodeProto):
             yield from attr.graphs
 
 
+def all_graphs(model: onnx.ModelProto):
+    """Every graph of ``model``: the main graph, then the bodies of If/Loop/Scan nodes, nested ones included."""
+    todo = [model.graph]
+    while todo:
+        graph = todo.pop()
+        yield graph
+        for node in graph.node:
+            todo.extend(_subgraphs(node))
+
+
 def _free_names(graph: onnx.GraphProto) -> set[str]:
     """Names a subgraph reads from enclosing scopes (used by its nodes or nested bodies, defined nowhere in it)."""
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}

@@ -46,6 +46,9 @@ class LoadedModel:
         overridable: names of initializers that are also graph inputs; onnxruntime lets a caller feed them,
             so they are not constants unless the user says so (ONNX IR.md, "Graphs": initializers as inputs).
         data_files: the external data files the model reads.
+        warnings: what the checks at load let through but the user should know (:func:`check_shapes`: declared
+            shapes that contradict shape inference).
+        name: what reports call the model instead of its path (the API's ``name``); None: the path.
     """
 
     model: onnx.ModelProto | None
@@ -56,10 +59,15 @@ class LoadedModel:
     overridable: frozenset[str] = field(default_factory=frozenset)
     data_files: tuple[Path, ...] = ()
     proto: onnx.ModelProto | None = field(default=None, repr=False)
+    warnings: list[str] = field(default_factory=list)
+    name: str | None = None
 
     @property
     def label(self) -> str:
-        """How messages and reports name the model: its path, or ``<ModelProto>``."""
+        """How messages and reports name the model: :attr:`name` when given, else its path, else
+        ``<ModelProto>``."""
+        if self.name is not None:
+            return self.name
         return str(self.path) if self.path is not None else "<ModelProto>"
 
     def ort_source(self) -> str | bytes:
@@ -77,8 +85,10 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
 
     Raises:
         InputError: with a one-line message naming the file and the cause, when the path is missing, a directory
-            or empty, the bytes are not an ONNX protobuf (or are truncated), an external data file is missing,
-            ``onnx.checker`` rejects the model, or its IR version / opset is older than MIN_IR_VERSION / MIN_OPSET.
+            or empty, the bytes are not an ONNX protobuf (or are truncated), an external data reference is
+            malformed (:func:`check_external_data`) or its file is missing, ``onnx.checker`` rejects the model
+            (:func:`check_shapes`: as with ``full_check``), two nodes of a graph share a name
+            (:func:`check_node_names`), or its IR version / opset is older than MIN_IR_VERSION / MIN_OPSET.
     """
     p = Path(path)
     if not p.exists():
@@ -126,7 +136,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     base = p.absolute().parent  # like onnxruntime: beside the path as given (a symlinked model's data too)
     if has_external:
         for t in external:
-            info = onnx.external_data_helper.ExternalDataInfo(t)
+            info = check_external_data(t, str(p))  # before any file is looked at: no existence oracle
             if not (base / info.location).is_file():
                 raise InputError(f"{p}: external data file {info.location!r} of tensor {t.name!r} is missing")
             locations.add(info.location)
@@ -137,7 +147,9 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         rejected = _recheck(model)
     if rejected is not None:
         raise InputError(f"{p}: onnx.checker rejected the model: {one_line(rejected)}")
+    check_node_names(model, str(p))
     hygiene.negative_dims_to_symbolic(model)
+    warning = check_shapes(model, str(p))
     if has_external:
         try:
             onnx.load_external_data_for_model(model, str(base))
@@ -145,7 +157,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
             raise InputError(f"{p}: cannot read external data ({one_line(exc)})") from None
     overridable = frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
     return LoadedModel(model, p, sha256, file_bytes, has_external, overridable,
-                       tuple(base / loc for loc in sorted(locations)))
+                       tuple(base / loc for loc in sorted(locations)), warnings=[warning] if warning else [])
 
 
 def _checker_verdict(source: bytes | str) -> onnx.checker.ValidationError | None:
@@ -154,6 +166,180 @@ def _checker_verdict(source: bytes | str) -> onnx.checker.ValidationError | None
         onnx.checker.check_model(source)
     except (onnx.checker.ValidationError, ValueError) as exc:  # ValueError: bytes the C++ parser refuses
         return exc
+    return None
+
+
+def check_shapes(model: onnx.ModelProto, label: str) -> str | None:
+    """Run the part of ``onnx.checker.check_model(full_check=True)`` that the plain check leaves out: strict shape
+    and type inference (``onnx.shape_inference.infer_shapes(check_type=True, strict_mode=True)``).
+
+    It refuses what onnxruntime also refuses when it loads the model: a Conv stride or dilation below 1 or a
+    negative pad, a Pad naming an axis twice, BatchNormalization parameters of the wrong length, an operator's
+    input of a type it does not take. It runs on the weight-free skeleton of :func:`onnxfuse.shapes.skeleton`
+    (inference reads no large tensor's data), after :mod:`onnxfuse.hygiene` has sorted the nodes and turned
+    ``-1`` dims into unknown ones, which onnxruntime accepts and onnx's check would not.
+
+    One defect full_check refuses is let through, with a warning: a *declared* shape (``value_info``, a graph
+    output's shape) that contradicts the one the operators give. onnxruntime loads and runs such a model (it
+    keeps the inferred shape), exporters leave stale declarations behind (a batch dim made dynamic in the
+    inputs only), and onnxfuse never counts a declared shape (:func:`onnxfuse.shapes.strip_declared_shapes`). The
+    output keeps the declaration, so it fails full_check as the input does; the warning says so. Telling this case
+    apart costs a second inference, only for a model that fails the first.
+
+    Returns:
+        the warning, or None.
+
+    Raises:
+        InputError: one line with onnx's message.
+    """
+    from onnxfuse import shapes
+
+    skel = shapes.skeleton(model)
+    try:
+        onnx.shape_inference.infer_shapes(skel, check_type=True, strict_mode=True)
+        return None
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        declared = exc
+    shapes.strip_declared_shapes(skel)
+    try:
+        onnx.shape_inference.infer_shapes(skel, check_type=True, strict_mode=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        raise InputError(f"{label}: onnx.checker (full_check) rejected the model: {one_line(exc)}") from None
+    return (f"the model declares shapes that its operators contradict ({one_line(declared, 200)}); onnxruntime "
+            "runs it and onnxfuse counts the inferred shapes, but onnx.checker with full_check rejects it, and the "
+            "output keeps the declarations")
+
+
+def check_external_data(tensor: onnx.TensorProto, label: str) -> onnx.external_data_helper.ExternalDataInfo:
+    """The external data reference of ``tensor``, checked before any file is opened or looked for.
+
+    ONNX IR.md ("External Tensor Data"): ``location`` is a path relative to the model file's folder; ``offset``
+    and ``length`` are non-negative byte counts. A location that is absolute or has a ``..`` part is refused
+    whether or not such a file exists (onnx.checker and onnxruntime refuse it too, but only once they find the
+    file, so the message would tell whether a file outside the folder exists).
+
+    Raises:
+        InputError: an empty, absolute or escaping location, or an offset or length that is not a non-negative
+            integer.
+    """
+    entries = {e.key: e.value for e in tensor.external_data}
+    location = entries.get("location", "")
+    parts = location.replace("\\", "/").split("/")
+    if not location or os.path.isabs(location) or location.startswith(("/", "\\")) or ".." in parts:
+        raise InputError(f"{label}: tensor {tensor.name!r} has external data location {location!r}, which is not "
+                         "a file inside the model's folder")
+    for key in ("offset", "length"):
+        if key in entries:
+            value = entries[key].strip()
+            if not (value.isascii() and value.isdigit()):
+                raise InputError(f"{label}: tensor {tensor.name!r} has external data {key} {entries[key]!r}; "
+                                 "it must be a non-negative integer (bytes)")
+    try:
+        return onnx.external_data_helper.ExternalDataInfo(tensor)
+    except ValueError as exc:
+        raise InputError(f"{label}: tensor {tensor.name!r}: {one_line(exc)}") from None
+
+
+def check_node_names(model: onnx.ModelProto, label: str) -> None:
+    """Refuse two nodes of one graph (the main graph or a subgraph body) with the same non-empty name.
+
+    onnx.checker allows it; onnxruntime refuses to load such a model ("two nodes with same node name",
+    onnxruntime/core/graph/graph.cc), and the report would not tell the nodes apart.
+
+    Raises:
+        InputError: naming the graph and the repeated node name.
+    """
+    for graph in hygiene.all_graphs(model):
+        seen: set[str] = set()
+        for node in graph.node:
+            if node.name and node.name in seen:
+                raise InputError(f"{label}: two nodes of graph {graph.name!r} are named {node.name!r}; onnxruntime "
+                                 "refuses to load such a model")
+            seen.add(node.name)
+
+
+def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:
+    for a in node.attribute:
+        if a.name == name:
+            return list(a.ints)
+    return None
+
+
+def _int(node: onnx.NodeProto, name: str, default: int) -> int:
+    for a in node.attribute:
+        if a.name == name:
+            return a.i
+    return default
+
+
+def check_convs(model: onnx.ModelProto, info: dict, label: str) -> None:
+    """Refuse a Conv or ConvTranspose (in any graph) whose attributes or weight and bias shapes contradict each
+    other or its input, as onnxruntime would only when it runs the node (its load accepts them).
+
+    ``info``: tensor name -> ``(shape, dtype)`` from :func:`onnxfuse.shapes.infer`; a dim that is not an int is
+    not checked. The rules (ONNX Operators.md, Conv and ConvTranspose; onnxruntime's conv_attributes.h):
+    ``group`` >= 1; ``strides`` and ``dilations`` > 0 and ``pads`` >= 0, one per spatial axis (two for pads);
+    X and W of the same rank; ``kernel_shape`` equal to W's spatial dims; Conv: X's channels C = W.shape[1] x
+    group and W.shape[0] (M) a multiple of group; ConvTranspose: C = W.shape[0], a multiple of group; the bias
+    B one-dimensional with M elements (ConvTranspose: M = W.shape[1] x group).
+
+    Raises:
+        InputError: one line naming the node and the contradiction.
+    """
+    for graph in hygiene.all_graphs(model):
+        for node in graph.node:
+            if node.domain not in ("", "ai.onnx") or node.op_type not in ("Conv", "ConvTranspose"):
+                continue
+            problem = _conv_problem(node, info)
+            if problem:
+                raise InputError(f"{label}: {node.op_type} {node.name or node.output[0]!r}: {problem}")
+
+
+def _conv_problem(node: onnx.NodeProto, info: dict) -> str | None:
+    def shape(i: int):
+        if len(node.input) <= i or not node.input[i]:
+            return None
+        return (info.get(node.input[i]) or (None, None))[0]
+
+    group = _int(node, "group", 1)
+    if group < 1:
+        return f"group is {group}; it must be at least 1"
+    for name, low in (("strides", 1), ("dilations", 1), ("pads", 0)):
+        values = _ints(node, name)
+        if values and min(values) < low:
+            return f"{name} {values} must all be {'positive' if low else 'non-negative'}"
+    x, w, b = shape(0), shape(1), shape(2)
+    if w is None:
+        return None
+    spatial = len(w) - 2
+    if spatial < 1:
+        return f"the weight has rank {len(w)}; it needs at least 3 dims (M, C/group, kernel...)"
+    if x is not None and len(x) != len(w):
+        return f"the input has rank {len(x)} and the weight rank {len(w)}; they must be equal"
+    for name, count in (("strides", spatial), ("dilations", spatial), ("pads", 2 * spatial),
+                        ("kernel_shape", spatial)):
+        values = _ints(node, name)
+        if values is not None and len(values) != count:
+            return f"{name} {values} has {len(values)} values; the {spatial}-d kernel needs {count}"
+    kernel = _ints(node, "kernel_shape")
+    if kernel is not None and all(isinstance(d, int) for d in w[2:]) and list(w[2:]) != kernel:
+        return f"kernel_shape {kernel} differs from the weight's spatial dims {list(w[2:])}"
+    c = x[1] if x is not None and len(x) > 1 and isinstance(x[1], int) else None
+    if node.op_type == "Conv":
+        m = w[0] if isinstance(w[0], int) else None
+        if c is not None and isinstance(w[1], int) and c != w[1] * group:
+            return (f"the input has {c} channels but the weight and group expect {w[1] * group} "
+                    f"(W.shape[1] {w[1]} x group {group})")
+        if m is not None and m % group:
+            return f"group {group} does not divide the {m} output channels"
+    else:
+        if c is not None and isinstance(w[0], int) and c != w[0]:
+            return f"the input has {c} channels but the weight expects {w[0]} (W.shape[0])"
+        if isinstance(w[0], int) and w[0] % group:
+            return f"group {group} does not divide the {w[0]} input channels"
+        m = w[1] * group if isinstance(w[1], int) else None
+    if b is not None and (len(b) != 1 or (m is not None and isinstance(b[0], int) and b[0] != m)):
+        return f"the bias has shape {list(b)}; it must be one-dimensional with {m} elements (one per output channel)"
     return None
 
 
@@ -178,7 +364,8 @@ def load_proto(model: onnx.ModelProto) -> LoadedModel:
 
     Raises:
         InputError: ``model`` is not a ModelProto, has tensors whose external data is not loaded, is rejected by
-            ``onnx.checker``, or its IR version / opset is older than MIN_IR_VERSION / MIN_OPSET.
+            ``onnx.checker`` (:func:`check_shapes`: as with ``full_check``), has two nodes of a graph with one
+            name, or its IR version / opset is older than MIN_IR_VERSION / MIN_OPSET.
     """
     label = "<ModelProto>"
     if not isinstance(model, onnx.ModelProto):
@@ -199,9 +386,12 @@ def load_proto(model: onnx.ModelProto) -> LoadedModel:
         rejected = _recheck(copy)
     if rejected is not None:
         raise InputError(f"{label}: onnx.checker rejected the model: {one_line(rejected)}") from None
+    check_node_names(copy, label)
     hygiene.negative_dims_to_symbolic(copy)
+    warning = check_shapes(copy, label)
     overridable = frozenset({t.name for t in copy.graph.initializer} & {i.name for i in copy.graph.input})
-    return LoadedModel(copy, None, hashlib.sha256(data).hexdigest(), len(data), False, overridable, (), model)
+    return LoadedModel(copy, None, hashlib.sha256(data).hexdigest(), len(data), False, overridable, (), model,
+                       [warning] if warning else [])
 
 
 def _recheck(model: onnx.ModelProto | bytes) -> Exception | None:
@@ -547,8 +737,12 @@ def _fsync(path: Path) -> None:
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """True when paths ``a`` and ``b`` name the same file (symlinks and hard links included)."""
+    """True when paths ``a`` and ``b`` name the same file (symlinks and hard links included). A symbolic link
+    that loops names no file: it is the same as ``b`` only when both are the same path."""
     pa, pb = Path(a), Path(b)
     if pb.exists() and pa.exists():
         return os.path.samefile(pa, pb)
-    return pa.resolve() == pb.resolve()
+    try:
+        return pa.resolve() == pb.resolve()
+    except (RuntimeError, OSError):  # a symlink loop (RuntimeError up to Python 3.12, OSError since)
+        return os.path.abspath(pa) == os.path.abspath(pb)

@@ -8,7 +8,9 @@ writes the model it returns).
 from __future__ import annotations
 
 import logging
+import math
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -22,7 +24,19 @@ from onnxfuse._version import __version__
 from onnxfuse.errors import InputError
 from onnxfuse.passes import Context, Fusion, Match, Pass, Reason, Skip
 from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
-from onnxfuse.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET, ORT_LEVELS, TARGETS, get_target
+from onnxfuse.providers import (
+    DEFAULT_ORT_LEVEL,
+    DEFAULT_TARGET,
+    ORT_LEVELS,
+    PROBED_ORT_RELEASES,
+    TARGETS,
+    form_min_release,
+    form_name,
+    gemm_form_name,
+    get_target,
+    parse_release,
+    release_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +45,11 @@ log = logging.getLogger(__name__)
 #: 10 leaves ample room while guaranteeing termination.
 MAX_ROUNDS = 10
 
-#: ``metadata_props`` keys that onnxfuse writes into the optimized model.
+#: ``metadata_props`` keys that onnxfuse writes into the optimized model. ``onnxfuse.min_onnxruntime``: the oldest
+#: onnxruntime release that loads every FusedConv/FusedGemm form in the model (``providers.FORM_MIN_ORT``; the
+#: oldest probed release when every form loads in all of them, or none is there).
 META_VERSION, META_TARGET, META_PASSES = "onnxfuse.version", "onnxfuse.target", "onnxfuse.passes"
+META_MIN_ORT = "onnxfuse.min_onnxruntime"
 
 
 @dataclass
@@ -61,6 +78,8 @@ class Options:
         compare_with_onnxruntime: have onnxruntime optimize the original and the result at ``ort_level`` and
             report which fusions it makes itself at load and what is saved beyond it (``ort_graph``; two
             session loads). False leaves the report's ``onnxruntime`` section out.
+        ort_version: the onnxruntime release the model will run on (``--ort-version``, ``"1.20"``); forms that
+            release cannot load are not emitted (``providers.FORM_MIN_ORT``). None: the installed onnxruntime.
     """
 
     target: str = DEFAULT_TARGET
@@ -72,6 +91,7 @@ class Options:
     ort_level: str | None = DEFAULT_ORT_LEVEL
     expressions: bool = True
     compare_with_onnxruntime: bool = True
+    ort_version: str | None = None
 
 
 @dataclass
@@ -98,16 +118,67 @@ class Result:
         """The ``onnxfuse.verification.Verification`` of :func:`optimize` (``report.verification``)."""
         return self.report.verification
 
+    def save(self, path: str | os.PathLike) -> list[os.PathLike]:
+        """Write :attr:`model` to ``path`` as ``onnxfuse optimize`` does: atomically, external data kept external
+        when the input had it (and for models over 2 GiB, which ``onnx.save`` cannot write inline), the input's
+        own data files never replaced (``model_io.save_model``). Returns the files written (the model first).
+
+        Raises:
+            InputError: ``path`` cannot be written (a folder, a missing or read-only folder, disk full), or its
+                data file would replace the input's.
+        """
+        return model_io.save_model(self.model, path, external_data=self.loaded.external_data,
+                                   protected=self.loaded.data_files)
+
 
 def _check_options(options: Options) -> tuple[Pass, ...]:
     if options.target not in TARGETS:
         raise InputError(f"--target {options.target!r}: choose one of {', '.join(TARGETS)}")
     if options.ort_level is not None and options.ort_level not in ORT_LEVELS:
         raise InputError(f"--ort-level {options.ort_level!r}: choose one of {', '.join(ORT_LEVELS)}")
+    deployment_release(options)
     try:
         return passes_mod.select(tuple(options.only), tuple(options.skip))
     except KeyError as exc:
         raise InputError(str(exc.args[0])) from None
+
+
+def deployment_release(options: Options) -> tuple[int, int]:
+    """The onnxruntime release (major, minor) the model is for: ``options.ort_version``, else the installed one.
+
+    Raises:
+        InputError: ``ort_version`` is not a release number, or older than the oldest release whose forms were
+            probed (``providers.PROBED_ORT_RELEASES``): onnxfuse cannot say what such a release loads.
+    """
+    from onnxfuse.ort_graph import installed_version
+
+    text = options.ort_version or installed_version()
+    try:
+        release = parse_release(text.split("+")[0])
+    except ValueError as exc:
+        raise InputError(f"--ort-version: {exc}") from None
+    oldest, newest = PROBED_ORT_RELEASES[0], PROBED_ORT_RELEASES[-1]
+    if release < oldest:
+        raise InputError(f"--ort-version {text}: onnxfuse knows which forms onnxruntime loads from "
+                         f"{release_text(oldest)} to {release_text(newest)} (probed); for an older release use "
+                         "--target onnx (standard ONNX only)")
+    return release
+
+
+def emitted_forms(model: onnx.ModelProto) -> Counter:
+    """FusedConv / FusedGemm form name (``providers.form_name``, ``gemm_form_name``) -> node count, over every
+    graph of ``model``."""
+    forms: Counter = Counter()
+    for graph, _ in g.proto_graphs(model.graph):
+        for node in graph.node:
+            if node.domain != g.MS_DOMAIN or node.op_type not in ("FusedConv", "FusedGemm"):
+                continue
+            act = next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
+            if node.op_type == "FusedGemm":
+                forms[gemm_form_name(act or "")] += 1
+            else:
+                forms[form_name(act, len(node.input) > 3 and bool(node.input[3]))] += 1
+    return forms
 
 
 def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fusion], list[Skip]]:
@@ -188,8 +259,9 @@ def _with_pass(s: Skip, name: str) -> Skip:
     return Skip(s.reason, s.detail, s.nodes, s.output, name)
 
 
-def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...]) -> None:
-    values = {META_VERSION: __version__, META_TARGET: target, META_PASSES: ",".join(p.name for p in selected)}
+def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...], min_release: str) -> None:
+    values = {META_VERSION: __version__, META_TARGET: target, META_PASSES: ",".join(p.name for p in selected),
+              META_MIN_ORT: min_release}
     for prop in model.metadata_props:
         if prop.key in values:
             prop.value = values.pop(prop.key)
@@ -203,9 +275,13 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     verification, no file).
 
     Raises:
-        InputError: unreadable or invalid model, unknown target or pass name, bad ``input_shapes``.
+        InputError: unreadable or invalid model (:func:`onnxfuse.model_io.load_model`, and a Conv whose
+            attributes, weight or bias contradict each other or its input: :func:`onnxfuse.model_io.check_convs`),
+            unknown target or pass name, bad ``input_shapes``, an ``input_data`` that is not a regular file.
     """
     selected = _check_options(options)
+    if options.input_data:
+        check_regular_file(options.input_data, "--input-data")
     loaded = loaded or model_io.load_model(path)
     model = loaded.model
     log.debug("loaded %s: %d nodes in the main graph", loaded.label, len(model.graph.node))
@@ -217,6 +293,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
                                                {vi.name for vi in model.graph.input} - inits, options.input_data)
     input_shapes = shapes.complete_input_shapes(model, given) if given else {}
     info, elem_types = shapes.infer(skel)  # the model's own (symbolic) shapes: what the passes may rely on
+    model_io.check_convs(model, info, loaded.label)
     sym, mismatches = _count_shapes(skel, info, input_shapes, options.expressions)
     before_sizes = traffic.Sizes(sym.shapes, {**elem_types, **sym.elem_types}, sym.reasons).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
@@ -229,7 +306,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     if blocker is None:
         try:
             graph = g.to_graph(model)
-            ctx = Context(get_target(options.target, options.ort_level), overridable, info, namer=g.Namer(graph),
+            ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
+                          info, namer=g.Namer(graph),
                           symbolic=sym if options.expressions or not input_shapes else None)  # own shapes only
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
@@ -238,7 +316,9 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
             raise InputError(f"{loaded.label}: {exc}") from None
     else:
         out = model
-    _set_metadata(out, options.target, selected)
+    forms = emitted_forms(out)
+    min_release = max((form_min_release(f) for f in forms), default=PROBED_ORT_RELEASES[0])
+    _set_metadata(out, options.target, selected, release_text(min_release))
     if fusions:
         # Let the input's protobuf go once the result exists (peak memory: it is as large as the model).
         del graph, ctx, model
@@ -258,7 +338,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
         after_index=traffic.ModelIndex(out), after_sizes=after_sizes, runtime=runtime,
     )
-    report.warnings = _target_warnings(out, options.target) + mismatches
+    report.deployment = rep.deployment_section(deployment_release(options), forms, min_release)
+    report.warnings = loaded.warnings + _target_warnings(out, options.target) + mismatches
     if blocker is not None:
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
     return Result(out, fusions, skips, bool(fusions), report, loaded)
@@ -270,8 +351,16 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     ``verify_options`` is None or nothing was rewritten (status ``unchanged``); the verification result goes
     into ``result.report.verification``.
 
+    An input that onnxruntime (CPU provider, optimizations disabled) cannot load is refused: verification's own
+    session of the original is that load, so it costs nothing more. Without verification (``verify_options``
+    None, or nothing rewritten) no session is made; the checks of :func:`analyse` still apply (onnx.checker
+    with full_check, unique node names, :func:`onnxfuse.model_io.check_convs`), which find what onnxruntime's
+    load or first run finds in Conv attributes, weights and biases, node names and shapes, but not every defect
+    it could (an operator it has no kernel for is found by onnxruntime only).
+
     Raises:
-        InputError: as :func:`analyse`.
+        InputError: as :func:`analyse`; onnxruntime cannot load the original; given input shapes whose random
+            inputs numpy cannot even size (more bytes than a pointer can count).
     """
     from onnxfuse import verification as verify
 
@@ -285,9 +374,37 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     else:
         # the shapes analyse() used: the given ones plus those their named dims complete
         verify_options.input_shapes = {k: tuple(v) for k, v in result.report.input_shapes.items()}
+        _check_input_sizes(verify_options.input_shapes)
         log.debug("verifying the optimized model against the original in onnxruntime")
         result.report.verification = verify.verify_models(result.loaded.ort_source(), result.model, verify_options)
+        reason = result.report.verification.reason or ""
+        if result.report.verification.status == "skipped" and reason.startswith(verify.ORIGINAL_UNLOADABLE):
+            raise InputError(f"{result.loaded.label}: {reason}; onnxfuse does not rewrite a model onnxruntime "
+                             "cannot load")
     return result
+
+
+#: Bytes of one element of the widest input dtype onnxfuse generates (float64, int64).
+_WIDEST_ITEMSIZE = 8
+
+
+def _check_input_sizes(input_shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse input shapes whose arrays numpy cannot size (``ValueError: array is too big`` rather than the
+    MemoryError of a merely large one), with the message verification gives for a MemoryError."""
+    if any(math.prod(dims) * _WIDEST_ITEMSIZE > sys.maxsize for dims in input_shapes.values()):
+        raise InputError(f"random inputs of shapes {input_shapes} do not fit in memory; give smaller "
+                         "--input-shape values")
+
+
+def check_regular_file(path: str | os.PathLike, option: str) -> None:
+    """Refuse a ``path`` that is not a regular file (a device such as /dev/zero, a FIFO): reading it to the end
+    would never finish, or fill the memory.
+
+    Raises:
+        InputError: naming ``option`` and the path.
+    """
+    if not os.path.isfile(path):
+        raise InputError(f"{option} {path}: is not a regular file")
 
 
 def _count_shapes(skel: onnx.ModelProto, info: dict, input_shapes: dict[str, tuple[int, ...]], expressions: bool

@@ -92,6 +92,51 @@ CPU_SLOWER_AT: Mapping[str, frozenset[str]] = MappingProxyType({
 })
 
 
+#: onnxruntime releases (major, minor) on which ``benchmarks/probe_ort_releases.py`` loaded and ran every form
+#: onnxfuse can emit (the newest patch of each minor release pip serves for Python 3.11), oldest first. Results:
+#: ``benchmarks/results/ort_releases.json``; table: ``benchmarks/results/ort_releases.md``.
+PROBED_ORT_RELEASES: tuple[tuple[int, int], ...] = tuple((1, minor) for minor in range(15, 33))
+
+#: Emitted form (:func:`form_name`, ``FusedGemm(activation)``) -> the oldest onnxruntime release that loads it and
+#: computes what the unfused graph computes on the CPU execution provider, where that is newer than the oldest
+#: probed release (a form not listed runs on every release in :data:`PROBED_ORT_RELEASES`). Source: the probe
+#: above (1.15 to 1.29 refuse the HardSwish activation at session creation with
+#: ``GetFusedActivationAttr(...).IsOK() was false``; 1.30 is the first that loads and matches it).
+FORM_MIN_ORT: Mapping[str, tuple[int, int]] = MappingProxyType({
+    form_name("HardSwish", residual=False): (1, 30),
+    form_name("HardSwish", residual=True): (1, 30),
+})
+
+
+def gemm_form_name(activation: str) -> str:
+    """The name of a FusedGemm form in :data:`FORM_MIN_ORT`: ``FusedGemm(Relu)``."""
+    return f"FusedGemm({activation})"
+
+
+def form_min_release(form: str) -> tuple[int, int]:
+    """The oldest onnxruntime release (major, minor) that runs ``form`` (:data:`FORM_MIN_ORT`; the oldest probed
+    release for a form every probed release runs)."""
+    return FORM_MIN_ORT.get(form, PROBED_ORT_RELEASES[0])
+
+
+def parse_release(text: str) -> tuple[int, int]:
+    """``"1.20"`` or ``"1.20.1"`` -> ``(1, 20)``: an onnxruntime release as (major, minor); the patch number does
+    not change which forms load.
+
+    Raises:
+        ValueError: not two or three dot-separated numbers.
+    """
+    parts = text.strip().split(".")
+    if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts):
+        raise ValueError(f"{text!r} is not a release number like 1.20 or 1.20.1")
+    return int(parts[0]), int(parts[1])
+
+
+def release_text(release: tuple[int, int]) -> str:
+    """``(1, 20)`` -> ``"1.20"``."""
+    return f"{release[0]}.{release[1]}"
+
+
 @dataclass(frozen=True)
 class Target:
     """Rules for one target.
@@ -109,6 +154,8 @@ class Target:
             unfused original on this target's providers.
         ort_level: the graph optimization level the user's sessions run at (one of :data:`ORT_LEVELS`), or None
             to ignore the speed rules (used by ``benchmarks/bench_forms.py`` to measure every form).
+        ort_version: the onnxruntime release (major, minor) the model will run on (``--ort-version``); a form
+            that needs a newer one (:data:`FORM_MIN_ORT`) is not emitted. None: no release rule.
     """
 
     name: str
@@ -121,6 +168,13 @@ class Target:
     fused_gemm_dtypes: frozenset[np.dtype] = frozenset()
     slower_at: Mapping[str, frozenset[str]] = field(default_factory=dict, hash=False)
     ort_level: str | None = DEFAULT_ORT_LEVEL
+    ort_version: tuple[int, int] | None = None
+
+    def needs_newer(self, form: str) -> tuple[int, int] | None:
+        """The release ``form`` needs when :attr:`ort_version` is older than that (it would not load there), else
+        None."""
+        needed = form_min_release(form)
+        return needed if self.ort_version is not None and self.ort_version < needed else None
 
     def slower(self, form: str) -> bool:
         """True when ``form`` runs slower than the unfused original at :attr:`ort_level` (never when the level is
@@ -142,8 +196,10 @@ TARGETS: dict[str, Target] = {
 DEFAULT_TARGET = "cpu+cuda"
 
 
-def get_target(name: str, ort_level: str | None = DEFAULT_ORT_LEVEL) -> Target:
-    """The :class:`Target` called ``name``, for sessions that run at ``ort_level`` (None: ignore speed rules).
+def get_target(name: str, ort_level: str | None = DEFAULT_ORT_LEVEL,
+               ort_version: tuple[int, int] | None = None) -> Target:
+    """The :class:`Target` called ``name``, for sessions that run at ``ort_level`` (None: ignore speed rules) on
+    onnxruntime release ``ort_version`` (None: no release rule).
 
     The ``cuda`` target has no speed rules: the forms were timed on the CPU provider only.
 
@@ -152,4 +208,4 @@ def get_target(name: str, ort_level: str | None = DEFAULT_ORT_LEVEL) -> Target:
     """
     if ort_level is not None and ort_level not in ORT_LEVELS:
         raise KeyError(f"no onnxruntime level {ort_level!r}; levels: {', '.join(ORT_LEVELS)}")
-    return replace(TARGETS[name], ort_level=ort_level)
+    return replace(TARGETS[name], ort_level=ort_level, ort_version=ort_version)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
-from onnxfuse import expressions
+from onnxfuse import escape, expressions
 from onnxfuse._version import __version__
 from onnxfuse.passes import CANONICALIZE_NAMES, Fusion, Skip
 from onnxfuse.symbolic import SymbolicShapes, evaluate, growth_share, make_symbol, printer
@@ -77,11 +78,19 @@ class Report:
     verification: Any = None
     bandwidth: dict | None = None
     onnxruntime: dict | None = None
+    deployment: dict | None = None
     onnxfuse_version: str = __version__
+
+    def to_html(self) -> str:
+        """The self-contained HTML page (``onnxfuse report -o report.html``)."""
+        return render(self, "html")
 
     @property
     def saved_bytes(self) -> int | None:
-        """Bytes of memory traffic the rewrites removed (before - after), for the shapes used; None if unknown."""
+        """Bytes of memory traffic the rewrites removed (before - after) at the input shapes used. None when it
+        is unknown: a size could not be inferred, or the model has symbolic dims (a dynamic batch or image size)
+        and no input shapes were given (then ``totals["saved_bytes_expr"]`` has it as an expression in those
+        dims, and ``onnxruntime["saved_bytes_beyond"]`` likewise)."""
         return self.totals["saved_bytes"]
 
     @property
@@ -155,6 +164,7 @@ class Report:
             "verification": self.verification_dict(),
             "bandwidth": self.bandwidth,
             **({"onnxruntime": self.onnxruntime} if self.onnxruntime is not None else {}),
+            **({"deployment": self.deployment} if self.deployment is not None else {}),
         }
 
 
@@ -334,6 +344,37 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
     )
 
 
+def deployment_section(release: tuple[int, int], forms: dict[str, int], min_release: tuple[int, int]) -> dict:
+    """The report's ``deployment`` object: the onnxruntime release the model is for (``--ort-version``, default the
+    installed one), the oldest release that loads every FusedConv/FusedGemm form in it, and each form with its
+    count and the release it needs (``providers.FORM_MIN_ORT``, from ``benchmarks/probe_ort_releases.py``)."""
+    from onnxfuse.providers import PROBED_ORT_RELEASES, form_min_release, release_text
+
+    return {"ort_version": release_text(release), "min_onnxruntime": release_text(min_release),
+            "probed": [release_text(PROBED_ORT_RELEASES[0]), release_text(PROBED_ORT_RELEASES[-1])],
+            "forms": [{"form": f, "count": n, "min_onnxruntime": release_text(form_min_release(f))}
+                      for f, n in sorted(forms.items())]}
+
+
+def deployment_line(doc: dict) -> str | None:
+    """``runs on: onnxruntime >= 1.30 (FusedConv(HardSwish) x24 needs it; ...)``: the oldest onnxruntime release
+    that loads what was written, and what an older ``--ort-version`` would leave unfused; None without a
+    ``deployment`` section."""
+    d = doc.get("deployment")
+    if not d:
+        return None
+    oldest, newest = d["probed"]
+    if not d["forms"]:
+        return "runs on: any onnxruntime that runs the original (no onnxruntime-specific op was written)"
+    newer = [f for f in d["forms"] if f["min_onnxruntime"] != oldest]
+    if not newer:
+        return (f"runs on: onnxruntime >= {oldest} (every release probed, {oldest} to {newest}, loads each form "
+                "written)")
+    needs = ", ".join(f"{f['form']} x{f['count']} needs {f['min_onnxruntime']}" for f in newer)
+    return (f"runs on: onnxruntime >= {d['min_onnxruntime']} ({needs}; an older --ort-version leaves "
+            f"{'it' if len(newer) == 1 and newer[0]['count'] == 1 else 'them'} unfused)")
+
+
 def _saved_beyond(saved: Bytes | None, intermediates: list[NodeTraffic | None], runtime: RuntimeGraphs
                   ) -> Bytes | None:
     """What a fusion saves beyond onnxruntime: its ``saved`` bytes less, for each intermediate tensor that
@@ -422,7 +463,7 @@ def bytes_text(number: int | None, expr: str | None, code: bool = False) -> str:
     try:
         return human_bytes(int(expr))
     except ValueError:
-        return f"`{expr}` B" if code else f"{expr} B"
+        return f"{escape.markdown_code(expr)} B" if code else f"{expr} B"
 
 
 #: Expressions longer than this are shown to people by their leading terms (:func:`leading_terms`).
@@ -497,7 +538,7 @@ def _expr_text(expr: str | None, doc: dict, code: bool) -> str:
     text = short_expression(expr, doc) if expr is not None else None
     if text is None:
         return bytes_text(None, expr, code)
-    return f"`{text}`" if code else text
+    return escape.markdown_code(text) if code else text
 
 
 def to_json(report: Report) -> str:
@@ -562,60 +603,64 @@ def _fused_count(doc: dict) -> str:
     return f"{_plural(len(doc['fusions']), 'fused node')} ({_kinds(doc)})"
 
 
-def headline(doc: dict, code: bool = False, hints: bool = True) -> list[str]:
+def headline(doc: dict, code: bool = False, hints: bool = True, plain=str) -> list[str]:
     """The traffic lines of the summary: the before/after/saved expressions, the saved share as the dims grow,
     and the figures at the input shapes used (or at batch 1, saying so); unknown figures say "unknown" and
     why. ``code``: expressions in Markdown code spans. ``hints``: also the line that says which
     ``--input-shape`` would give figures (:func:`unknown_shapes_hint`). Long expressions are shown by their
-    leading terms (:func:`leading_terms`); the JSON report has them exact."""
+    leading terms (:func:`leading_terms`); the JSON report has them exact. ``plain``: applied to the text taken
+    from the model (input names, reasons), e.g. :func:`onnxfuse.escape.markdown`."""
     t = doc["totals"]
     before, after = t["before"], t["after"]
     symbolic = bool(doc["symbols"])
     unknown_fusions = [f for f in doc["fusions"] if f["saved_bytes_expr"] is None]
-    lines = [line] if (line := runtime_line(doc, code)) else []
+    lines = [line] if (line := runtime_line(doc, code, plain)) else []
     if symbolic:
         lines.append(f"vs the graph as exported: {_expr_text(before['total_bytes_expr'], doc, code)} -> "
                      f"{_expr_text(after['total_bytes_expr'], doc, code)}")
     if doc["fusions"] and len(unknown_fusions) == len(doc["fusions"]):
-        lines.append(f"saved: unknown ({unknown_fusions[0]['unknown_reason']})")
+        lines.append(f"saved: unknown ({plain(unknown_fusions[0]['unknown_reason'])})")
     elif symbolic:
         share = t["saved_percent_as_dims_grow"]
         lines.append(f"saved: {_expr_text(t['saved_bytes_expr'], doc, code)}"
                      + (f" (about {share:.1f}% of the traffic as the input grows)" if share is not None else ""))
     at = None
     if t["saved_bytes"] is not None and before["total_bytes"] is not None:
-        label = f" at {_shapes_text(doc)}" if doc["input_shapes"] else ""
+        label = f" at {plain(_shapes_text(doc))}" if doc["input_shapes"] else ""
         at = (f"traffic{label}" if symbolic else f"vs the graph as exported{label}",
               before["total_bytes"], after["total_bytes"], t["saved_bytes"], t["saved_percent"])
     elif t["at_batch_1"] and t["at_batch_1"]["saved_bytes"] is not None:
         b = t["at_batch_1"]
-        at = (f"at batch 1 ({b['symbol']} is the only symbolic dim)", b["before_total_bytes"],
+        at = (f"at batch 1 ({plain(b['symbol'])} is the only symbolic dim)", b["before_total_bytes"],
               b["after_total_bytes"], b["saved_bytes"], _percent(b["saved_bytes"], b["before_total_bytes"]))
     if at is not None:
         pct = f", {at[4]:.1f}%" if at[4] is not None else ""
         lines.append(f"{at[0]}: {human_bytes(at[1])} -> {human_bytes(at[2])} (saved {human_bytes(at[3])}{pct})")
     elif symbolic and hints:
-        lines.append(_hint(doc))
+        lines.append(plain(_hint(doc)))
     if unknown_fusions and len(unknown_fusions) < len(doc["fusions"]):
         lines.append(f"{_plural(len(unknown_fusions), 'fusion')} of unknown size not counted in the saving "
-                     f"({unknown_fusions[0]['unknown_reason']})")
+                     f"({plain(unknown_fusions[0]['unknown_reason'])})")
     if before["unknown_nodes"] or after["unknown_nodes"]:
         first = doc["unknown_nodes"][0]["reason"] if doc["unknown_nodes"] else ""
         lines.append(f"unknown: {before['unknown_nodes']} of {before['nodes']} nodes before and "
                      f"{after['unknown_nodes']} of {after['nodes']} after are left out of these totals "
-                     f"({first})")
+                     f"({plain(first)})")
+    if (line := deployment_line(doc)) is not None:
+        lines.append(line)
     return lines
 
 
-def runtime_line(doc: dict, code: bool = False) -> str | None:
+def runtime_line(doc: dict, code: bool = False, plain=str) -> str | None:
     """The summary's first line: what onnxfuse saves beyond what onnxruntime already makes of the original at
-    load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared."""
+    load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared.
+    ``plain``: applied to text taken from the model or onnxruntime's messages (as in :func:`headline`)."""
     rt = doc.get("onnxruntime")
     if not rt or not doc["fusions"]:
         return None
     head = f"vs onnxruntime {rt['installed']} at level {rt['level']}"
     if rt["status"] != "compared":
-        return f"{head}: not compared ({rt['reason']})"
+        return f"{head}: not compared ({plain(rt['reason'])})"
     made, total = rt["fusions_made_by_onnxruntime"], rt["fusions"]
     kernels = f"{rt['kernels_before']} -> {rt['kernels_after']} kernels"
     if made == total and rt["kernels_after"] >= rt["kernels_before"]:
@@ -627,7 +672,7 @@ def runtime_line(doc: dict, code: bool = False) -> str | None:
         saved = _expr_text(rt["saved_bytes_beyond_expr"], doc, code)
     else:
         saved = "an unknown number of bytes"
-    at = f" at {_shapes_text(doc)}" if doc["input_shapes"] and rt["saved_bytes_beyond"] is not None else ""
+    at = f" at {plain(_shapes_text(doc))}" if doc["input_shapes"] and rt["saved_bytes_beyond"] is not None else ""
     return (f"{head}: {total - made} of {total} fusions go beyond what onnxruntime makes itself at load "
             f"({kernels}), saving {saved}{at}")
 
@@ -639,8 +684,9 @@ def _hint(doc: dict) -> str:
 
 def unknown_shapes_hint(report: Report) -> str | None:
     """``give --input-shape for the figures at one input size (symbols: N_ = x[0], ...)`` when the report has
-    symbols, no value for them and no figures at batch 1; else None."""
-    doc = report.to_dict()
+    symbols, no value for them and no figures at batch 1; else None. Names escaped for a terminal
+    (:func:`onnxfuse.escape.text`)."""
+    doc = escape.escaped(report.to_dict())
     t = doc["totals"]
     if not doc["symbols"] or t["saved_bytes"] is not None or (t["at_batch_1"] and
                                                              t["at_batch_1"]["saved_bytes"] is not None):
@@ -651,8 +697,8 @@ def unknown_shapes_hint(report: Report) -> str | None:
 def summary_lines(report: Report, hints: bool = True) -> list[str]:
     """The short summary ``optimize`` prints: traffic, fusion count, unfused count, for a QDQ model what
     onnxruntime does with its quantized patterns, verification, bandwidth, and (when ``hints``)
-    :func:`unknown_shapes_hint`."""
-    doc = report.to_dict()
+    :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.escape.text`)."""
+    doc = escape.escaped(report.to_dict())
     rewrites = sum(s["applied"] for s in doc["pass_stats"])
     lines = [*headline(doc, hints=hints),
              f"fusions: {_fused_count(doc)} from {_plural(rewrites, 'rewrite')}, "
@@ -695,13 +741,15 @@ def _shape_text(row: dict) -> str:
 
 
 def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
-    """Terminal tables (rich, no colour codes), ``width`` columns wide, the largest rows first."""
+    """Terminal tables (rich, no colour codes), ``width`` columns wide, the largest rows first. Every string from
+    the model is escaped (:func:`onnxfuse.escape.text`) and rich reads no markup (``[red]`` in a name is text)."""
     from rich import box  # imported here: only the text format needs it, and it costs start-up time
     from rich.console import Console
     from rich.table import Table
-    doc = report.to_dict()
+    doc = escape.escaped(report.to_dict())
     buf = io.StringIO()
-    console = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False, markup=False,
+                      emoji=False)
     m = doc["model"]
     console.print(f"onnxfuse {doc['onnxfuse_version']} memory-traffic report")
     console.print(f"model: {m['path']}  sha256 {m['sha256'][:16]}...  {human_bytes(m['file_bytes'])}")
@@ -790,19 +838,25 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
 
 
 def _md_row(cells: list) -> str:
-    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    """A Markdown table row: a backslash before each ``|`` that has none (one :func:`onnxfuse.escape.markdown`
+    escaped already stays as it is), so that no cell is split."""
+    return "| " + " | ".join(re.sub(r"\\.|\|", lambda m: "\\|" if m.group(0) == "|" else m.group(0), str(c))
+                             for c in cells) + " |"
 
 
 def to_markdown(report: Report, show_all: bool = False) -> str:
-    """GitHub-flavoured Markdown for a pull-request comment or a CI job summary."""
+    """GitHub-flavoured Markdown for a pull-request comment or a CI job summary. Text from the model is escaped
+    (:func:`onnxfuse.escape.markdown`, :func:`onnxfuse.escape.markdown_code`): no name adds a line, splits a table
+    cell or reads as formatting or HTML."""
+    md, code = escape.markdown, escape.markdown_code
     doc = report.to_dict()
     t = doc["totals"]
     m = doc["model"]
-    out = [f"### onnxfuse memory-traffic report: `{m['path']}`", "",
+    out = [f"### onnxfuse memory-traffic report: {code(m['path'])}", "",
            f"onnxfuse {doc['onnxfuse_version']} · target `{doc['target']}` · sha256 `{m['sha256'][:16]}` · "
-           + _verification_line(doc), ""]
-    out += [f"> **Warning:** {w}" for w in doc["warnings"]] + ([""] if doc["warnings"] else [])
-    lines = headline(doc, code=True)
+           + md(_verification_line(doc)), ""]
+    out += [f"> **Warning:** {md(w)}" for w in doc["warnings"]] + ([""] if doc["warnings"] else [])
+    lines = headline(doc, code=True, plain=md)
     if lines:
         out += [lines[0], ""] + [f"- {line}" for line in lines[1:]] + ([""] if lines[1:] else [])
     out += [_md_row(["", "read", "written", "total", "nodes", "unknown nodes"]), _md_row(["---"] * 6)]
@@ -820,7 +874,7 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
         rows, hidden = _top(doc["fusions"], "saved_bytes", show_all)
         out += [f"#### Fusions applied ({len(doc['fusions'])}: {_kinds(doc)})", "",
                 _md_row(["node", "replaced", "activation", "saved"]), _md_row(["---"] * 4)]
-        out += [_md_row([f"`{r['node']}`", _chain(r["replaced"]), r["activation"] or "",
+        out += [_md_row([code(r["node"]), md(_chain(r["replaced"])), md(r["activation"] or ""),
                          _cell(r["saved_bytes"], r["saved_bytes_expr"], doc, True)]) for r in rows]
         if hidden:
             out.append(f"\n_{hidden} more rows not shown._")
@@ -829,7 +883,7 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
         rows, hidden = _top(doc["unfused"], "bytes", show_all)
         out += [f"#### Left unfused ({len(doc['unfused'])})", "",
                 _md_row(["nodes", "reason", "detail", "would save"]), _md_row(["---"] * 4)]
-        out += [_md_row([f"`{_label(r['nodes'][0])}` {_chain(r['nodes'])}", f"`{r['reason']}`", r["detail"],
+        out += [_md_row([f"{code(_label(r['nodes'][0]))} {md(_chain(r['nodes']))}", code(r["reason"]), md(r["detail"]),
                          _cell(r["bytes"], r["bytes_expr"], doc, True)]) for r in rows]
         if hidden:
             out.append(f"\n_{hidden} more rows not shown._")
@@ -838,7 +892,7 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
         out += [f"#### Nodes of unknown size ({len(doc['unknown_nodes'])}, left out of the totals)", "",
                 _md_row(["node", "op", "why"]), _md_row(["---"] * 3)]
         rows = doc["unknown_nodes"] if show_all else doc["unknown_nodes"][:DEFAULT_TOP_ROWS]
-        out += [_md_row([f"`{r['node'] or r['output']}`", r["op"], r["reason"]]) for r in rows]
+        out += [_md_row([code(r["node"] or r["output"]), md(r["op"]), md(r["reason"])]) for r in rows]
         out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
 

@@ -58,6 +58,8 @@ REMEDIES: dict[str, str] = {
     "residual-shape-mismatch": "none: FusedConv's Z input must have exactly the conv output's shape",
     "quantized-conv": "none: quantized convs are left to onnxruntime's QDQ fusions",
     "fold-not-finite": "none: the folded weights would overflow the dtype",
+    "form-needs-newer-onnxruntime": "--ort-version with the onnxruntime release you deploy on; the form needs a "
+                                    "newer release than the one given",
     "slower-than-unfused-at-ort-level": "--ort-level LEVEL when your onnxruntime sessions run below "
                                         "ORT_ENABLE_ALL (at that level onnxruntime runs the unfused chain faster)",
     "matmul-input-not-2d": "none: Gemm takes 2-D inputs only",
@@ -73,6 +75,7 @@ REMEDIES: dict[str, str] = {
     "op-has-no-fusedconv-form": "none: onnxruntime's FusedConv has no form for this op",
     "chain-broken-by-op": "none: no pass removes the op in between",
     "fold-grows-model": "none: the folded constant would grow the model past onnxfuse's limit",
+    "fold-size-unknown": "none: the size of the folded constant cannot be known without computing it",
     "random-op": "none: the op draws new values on every run",
     "quantize-dequantize-node": "none: left for onnxruntime's QDQ fusions",
     "evaluation-failed": "none: onnxruntime could not evaluate the node",
@@ -82,6 +85,7 @@ REMEDIES: dict[str, str] = {
     "pad-value-not-zero": "none: Conv pads with zeros",
     "pad-on-batch-or-channel": "none: Conv pads the spatial axes only",
     "negative-pads": "none: negative pads crop, which Conv's pads cannot",
+    "pad-axes-invalid": "fix the model: the Pad's axes or pads do not fit its input (onnxruntime refuses it)",
     "conv-auto-pad-set": "export the Conv with explicit pads (auto_pad NOTSET)",
 }
 
@@ -603,8 +607,12 @@ def _notes_html(doc: dict, units: list[dict]) -> str:
     if doc.get("subgraph_nodes"):
         notes.append(f"<p>{_e(doc['subgraph_nodes'])} nodes inside If/Loop/Scan bodies are counted once each.</p>")
     b = doc.get("bandwidth")
-    if b:
-        notes.append(f"<p>Estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate): "
+    if b and b.get("at") is None:  # no number for the bytes (symbolic dims, no --input-shape): as the text says
+        notes.append(f"<p>Estimated memory time at {b['gb_per_s']:g} GB/s: unknown (no input size: give "
+                     "<code>--input-shape</code>).</p>")
+    elif b:
+        at = "" if b["at"] == "input shapes" else f", at {_e(b['at'])}"
+        notes.append(f"<p>Estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate{at}): "
                      f"{b['before_ms']:.3f} ms → {b['after_ms']:.3f} ms.</p>")
     assumptions = doc.get("shape_assumptions") or []
     if assumptions:

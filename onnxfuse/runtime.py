@@ -31,6 +31,12 @@ from onnxfuse.errors import InputError
 DEFAULT_BATCH_DIM = 1
 DEFAULT_OTHER_DIM = 32
 
+#: Sizes of verification's second default input set, for the symbolic dims nobody gave (batch, other dims):
+#: a rewrite that is wrong only for batch > 1 or for another spatial size computes the same as the original at
+#: (1, 32). 64 keeps every dim a multiple of 32 (the stride of detection/segmentation backbones with FPN
+#: concatenations), so a model that runs at 32 runs at 64 too.
+SECOND_DIMS = (2, 64)
+
 #: Random integers are drawn from [0, RANDOM_INT_HIGH): small enough to be valid indices and counts.
 RANDOM_INT_HIGH = 4
 
@@ -48,6 +54,9 @@ _ORT_TYPES = {
     "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32,
     "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
 }
+
+#: onnxruntime input types that get random integers (or bools) when nobody gives their values.
+EXACT_INPUT_TYPES = frozenset(t for t, d in _ORT_TYPES.items() if not np.issubdtype(d, np.floating))
 
 
 @dataclass
@@ -166,6 +175,9 @@ def _write_temporary(model: onnx.ModelProto) -> tempfile.TemporaryDirectory | No
     except OSError:
         tmp.cleanup()
         return None
+    except BaseException:  # Ctrl-C or SIGTERM during the write: no copy of the model left in TMPDIR
+        tmp.cleanup()
+        raise
     return tmp
 
 
@@ -277,21 +289,23 @@ def _named(dim) -> str | None:
     return dim if isinstance(dim, str) and not is_placeholder_dim(dim) else None
 
 
-def _shape(inp, spec: InputSpec, bound: dict[str, int]) -> tuple[int, ...]:
+def _shape(inp, spec: InputSpec, bound: dict[str, int], sizes: tuple[int, int]) -> tuple[int, ...]:
     if inp.name in spec.shapes:
         return tuple(spec.shapes[inp.name])
     return tuple(d if isinstance(d, int) and d > 0
-                 else bound.get(_named(d), DEFAULT_BATCH_DIM if i == 0 else DEFAULT_OTHER_DIM)
+                 else bound.get(_named(d), sizes[0] if i == 0 else sizes[1])
                  for i, d in enumerate(inp.shape))
 
 
 def make_inputs(sess, input_shapes: dict[str, tuple[int, ...]] | InputSpec, seed: int,
-                given: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+                given: dict[str, np.ndarray] | None = None,
+                sizes: tuple[int, int] = (DEFAULT_BATCH_DIM, DEFAULT_OTHER_DIM)) -> dict[str, np.ndarray]:
     """One input set for every input of ``sess`` (see the module docstring for where values come from).
 
     ``input_shapes`` is an :class:`InputSpec` or just its ``shapes``; ``given`` adds arrays to its ``data``. A
     named symbolic dim gets one value across all inputs: the one a shape entry or a given array fixes, else
-    DEFAULT_BATCH_DIM (first dim) or DEFAULT_OTHER_DIM.
+    ``sizes[0]`` (first dim, the batch; default DEFAULT_BATCH_DIM) or ``sizes[1]`` (default DEFAULT_OTHER_DIM);
+    :data:`SECOND_DIMS` gives verification's second set.
 
     Raises:
         ValueError: an input dtype onnxfuse cannot generate.
@@ -311,7 +325,7 @@ def make_inputs(sess, input_shapes: dict[str, tuple[int, ...]] | InputSpec, seed
                     bound.setdefault(d, int(v))
     for inp in inputs:  # a name that is some input's first dim is a batch dim everywhere
         if inp.shape and _named(inp.shape[0]):
-            bound.setdefault(inp.shape[0], DEFAULT_BATCH_DIM)
+            bound.setdefault(inp.shape[0], sizes[0])
     feeds = {}
     for inp in inputs:
         dtype = _ORT_TYPES.get(inp.type)
@@ -323,7 +337,7 @@ def make_inputs(sess, input_shapes: dict[str, tuple[int, ...]] | InputSpec, seed
             continue
         if dtype is None:
             raise ValueError(f"input {inp.name} has type {inp.type}, which onnxfuse cannot generate")
-        shape = _shape(inp, spec, bound)
+        shape = _shape(inp, spec, bound, sizes)
         exact = not np.issubdtype(dtype, np.floating)
         if inp.name in spec.values:
             value = spec.values[inp.name]
@@ -343,6 +357,65 @@ def make_inputs(sess, input_shapes: dict[str, tuple[int, ...]] | InputSpec, seed
         else:
             feeds[inp.name] = rng.integers(0, RANDOM_INT_HIGH, shape).astype(dtype)
     return feeds
+
+
+def invented_inputs(sess, spec: InputSpec) -> list[str]:
+    """Names of the inputs of ``sess`` with a dim that is not a number and that neither ``spec.shapes`` nor
+    ``spec.data`` sets (directly or through a named dim they fix): :func:`make_inputs` invents their sizes."""
+    bound = set()
+    for inp in sess.get_inputs():
+        dims = spec.shapes.get(inp.name) or (spec.data[inp.name].shape if inp.name in spec.data else None)
+        if dims is not None:
+            bound.update(d for d in inp.shape if isinstance(d, str) and d)
+    return [inp.name for inp in sess.get_inputs()
+            if inp.name not in spec.shapes and inp.name not in spec.data
+            and any(not (isinstance(d, int) and d > 0) and d not in bound for d in inp.shape)]
+
+
+class RunTimeout(TimeoutError):
+    """An onnxruntime run stopped because its time budget ran out (:func:`run`)."""
+
+
+def run(sess, feeds: dict[str, np.ndarray], timeout: float | None = None) -> list[np.ndarray]:
+    """``sess.run(None, feeds)``, stopped after ``timeout`` seconds (None: no limit).
+
+    The stop is onnxruntime's own: a timer thread sets ``RunOptions.terminate``, which the executor checks before
+    each node and which Loop, Scan and If pass into their subgraphs (onnxruntime ``sequential_executor.cc``,
+    ``loop.cc``), so a Loop of 10^12 iterations stops within one iteration. One kernel is not interrupted: a
+    single node that alone runs longer than the budget ends first. ``InferenceSession.run`` releases the GIL
+    while it runs, so the timer fires on time.
+
+    Raises:
+        RunTimeout: the budget ran out (also when ``timeout`` is <= 0: nothing is run).
+        whatever onnxruntime raises when it cannot run the model.
+    """
+    if timeout is None:
+        return sess.run(None, feeds)
+    if timeout <= 0:
+        raise RunTimeout("no time left")
+    import threading
+
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = ORT_LOG_FATAL
+    fired = threading.Event()
+
+    def stop() -> None:
+        fired.set()
+        options.terminate = True
+
+    timer = threading.Timer(timeout, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        return sess.run(None, feeds, options)
+    except Exception:
+        if fired.is_set():
+            raise RunTimeout(f"stopped after {timeout:.3g} s") from None
+        raise
+    finally:
+        timer.cancel()
 
 
 def _check_fits(name: str, option: str, values: tuple[float, ...], dtype, exact: bool) -> None:

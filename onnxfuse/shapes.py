@@ -21,8 +21,6 @@ from onnxfuse.graph import copy_model_fields, proto_graphs
 #: Tensors with more elements than this lose their data in the skeleton (only dims and dtype are kept).
 SKELETON_MAX_ELEMENTS = 1024
 
-#: Largest dim accepted from --input-shape (onnx stores dims as int64; anything near that is a typo).
-MAX_DIM = 2**31 - 1
 
 TensorInfo = tuple  # (shape: tuple[int | str | None, ...] | None, dtype: numpy.dtype | None)
 
@@ -121,24 +119,6 @@ def strip_declared_shapes(model: onnx.ModelProto) -> None:
         for vi in graph.output:
             if vi.type.HasField("tensor_type"):
                 vi.type.tensor_type.ClearField("shape")
-
-
-def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """Parse ``NAME=1x3x640x640`` (``NAME=`` alone for a scalar) into ``(name, dims)``.
-
-    Raises:
-        InputError: malformed text or a dim that is not a positive integer.
-    """
-    name, sep, dims = text.rpartition("=")
-    if not sep or not name:
-        raise InputError(f"--input-shape {text!r}: expected NAME=DIMS, e.g. x=1x3x640x640")
-    try:
-        shape = tuple(int(d) for d in dims.split("x")) if dims else ()
-    except ValueError:
-        raise InputError(f"--input-shape {text!r}: dims must be integers separated by 'x'") from None
-    if any(d <= 0 or d > MAX_DIM for d in shape):
-        raise InputError(f"--input-shape {text!r}: dims must be between 1 and {MAX_DIM}")
-    return name, shape
 
 
 def apply_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:

@@ -164,6 +164,38 @@ def _shape_from_sympy(sympy_shape):
     return [None if i is None else (int(i) if ssi.is_literal(i) else _str(i)) for i in sympy_shape]
 
 
+def _flat_rounding(expr):
+    """``expr`` with each rounding of a rounding flattened: ``R(Q(y)/s + r)``, where ``R`` and ``Q`` are floor or
+    ceiling, ``s`` a positive integer and ``n = s*r`` an integer, becomes ``Q((y + n + d)/s)`` with ``d = 0`` when
+    ``R`` is ``Q``, ``s - 1`` for a ceiling of a floor, ``1 - s`` for a floor of a ceiling. The same value for
+    every real ``y``: ``floor((floor(y) + n)/s) = floor((y + n)/s)`` for integers ``n`` and ``s > 0`` (likewise
+    ceiling; Graham, Knuth, Patashnik, Concrete Mathematics, eq. 3.10), and for an integer ``m``,
+    ``ceiling(m/s) = floor((m + s - 1)/s)``, ``floor(m/s) = ceiling((m - s + 1)/s)``. Inner roundings are
+    flattened first (bottom-up), so a chain of strided convs and ceil-mode pools gives one rounding of
+    ``H/2**k + c``, not ``k`` nested ones. Anything else (ints, other expressions) is returned as it is."""
+    import sympy
+
+    if not isinstance(expr, sympy.Expr) or not expr.has(sympy.floor, sympy.ceiling):
+        return expr
+
+    def flat(f):
+        arg = f.args[0]
+        rounded = [t for t in sympy.Add.make_args(arg) if t.has(sympy.floor, sympy.ceiling)]
+        if len(rounded) != 1:
+            return f
+        coeff, inner = rounded[0].as_coeff_Mul()
+        if not isinstance(inner, (sympy.floor, sympy.ceiling)) or not coeff.is_Rational or coeff.p != 1 \
+                or coeff.q < 1:
+            return f
+        s, rest = coeff.q, arg - rounded[0]
+        if not (rest * s).is_integer:
+            return f
+        delta = 0 if type(inner) is type(f) else (s - 1 if isinstance(f, sympy.ceiling) else 1 - s)
+        return type(inner)(inner.args[0] / s + rest + sympy.Rational(delta, s))
+
+    return expr.replace(lambda e: isinstance(e, (sympy.floor, sympy.ceiling)), flat)
+
+
 def _inference_class():
     import sympy
 
@@ -286,6 +318,11 @@ def _inference_class():
             vi.CopyFrom(onnx.helper.make_tensor_value_info(
                 node.output[0], self.known_vi_[node.input[0]].type.tensor_type.elem_type,
                 _shape_from_sympy(sympy_shape)))
+
+        def _compute_conv_pool_shape(self, node, channels_last=False):
+            # onnxruntime nests one rounding per strided Conv/Pool (floor(floor(H/2 - 1/2)/2) + 1 ...): flattened,
+            # a chain's expressions keep a fixed size instead of growing with its depth
+            return [_flat_rounding(d) for d in super()._compute_conv_pool_shape(node, channels_last)]
 
         def _infer_ConvTranspose(self, node):
             # ONNX ConvTranspose: out[i] = stride[i] * (in[i] - 1) + output_padding[i]

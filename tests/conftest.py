@@ -84,10 +84,22 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 def optimize(tmp_path: Path, model: onnx.ModelProto, target: str = "cpu", **options) -> pipeline.Result:
-    """Save ``model`` under ``tmp_path`` and run the passes (no verification) with ``options``."""
+    """Save ``model`` under ``tmp_path`` and run the passes (no verification, no comparison with onnxruntime's own
+    graph unless ``compare_with_onnxruntime=True``) with ``options``."""
     path = tmp_path / f"in_{len(list(tmp_path.iterdir()))}.onnx"
     onnx.save(model, str(path))
+    options.setdefault("compare_with_onnxruntime", False)
     return pipeline.analyse(path, pipeline.Options(target=target, **options))
+
+
+def analyse_unchecked(model: onnx.ModelProto, target: str = "cpu", **options) -> pipeline.Result:
+    """Run the passes on ``model`` (no verification) without the checks of ``model_io.load_model``: for a pass's
+    defence against an input that onnx.checker (full_check) or onnxruntime refuses, which no file reaches the
+    passes with."""
+    from onnxfuse import model_io
+
+    loaded = model_io.LoadedModel(model, None, "", 0, False)
+    return pipeline.analyse(None, pipeline.Options(target=target, **options), loaded)
 
 
 def op_counts(model: onnx.ModelProto) -> collections.Counter:

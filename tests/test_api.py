@@ -11,7 +11,7 @@ import pytest
 
 import onnxfuse
 from onnxfuse.passes.conv_batchnorm import ConvBatchNorm
-from tests.builders import GraphBuilder
+from tests.builders import GraphBuilder, with_output_shapes
 from tests.conftest import REPO
 
 SAMPLE = REPO / "sample_models" / "resnet_block.onnx"
@@ -132,13 +132,16 @@ def test_failed_verification_raises_with_the_result(monkeypatch):
 
 
 def test_require_verify_raises_when_verification_is_skipped():
-    # onnxruntime cannot run the original: an op of an unknown custom domain
+    # onnxruntime runs the original, but onnxfuse cannot generate a string input (a model onnxruntime cannot
+    # load is an input error instead: tests/test_invalid_inputs.py)
     b = GraphBuilder()
     x = b.input("x", [1, 3, 8, 8])
     y = b.op("Relu", [b.conv(x, 3, 4)])
-    out = b.op("Mystery", [y], domain="example.custom")
-    model = b.model([out], extra_opsets={"example.custom": 1})
-    model.graph.output[0].type.tensor_type.shape.dim.add().dim_param = "n"  # the checker wants a shape
+    b.inputs.append(onnx.helper.make_tensor_value_info("s", onnx.TensorProto.STRING, [1]))
+    t = b.op("Identity", ["s"])
+    model = b.model([y])
+    model.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.STRING, [1]))
+    model = with_output_shapes(model)
     with pytest.raises(onnxfuse.VerificationError, match="skipped"):
         onnxfuse.optimize(model, require_verify=True)
     assert onnxfuse.optimize(model).verification.status == "skipped"
@@ -192,3 +195,28 @@ def test_node_metadata_props_are_kept():
     conv = next(n for n in model.graph.node if n.op_type == "Conv")
     assert meta["Sigmoid"] == {"namespace": f"model.{sigmoid.name}"}  # an untouched node
     assert meta["FusedConv"] == {"namespace": f"model.{conv.name}"}  # the fused node keeps its Conv's
+
+
+def test_name_save_and_to_html(tmp_path):
+    """The API names the model as asked, saves as the CLI does (external data kept, atomic) and renders HTML."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 16, 16])
+    model = b.build(b.op("Relu", [b.bn(b.conv(x, 3, 32), 32)]))
+    src = tmp_path / "src.onnx"
+    onnx.save(model, str(src), save_as_external_data=True, location="src.weights", size_threshold=0)
+    result = onnxfuse.optimize(str(src), target="cpu", name="detector")
+    assert result.report.to_dict()["model"]["path"] == "detector"
+    assert "detector" in result.report.to_markdown().splitlines()[0]
+    html = result.report.to_html()
+    assert html.startswith("<!DOCTYPE html>") and "detector" in html
+    written = result.save(tmp_path / "out.onnx")
+    assert written[0] == tmp_path / "out.onnx" and len(written) == 2 and written[1].name.endswith(".data")
+    onnx.checker.check_model(str(tmp_path / "out.onnx"), full_check=True)
+    assert onnxfuse.verify(str(src), str(tmp_path / "out.onnx")).status == "passed"
+
+
+def test_saved_bytes_is_none_on_a_dynamic_model_without_shapes():
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", "W"])
+    report = onnxfuse.analyse(b.build(b.op("Relu", [b.conv(x, 3, 8)])), target="cpu")
+    assert report.saved_bytes is None and "N" in report.totals["saved_bytes_expr"]

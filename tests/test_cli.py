@@ -3,12 +3,14 @@ never modified, the output written atomically or not at all."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from click.testing import CliRunner
 
 from onnxfuse import __version__, model_io, ort_graph
 from onnxfuse.cli import main
+from onnxfuse.errors import internal_error_line
 from onnxfuse.passes import ALL_PASSES, PASS_NAMES
 from tests.builders import GraphBuilder
 from tests.conftest import REPO
@@ -194,8 +197,9 @@ def test_atomic_write_keeps_the_old_output_when_the_write_fails(tmp_path, monkey
         raise RuntimeError("simulated crash mid-write")
 
     monkeypatch.setattr(model_io, "write_parts", crash)  # --no-verify: verification writes with it too
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        CliRunner().invoke(main, ["optimize", str(SAMPLE), str(out), "--no-verify"], catch_exceptions=False)
+    result = run_cli("optimize", SAMPLE, out, "--no-verify")
+    assert result.exit_code == 3  # an unexpected exception: exit 3 and one line (see test_internal_error_...)
+    assert result.stderr.splitlines() == [internal_error_line(RuntimeError("simulated crash mid-write"))]
     assert out.read_bytes() == b"old model"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
 
@@ -482,7 +486,8 @@ def test_results_go_to_stdout_and_diagnostics_to_stderr(tmp_path):
     out = tmp_path / "o.onnx"
     result = run_cli("optimize", SAMPLE, out, "--target", "cpu")
     assert [line.split(":")[0].split(" at level")[0] for line in result.stdout.splitlines()] == [
-        f"vs onnxruntime {ort_graph.installed_version()}", "vs the graph as exported", "fusions", "verification"]
+        f"vs onnxruntime {ort_graph.installed_version()}", "vs the graph as exported", "runs on", "fusions",
+        "verification"]
     assert result.stderr == f"wrote {out}\n"
 
     verbose = run_cli("-v", "optimize", SAMPLE, out, "--overwrite", "--target", "cpu")
@@ -519,7 +524,8 @@ def test_results_go_to_stdout_and_diagnostics_to_stderr(tmp_path):
 
 
 def test_bench_results_go_to_stdout():
-    result = run_cli("bench", SAMPLE, "--runs", "1", "--warmup", "0", "--level", "disable", "--format", "json")
+    result = run_cli("bench", SAMPLE, "--runs", "1", "--max-time", "0", "--warmup", "0", "--level", "disable",
+                     "--format", "json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["levels"] and "{" not in result.stderr
 
@@ -819,3 +825,114 @@ run()
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=REPO)
     assert r.returncode == 130, r.stderr
     assert r.stderr == "error: interrupted\n" and r.stdout == ""
+
+
+@functools.cache
+def _library_files_in_tmpdir() -> frozenset[str]:
+    """Names that importing onnxruntime alone leaves in an empty TMPDIR, in every run, signal or not (onnxruntime
+    1.32 keeps a session id in ``$TMPDIR/.ses``): not onnxfuse's temporary files."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-c", "import onnxruntime"], env={**_env(), "TMPDIR": tmp}, check=True,
+                       timeout=120)
+        return frozenset(os.listdir(tmp))
+
+
+def _leftovers(tmpdir: Path) -> list[str]:
+    """What is in ``tmpdir`` besides the files onnxruntime's import leaves there."""
+    return sorted(set(os.listdir(tmpdir)) - _library_files_in_tmpdir())
+
+
+#: Runs ``python -m onnxfuse`` (runpy, as ``-m`` does) with model_io.write_parts wrapped: after it writes a file
+#: in a temporary folder inside the folder WHERE (TMPDIR: the verification copy of the model; OUTPUT's folder: the
+#: temporary folder beside OUTPUT), the process sends itself SIGNAL and notes the file in MARKER. The signal
+#: arrives while that temporary file exists, every run, with no timing to hope for.
+_SIGNAL_AT_WRITE = """
+import os, runpy, signal, sys
+from pathlib import Path
+from onnxfuse import model_io
+
+write_parts = model_io.write_parts
+where, signum, marker = sys.argv[1], getattr(signal, sys.argv[2]), sys.argv[3]
+
+def write_and_signal(path, parts):
+    write_parts(path, parts)
+    if Path(path).resolve().parent.parent == Path(where).resolve() and not os.path.exists(marker):
+        Path(marker).write_text(str(path))
+        os.kill(os.getpid(), signum)
+
+model_io.write_parts = write_and_signal
+sys.argv = ["onnxfuse", *sys.argv[4:]]
+runpy.run_module("onnxfuse", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(("signame", "code", "where"), [
+    ("SIGTERM", 143, "tmp"), ("SIGTERM", 143, "out"), ("SIGHUP", 129, "tmp"), ("SIGINT", 130, "out")])
+def test_a_signal_at_a_temporary_write_exits_128_plus_signum_and_leaves_no_temporary_file(tmp_path, signame,
+                                                                                          code, where):
+    """SIGTERM (CI runners, timeout) and SIGHUP are handled as Ctrl-C is: one line, exit 128 + the signal number,
+    and neither the copy of the model that verification writes to TMPDIR nor the temporary folder beside OUTPUT
+    is left; OUTPUT is not written."""
+    tmpdir, out_dir, marker = tmp_path / "tmp", tmp_path / "out", tmp_path / "signalled"
+    tmpdir.mkdir()
+    out_dir.mkdir()
+    r = subprocess.run([sys.executable, "-c", _SIGNAL_AT_WRITE, str(tmp_path / where), signame, str(marker),
+                        "optimize", str(SAMPLE),
+                        str(out_dir / "o.onnx"), "--target", "cpu"],
+                       capture_output=True, text=True, env={**_env(), "TMPDIR": str(tmpdir)}, cwd=tmp_path,
+                       timeout=120)
+    assert marker.exists(), r.stderr  # the signal was sent, while this temporary file existed
+    assert Path(marker.read_text()).parent.parent.resolve() == (tmp_path / where).resolve()
+    assert r.returncode == code, r.stderr
+    expected = "interrupted" if signame == "SIGINT" else f"stopped by {signame}"
+    assert r.stderr == f"error: {expected}; no partly written file was left\n" and r.stdout == ""
+    assert _leftovers(tmpdir) == [] and list(out_dir.iterdir()) == []
+
+
+def test_sigterm_from_outside_during_verification_exits_143_and_leaves_nothing(tmp_path):
+    """What `timeout` or a cancelled CI job does: SIGTERM from another process once verification's copy of the
+    model is in TMPDIR (polled for), while onnxruntime works on it."""
+    src, out_dir, tmpdir = tmp_path / "big.onnx", tmp_path / "out", tmp_path / "tmp"
+    _slow_model(src)
+    out_dir.mkdir()
+    tmpdir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "onnxfuse", "optimize", str(src), str(out_dir / "o.onnx"),
+                             "--report", str(out_dir / "r.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**_env(), "TMPDIR": str(tmpdir)}, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(tmpdir.glob("onnxfuse-session-*/model.onnx")) and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert proc.poll() is None, "the model was optimized before the signal: make it slower"
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    assert stderr == "error: stopped by SIGTERM; no partly written file was left\n" and stdout == ""
+    assert _leftovers(tmpdir) == [] and list(out_dir.iterdir()) == []
+
+
+def test_names_in_error_and_log_lines_are_escaped(tmp_path):
+    """An error that names an input, and the "wrote FILE" line for a file name with an escape sequence and a
+    newline: one line each, no raw control character, rich markup left as text."""
+    result = run_cli("report", SAMPLE, "--input-shape", "y\x1b[2J\n[red]z=1x2")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and "y\\x1b[2J\\n[red]z" in result.stderr, result.stderr
+    out = tmp_path / "o\x1b[2J\n[bold].onnx"
+    result = run_cli("optimize", SAMPLE, out, "--target", "cpu")
+    assert result.exit_code == 0 and out.exists()
+    assert result.stderr == f"wrote {tmp_path}/o\\x1b[2J\\n[bold].onnx\n"
+
+
+def test_output_names_in_verify_text_are_escaped(tmp_path):
+    b = GraphBuilder()
+    name = "y\x1b]0;title\x07\r\n| [red]"
+    x = b.input("x", [1, 3, 4, 4])
+    model = b.build(b.op("Relu", [x], name=name))
+    onnx.save(model, str(tmp_path / "a.onnx"))
+    result = run_cli("verify", tmp_path / "a.onnx", tmp_path / "a.onnx")
+    assert result.exit_code == 0, result.output
+    assert "y\\x1b]0;title\\x07\\r\\n| [red]_out" in result.stdout
+    assert not any(c in result.output for c in "\x1b\x07\r")

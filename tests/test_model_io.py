@@ -1,12 +1,17 @@
-"""model_io: the streamed serialization writes exactly the bytes of ``SerializeToString(deterministic=True)``."""
+"""model_io: the streamed serialization writes exactly the bytes of ``SerializeToString(deterministic=True)``; the
+checks at load refuse invalid models and external data references."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse import model_io
+from onnxfuse.errors import InputError
 
 
 def _model(with_unknown: bool = False) -> onnx.ModelProto:
@@ -93,3 +98,89 @@ def test_external_data_file_gets_the_model_files_permissions(tmp_path):
         os.umask(old)
     modes = {p.name.split(".")[-1]: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
     assert modes == {"onnx": 0o644, "data": 0o644} and len(list(tmp_path.iterdir())) == 2
+
+
+# --- validation at load (issue 20) ------------------------------------------------------------------------------
+
+def _with_external(entries: dict[str, str]) -> onnx.TensorProto:
+    t = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
+    for key, value in entries.items():
+        t.external_data.add(key=key, value=value)
+    return t
+
+
+@pytest.mark.parametrize("entries, fragment", [
+    ({"location": "/etc/passwd"}, "not a file inside"),
+    ({"location": "../w.bin"}, "not a file inside"),
+    ({"location": "sub/../../w.bin"}, "not a file inside"),
+    ({"location": ""}, "not a file inside"),
+    ({"location": "w.bin", "offset": "-16"}, "offset '-16'"),
+    ({"location": "w.bin", "offset": "ten"}, "offset 'ten'"),
+    ({"location": "w.bin", "length": "-1"}, "length '-1'"),
+])
+def test_check_external_data_refuses_a_bad_reference(entries, fragment):
+    with pytest.raises(InputError, match=re.escape(fragment)):
+        model_io.check_external_data(_with_external(entries), "m.onnx")
+
+
+def test_check_external_data_accepts_a_file_in_a_subfolder():
+    info = model_io.check_external_data(_with_external({"location": "sub/w.bin", "offset": "16", "length": "16"}),
+                                        "m.onnx")
+    assert (info.location, info.offset, info.length) == ("sub/w.bin", 16, 16)
+
+
+def test_duplicate_node_names_in_a_subgraph_are_refused_and_unnamed_nodes_are_not():
+    model = _model()
+    then = model.graph.node[2].attribute[0].g
+    then.node.append(helper.make_node("Identity", ["w"], ["t2"], name=""))
+    then.node[0].name = ""
+    model_io.check_node_names(model, "m")  # two unnamed nodes: fine
+    then.node[0].name = then.node[1].name = "twin"
+    with pytest.raises(InputError, match="two nodes of graph 'then' are named 'twin'"):
+        model_io.check_node_names(model, "m")
+
+
+def _conv(op="Conv", **attrs) -> onnx.NodeProto:
+    return helper.make_node(op, ["x", "w", "b"], ["y"], name="c", **attrs)
+
+
+@pytest.mark.parametrize("op, shapes, attrs, fragment", [
+    ("Conv", {"x": (1, 4, 8, 8), "w": (6, 2, 3, 3), "b": (6,)}, {"group": 0}, "group is 0"),
+    ("Conv", {"x": (1, 4, 8, 8), "w": (6, 2, 3, 3), "b": (6,)}, {"group": 2, "strides": [1, 0]}, "strides [1, 0]"),
+    ("Conv", {"x": (1, 4, 8, 8), "w": (6, 2, 3, 3), "b": (6,)}, {"group": 2, "pads": [1, 1]}, "pads [1, 1] has 2"),
+    ("Conv", {"x": (1, 4, 8), "w": (6, 2, 3, 3), "b": (6,)}, {"group": 2}, "rank 3 and the weight rank 4"),
+    ("Conv", {"x": (1, 4, 8, 8), "w": (6, 2, 3, 3), "b": (6,)}, {"group": 2, "kernel_shape": [3, 1]},
+     "kernel_shape [3, 1] differs"),
+    ("Conv", {"x": (1, 6, 8, 8), "w": (6, 2, 3, 3), "b": (6,)}, {"group": 2}, "the input has 6 channels"),
+    ("Conv", {"x": (1, 4, 8, 8), "w": (5, 1, 3, 3), "b": (5,)}, {"group": 4}, "group 4 does not divide the 5"),
+    ("Conv", {"x": (1, 4, 8, 8), "w": (6, 2, 3, 3), "b": (4,)}, {"group": 2}, "the bias has shape [4]"),
+    ("Conv", {"x": (1, 4, 8, 8), "w": (6, 2, 3, 3), "b": (6, 1)}, {"group": 2}, "the bias has shape [6, 1]"),
+    ("ConvTranspose", {"x": (1, 4, 8, 8), "w": (3, 2, 3, 3), "b": (4,)}, {}, "the input has 4 channels"),
+    ("ConvTranspose", {"x": (1, 3, 8, 8), "w": (3, 2, 3, 3), "b": (2,)}, {"group": 3},
+     "the bias has shape [2]"),
+])
+def test_check_convs_refuses_contradictions(op, shapes, attrs, fragment):
+    model = helper.make_model(helper.make_graph([_conv(op, **attrs)], "g", [], []))
+    info = {k: (v, np.dtype(np.float32)) for k, v in shapes.items()}
+    with pytest.raises(InputError, match=re.escape(fragment)):
+        model_io.check_convs(model, info, "m")
+
+
+def test_check_convs_accepts_valid_and_symbolic_shapes():
+    model = helper.make_model(helper.make_graph([_conv(group=2, kernel_shape=[3, 3], strides=[2, 2])], "g", [], []))
+    for x in ((1, 4, 8, 8), ("N", 4, "H", "W"), ("N", "C", None, None), None):
+        info = {"x": (x, None), "w": ((6, 2, 3, 3), None), "b": ((6,), None)}
+        model_io.check_convs(model, info, "m")
+    t = helper.make_model(helper.make_graph([_conv("ConvTranspose", group=2)], "g", [], []))
+    model_io.check_convs(t, {"x": ((1, 4, 8, 8), None), "w": ((4, 3, 3, 3), None), "b": ((6,), None)}, "m")
+
+
+def test_load_proto_runs_the_same_checks_as_load_model():
+    model = _model()
+    model.graph.node[0].attribute.append(helper.make_attribute("strides", [0, 0]))
+    with pytest.raises(InputError, match=r"<ModelProto>: onnx.checker \(full_check\) rejected the model: .*strides"):
+        model_io.load_proto(model)
+    model = _model()
+    model.graph.node[1].name = "conv"
+    with pytest.raises(InputError, match="two nodes of graph 'g' are named 'conv'"):
+        model_io.load_proto(model)

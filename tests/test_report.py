@@ -293,3 +293,109 @@ def test_long_expression_that_is_no_polynomial_is_shown_exact():
         rep.leading_terms(expr, doc)
     assert rep._cell(None, expr, doc) == f"{expr} B"
     assert rep._cell(None, expr, doc, code=True) == f"`{expr}` B"
+
+
+#: A name that tries everything: clear the screen and colour (ANSI CSI), return and overwrite (\r), add a line
+#: (\n), end a Markdown table cell (|), close a code span (`), rich markup, HTML, a heading, emphasis, and a
+#: right-to-left override that reorders the rest of a terminal line.
+EVIL = "\x1b[2J\x1b[31mred\rCR\nNL | pipe `tick` [red]markup[/red] <b>b</b> # h *e* \u202e"
+
+
+def evil_model(path: Path) -> Path:
+    """Conv -> Relu (fused) and Conv -> HardSigmoid (left unfused for cpu+cuda), every name holding EVIL."""
+    import onnx
+
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input(f"x{EVIL}", [1, 3, 8, 8])
+    relu = b.op("Relu", [b.conv(x, 3, 4, name=f"conv{EVIL}")], name=f"relu{EVIL}")
+    hard = b.op("HardSigmoid", [b.conv(x, 3, 4, name=f"conv2{EVIL}")], name=f"hs{EVIL}")
+    onnx.save(b.build([relu, hard]), str(path))
+    return path
+
+
+def test_escape_helpers():
+    from onnxfuse import escape
+
+    assert escape.text("a\x1b[2J\r\n\t\x7f\x9b\u202e\u2028b [red]") == \
+        "a\\x1b[2J\\r\\n\\t\\x7f\\x9b\\u202e\\u2028b [red]"
+    assert escape.text("plain name/with:punct-1.0 ü 😀") == "plain name/with:punct-1.0 ü 😀"
+    assert escape.markdown("a|b`c*d<e>#f\n") == "a\\|b\\`c\\*d\\<e\\>\\#f\\\\n"
+    assert escape.markdown("-x") == "\\-x"
+    assert escape.markdown_code("a``b") == "```a``b```" and escape.markdown_code("`x") == "`` `x ``"
+    assert escape.markdown_code("") == ""
+    assert escape.escaped({"k\n": ["v\x1b", ("t\r", 1)], "n": None}) == {"k\\n": ["v\\x1b", ("t\\r", 1)], "n": None}
+
+
+def test_names_in_the_text_report_are_escaped_and_rich_reads_no_markup(tmp_path):
+    model = evil_model(tmp_path / "m.onnx")
+    result = CliRunner().invoke(main, ["report", str(model), "--target", "cpu+cuda"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert not any(c in out for c in "\x1b\r\u202e")
+    assert "conv\\x1b[2J\\x1b[31mred\\rCR\\nNL | pipe `tick` [red]markup[/red]" in out  # markup kept as text
+    assert not any(line.startswith(("NL", "CR")) for line in out.splitlines())  # no line was added by a name
+    optimized = CliRunner().invoke(main, ["optimize", str(model), str(tmp_path / "o.onnx"), "--target", "cpu+cuda"])
+    assert optimized.exit_code == 0, optimized.output
+    assert "worst output relu\\x1b[2J" in optimized.stdout and "\x1b" not in optimized.output
+
+
+def test_names_in_the_markdown_report_cannot_add_lines_split_cells_or_format(tmp_path):
+    """Rendered by markdown-it (CommonMark with GFM tables): each name shows exactly (with the text escapes) in
+    its code span, each table row has its header's number of cells, and no name became HTML, a heading or
+    emphasis."""
+    import html
+
+    from markdown_it import MarkdownIt
+
+    from onnxfuse import escape
+
+    model = evil_model(tmp_path / "m.onnx")
+    md = tmp_path / "r.md"
+    result = CliRunner().invoke(main, ["optimize", str(model), str(tmp_path / "o.onnx"), "--target", "cpu+cuda",
+                                       "--report", str(md)])
+    assert result.exit_code == 0, result.output
+    text = md.read_text(encoding="utf-8")
+    assert not any(c in text for c in "\x1b\r\u202e")
+    page = MarkdownIt("commonmark").enable("table").render(text)
+    for name in (f"conv{EVIL}", f"conv2{EVIL}"):
+        assert f"<code>{html.escape(escape.text(name), quote=False)}</code>" in page
+    assert "<b>" not in page and "<h1>" not in page and "<em>" not in page
+    assert "worst output relu\\x1b[2J\\x1b[31mred\\rCR\\nNL | pipe `tick` [red]markup[/red] &lt;b&gt;" in page
+    for table in re.findall(r"<table>.*?</table>", page, re.S):
+        cells = [len(re.findall(r"<t[hd]>", row)) for row in re.findall(r"<tr>.*?</tr>", table, re.S)]
+        assert len(set(cells)) == 1, cells
+
+
+def test_names_in_the_json_report_are_exact(tmp_path):
+    model = evil_model(tmp_path / "m.onnx")
+    result = CliRunner().invoke(main, ["report", str(model), "--target", "cpu+cuda", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.stdout  # json.dumps writes \u001b
+    doc = json.loads(result.stdout)
+    assert doc["fusions"][0]["node"] == f"conv{EVIL}"
+    assert doc["unfused"][0]["nodes"][0]["name"] == f"conv2{EVIL}"
+
+
+def test_names_in_baseline_lines_are_escaped(tmp_path):
+    """``report --baseline``: a new unfused pattern's detail (and the baseline's file name) printed with a name in
+    it, in text and in a Markdown list."""
+    from onnxfuse import baseline
+
+    model = evil_model(tmp_path / "m.onnx")
+    new = json.loads(rep.to_json(pipeline.analyse(model, pipeline.Options(target="cpu+cuda")).report))
+    new["unfused"][0]["detail"] = f"detail {EVIL}"
+    old = {**new, "unfused": []}
+    comparison = baseline.compare(old, new)
+    text, md = comparison.lines(), comparison.lines("markdown")
+    assert any("detail \\x1b[2J" in line for line in text) and any("detail \\\\x1b\\[2J" in line for line in md)
+    for line in text + md:
+        assert not any(c in line for c in "\x1b\r\n\u202e"), line
+    assert not any("|" in line.replace("\\|", "") or "`" in line.replace("\\`", "") for line in md)
+    path = tmp_path / "old\x1b[2J\n.json"
+    path.write_text(json.dumps(old))
+    result = CliRunner().invoke(main, ["report", str(model), "--target", "cpu+cuda", "--baseline", str(path),
+                                       "--format", "markdown"])
+    assert "compared with " in result.stdout and "\x1b" not in result.output, result.output
+    assert all(line.startswith("- ") for line in result.stdout.splitlines())

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import onnx
 from click.testing import CliRunner
 
 from onnxfuse import pipeline
@@ -15,6 +16,7 @@ from onnxfuse import report as rep
 from onnxfuse import report_html as rh
 from onnxfuse.cli import main
 from onnxfuse.passes import Reason
+from tests.builders import GraphBuilder
 from tests.conftest import REPO
 from tests.test_real_models import INPUT_SHAPES
 
@@ -193,3 +195,19 @@ def test_symbolic_output_shape_is_evaluated_at_the_symbol_values():
     assert "1x8x16x16 float32" in rh.to_html(doc)
     doc["symbol_values"] = {}
     assert "Nx8xfloor(H/2)x16" in rh.to_html(doc)
+
+
+def test_bandwidth_without_a_number_says_unknown_as_the_text_does(tmp_path):
+    """Two symbolic dims and no --input-shape: no byte count, so no time (issue #21: a TypeError in the cell)."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", 16])
+    path = tmp_path / "m.onnx"
+    onnx.save(b.build(b.op("Relu", [b.conv(x, 3, 4)])), str(path))
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(main, ["report", str(path), "--bandwidth", "100", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = embedded(out.read_text(encoding="utf-8"), "onnxfuse-report")
+    assert doc["bandwidth"]["at"] is None and doc["bandwidth"]["before_ms"] is None
+    assert "Estimated memory time at 100 GB/s: unknown" in out.read_text(encoding="utf-8")
+    text = CliRunner().invoke(main, ["report", str(path), "--bandwidth", "100"])
+    assert "estimated memory time at 100 GB/s: unknown" in text.output

@@ -93,6 +93,9 @@ def test_spelled_out_choices_match_the_library():
     assert cli.DEFAULT_ORT_LEVEL == providers.DEFAULT_ORT_LEVEL
     assert cli.REPORT_FORMATS == tuple(rep.FORMATS)
     assert cli._PassChoice().choices == tuple(PASS_NAMES)
+    from onnxfuse.verification import DEFAULT_TIMEOUT_S
+
+    assert cli.DEFAULT_TIMEOUT_S == DEFAULT_TIMEOUT_S
 
 
 def test_version_names_the_libraries_that_decide_the_output():

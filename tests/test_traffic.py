@@ -414,3 +414,46 @@ def test_declared_shapes_that_are_wrong_are_not_counted(fuse, wrong):
     sym.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
     quick = fuse(sym, input_shapes={"x": (1, 3, 8, 8)}, expressions=False).report
     assert quick.totals["before"]["total_bytes"] == expected
+
+
+def strided_chain(depth: int, ceil_mode_pool: bool = False) -> onnx.ModelProto:
+    """x [1, 2, H, W] -> ``depth`` x (Conv 3x3 stride 2 pad 1 -> Relu), every third conv 1x1 stride 2 pad 0;
+    with ``ceil_mode_pool`` a MaxPool(3, stride 2, ceil_mode=1) after each conv."""
+    b = GraphBuilder()
+    y = b.input("x", [1, 2, "H", "W"])
+    for i in range(depth):
+        k = 1 if i % 3 == 2 else 3
+        y = b.op("Relu", [b.conv(y, 2, 2, k=k, strides=[2, 2])])
+        if ceil_mode_pool:
+            y = b.op("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    model = b.model(y, opset=13)
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [1, 2, "h", "w"]))
+    return model
+
+
+def expected_dim(h: int, depth: int, ceil_mode_pool: bool = False) -> int:
+    """The ONNX Conv/MaxPool output size formula (Operators.md, Conv, MaxPool) applied layer by layer."""
+    for i in range(depth):
+        k, p = (1, 0) if i % 3 == 2 else (3, 1)
+        h = (h + 2 * p - k) // 2 + 1
+        if ceil_mode_pool:
+            h = -((3 - h) // 2) + 1  # ceil((h - 3) / 2) + 1
+    return h
+
+
+@pytest.mark.parametrize("ceil_mode_pool", [False, True])
+def test_strided_conv_chain_dims_stay_one_rounding_deep(ceil_mode_pool):
+    # Each strided Conv (MaxPool with ceil_mode) rounds its input's size: nested, the roundings made the last
+    # dim's expression, and the report's cost, grow with the chain's depth. Flattened, the expression of the
+    # last dim has one rounding and the same number of operations at every depth, and the same values.
+    H = sympy.Symbol("H", integer=True, positive=True)
+    ops = []
+    for depth in (3, 6, 12):
+        model = strided_chain(depth, ceil_mode_pool)
+        dim = symbolic.infer(shapes.skeleton(model)).shapes[model.graph.output[0].name][2]
+        roundings = dim.atoms(sympy.floor, sympy.ceiling)
+        assert roundings and not any(r.args[0].has(sympy.floor, sympy.ceiling) for r in roundings), dim
+        ops.append(sympy.count_ops(dim))
+        for h in (1, 2, 3, 7, 64, 65, 224, 1023, 4097, 10 ** 6 + 3):
+            assert int(dim.xreplace({H: h})) == expected_dim(h, depth, ceil_mode_pool), (depth, h)
+    assert ops[0] == ops[1] == ops[2], ops

@@ -243,7 +243,9 @@ def test_integer_and_bool_outputs_are_exact(tmp_path):
     result = verify.verify_models(model(0), model(1))
     assert result.status == "failed" and "must be equal" in result.reason
     assert result.outputs[0].dtype == "int64" and result.outputs[0].tolerance == 0.0
-    assert result.floor_note == "not measured: no floating-point output"
+    # integer outputs are calibrated by onnxruntime's own level-to-level differences (issue 26): none here
+    assert result.outputs[0].floor_differing == 0 and result.outputs[0].differing == 64
+    assert verify.verify_models(model(0), model(0)).floor_note == "not measured: no floating-point output"
 
 
 def test_int64_and_bool_inputs_and_multiple_outputs(tmp_path):
@@ -551,8 +553,8 @@ def test_verify_command_bad_input(tmp_path):
 
 def test_bench_takes_input_values(tmp_path):
     sr = save(tmp_path, sample_rate_model(), "sr.onnx")
-    result = invoke("bench", sr, "--runs", "1", "--warmup", "0", "--level", "disable", "--input-value",
-                    "sr=16000", "--format", "json")
+    result = invoke("bench", sr, "--runs", "1", "--max-time", "0", "--warmup", "0", "--level", "disable",
+                    "--input-value", "sr=16000", "--format", "json")
     assert result.exit_code == 0, result.output
     result = invoke("bench", sr, "--runs", "1", "--warmup", "0", "--level", "disable")
     assert result.exit_code == 2 and "--input-value" in result.output
@@ -602,3 +604,241 @@ def test_empty_outputs_are_no_evidence():
     empty = verify.verify_models(original, broken, verify.VerifyOptions(input_values={"n": 0, "c0": 1}))
     assert empty.status == "skipped", empty  # nothing compared: never "passed"
     assert "empty" in empty.reason and "nothing was compared" in empty.reason
+
+
+# --- time budget (issue 20 point 4) ----------------------------------------------------------------------------
+
+
+def loop_forever_model() -> onnx.ModelProto:
+    """A fusable Conv -> Relu beside a Loop of 10**12 iterations (trip count and condition are constants; the body
+    adds 1 to a loop-carried value): a 1 KB model whose run never ends in practice."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["acc_in", "one"], ["acc_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1])])
+    inits = [numpy_helper.from_array(np.array(10**12, np.int64), "trip"),
+             numpy_helper.from_array(np.array(True), "cond"),
+             numpy_helper.from_array(np.zeros(1, np.float32), "acc0"),
+             numpy_helper.from_array(np.ones(1, np.float32), "one"),
+             numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")]
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trip", "cond", "acc0"], ["count"], body=body),
+         helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8]),
+         helper.make_tensor_value_info("count", TensorProto.FLOAT, [1])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_loop_of_10_12_iterations_is_skipped_for_time_not_a_hang(tmp_path):
+    path = save(tmp_path, loop_forever_model())
+    out, report = tmp_path / "o.onnx", tmp_path / "r.json"
+    result = invoke("optimize", path, out, "--target", "cpu", "--verify-timeout", "0.5", "--report", report)
+    assert result.exit_code == 0, result.output
+    v = json.loads(report.read_text())["verification"]
+    assert v["status"] == "skipped" and v["cause"] == "time" and v["reason"].startswith("time")
+    assert out.exists()  # skipped is not failed: written, and said loudly
+    assert result.stdout.startswith("NOT VERIFIED")
+    warning = next(line for line in result.stderr.splitlines() if line.startswith("warning: NOT VERIFIED"))
+    assert "--verify-timeout" in warning and "--require-verify" in warning
+    strict = invoke("optimize", path, tmp_path / "s.onnx", "--target", "cpu", "--verify-timeout", "0.5",
+                    "--require-verify")
+    assert strict.exit_code == 1 and not (tmp_path / "s.onnx").exists()
+    checked = invoke("verify", path, out, "--verify-timeout", "0.5")
+    assert checked.exit_code == 2 and checked.stdout.startswith("NOT VERIFIED")
+
+
+def test_verify_timeout_in_the_api_and_its_default(tmp_path):
+    import onnxfuse
+
+    model = loop_forever_model()
+    result = onnxfuse.optimize(model, target="cpu", verify_timeout=0.5)
+    assert result.verification.status == "skipped" and result.verification.cause == "time"
+    assert onnxfuse.verify(model, result.model, verify_timeout=0.5).cause == "time"
+    assert verify.VerifyOptions().timeout == verify.DEFAULT_TIMEOUT_S
+    assert verify.timeout_seconds(None) == verify.DEFAULT_TIMEOUT_S and verify.timeout_seconds(0) is None
+    with pytest.raises(InputError):
+        onnxfuse.verify(model, result.model, verify_timeout=-1)
+    assert f"[default: {verify.DEFAULT_TIMEOUT_S:g}]" in invoke("optimize", "--help").output.replace("\n", " ")
+
+
+def test_the_budget_is_checked_before_each_session(monkeypatch):
+    """onnxruntime cannot stop a session being made: no session is made once the budget is spent."""
+    made = []
+    real = runtime.session
+    monkeypatch.setattr(runtime, "session", lambda *a, **k: made.append(a) or real(*a, **k))
+    clock = iter([0.0, 0.0, 0.0, 1e9])  # the budget starts, the original is made and run, then time is up
+    monkeypatch.setattr("time.monotonic", lambda: next(clock, 1e9))
+    result = verify.verify_models(conv_model(), conv_model(bias_shift=1e-3), verify.VerifyOptions(timeout=10))
+    assert result.status == "skipped" and result.cause == "time"
+    assert len(made) == 1  # the candidate's session was not made
+
+
+# --- never silent about what was not checked (issue 22 point 5) ------------------------------------------------
+
+
+def test_skipped_verification_warns_with_what_to_pass(tmp_path):
+    path = save(tmp_path, sample_rate_model())
+    result = invoke("optimize", path, tmp_path / "o.onnx", "--target", "cpu")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("NOT VERIFIED")
+    warning = next(line for line in result.stderr.splitlines() if line.startswith("warning: NOT VERIFIED"))
+    assert "--input-value" in warning and "--require-verify" in warning
+    fixed = invoke("optimize", path, tmp_path / "o.onnx", "--target", "cpu", "--input-value", "sr=16000")
+    assert fixed.exit_code == 0 and "NOT VERIFIED" not in fixed.output
+
+
+def test_silero_without_its_sample_rate_warns_about_verification(tmp_path):
+    from tests.conftest import shared_model
+
+    result = invoke("optimize", shared_model("silero_vad_16k_op15"), tmp_path / "o.onnx",
+                    "--input-shape", "input=1x512")
+    assert result.exit_code == 0, result.output
+    assert any(line.startswith("warning:") and "sr" in line and "--input-value" in line
+               for line in result.stderr.splitlines()), result.stderr
+
+
+def symbolic_conv_model(batch: str | int = "N", h: str | int = "H", w: str | int = "W") -> GraphBuilder:
+    b = GraphBuilder()
+    x = b.input("x", [batch, 4, h, w])
+    return b, b.op("Relu", [b.conv(x, 4, 4)])
+
+
+def test_invented_input_sizes_are_printed(tmp_path):
+    b, y = symbolic_conv_model()
+    path = save(tmp_path, b.build(b.bn(y, 4)))
+    result = invoke("optimize", path, tmp_path / "o.onnx", "--target", "cpu")
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.stderr.splitlines() if "invented sizes" in line)
+    assert result.stderr.count("invented sizes") == 1
+    assert line.startswith("warning:") and "x=1x4x32x32" in line and "x=2x4x64x64" in line
+    assert "--input-shape" in line
+    given = invoke("optimize", path, tmp_path / "o.onnx", "--target", "cpu", "--input-shape", "x=1x4x16x16")
+    assert "invented sizes" not in given.output
+
+
+# --- default inputs: a second set, not-compared outputs, per-slice floors (issue 20 point 8) ------------------
+
+
+def test_a_candidate_wrong_only_at_batch_2_fails():
+    b, y = symbolic_conv_model(h=8, w=8)
+    original = b.build(b.op("Identity", [y], name="out"))
+    b, y = symbolic_conv_model(h=8, w=8)  # the same weights
+    first = b.op("Slice", [y, b.const(np.array([0], np.int64)), b.const(np.array([1], np.int64)),
+                           b.const(np.array([0], np.int64))])
+    wrong = b.build(b.op("Expand", [first, b.op("Shape", [y])], name="out"))  # batch element 0 copied to all
+    result = verify.verify_models(original, wrong)
+    assert result.status == "failed", result
+    assert result.input_shapes["x"] == [1, 4, 8, 8] and result.second_input_shapes["x"] == [2, 4, 8, 8]
+    assert result.invented == ["x"] and len(result.seeds) == 2
+    given = verify.verify_models(original, wrong, verify.VerifyOptions(input_shapes={"x": (1, 4, 8, 8)}))
+    assert given.status == "passed" and given.second_input_shapes == {}  # the user's shape is the shape
+
+
+def test_a_candidate_wrong_only_at_another_spatial_size_fails():
+    b, y = symbolic_conv_model(batch=1)
+    original = b.build(b.op("Identity", [y], name="out"))
+    b, y = symbolic_conv_model(batch=1)
+    h = b.op("Gather", [b.op("Shape", [y]), b.const(np.array(2, np.int64))])
+    off = b.op("Cast", [b.op("Not", [b.op("Equal", [h, b.const(np.array(32, np.int64))])])], to=1)
+    wrong = b.build(b.op("Add", [y, b.op("Mul", [off, b.const(np.float32(0.5))])], name="out"))
+    result = verify.verify_models(original, wrong)
+    assert result.status == "failed", result
+    assert result.second_input_shapes["x"] == [1, 4, 64, 64]
+
+
+def test_second_set_falls_back_quietly_when_the_original_only_runs_at_batch_1():
+    b, y = symbolic_conv_model(h=8, w=8)
+    flat = b.op("Reshape", [y, b.const(np.array([1, 256], np.int64))])  # batch 1 only
+    model = b.build(flat)
+    result = verify.verify_models(model, model)
+    assert result.status == "passed" and len(result.seeds) == 1
+    assert result.second_input_shapes == {} and "second input set" in result.input_note
+
+
+def small_next_to_large_model(small_gain: float = 1.0) -> onnx.ModelProto:
+    """x [1, 4, 8, 8] -> two convs concatenated on the channels: 4 channels near 1e5, 4 near 1e-3 (scores beside
+    box sizes in pixels); ``small_gain`` scales the small conv's weights and bias."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    big = b.conv(x, 4, 4, weight=b.const(b.rand(4, 4, 3, 3) * np.float32(1e5)))
+    small_w, small_b = b.rand(4, 4, 3, 3) * np.float32(1e-3), b.rand(4, scale=1e-3)
+    small = b.op("Conv", [x, b.const(small_w * np.float32(small_gain)), b.const(small_b * np.float32(small_gain))],
+                 pads=[1, 1, 1, 1])
+    return b.build(b.op("Concat", [b.bn(big, 4), small], axis=1, name="y"))
+
+
+def test_a_60_percent_error_on_small_values_next_to_1e5_values_fails():
+    original = small_next_to_large_model()
+    wrong = verify.verify_models(original, small_next_to_large_model(small_gain=1.6))
+    assert wrong.status == "failed", wrong.summary
+    o = wrong.outputs[0]
+    assert o.max_abs_error <= o.tolerance  # the output as a whole hides it ...
+    assert o.worst_group["axis"] == 1 and o.worst_group["index"] >= 4  # ... its small channels do not
+    assert "slice" in wrong.reason and "axis 1" in wrong.reason
+    import onnxfuse
+
+    fused = onnxfuse.optimize(original, target="cpu", verify=False).model  # a correct fold of the BN
+    assert verify.verify_models(original, fused).status == "passed"
+
+
+def test_an_empty_output_beside_a_good_one_is_not_compared(tmp_path):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    y = b.op("Relu", [b.conv(x, 4, 4)], name="y")
+    empty = b.op("Slice", [y, b.const(np.array([0], np.int64)), b.const(np.array([0], np.int64)),
+                           b.const(np.array([1], np.int64))], name="z")
+    model = b.build([y, empty])
+    path = save(tmp_path, model)
+    result = verify.verify_models(model, model)
+    assert result.status == "passed"
+    good, z = result.outputs
+    assert good.passed and good.compared == 256
+    assert z.not_compared and not z.passed and z.compared == 0  # never counted as passed
+    assert "not compared" in result.summary and "z_out" in result.summary
+    assert result.failed_outputs == []
+    cli = invoke("verify", path, path)
+    assert cli.exit_code == 0 and "not compared" in cli.stdout
+    assert any(line.startswith("warning:") and "z_out" in line for line in cli.stderr.splitlines())
+
+
+# --- integer outputs (issue 26) ---------------------------------------------------------------------------------
+
+
+def truncating_cast_model(shift: float = 0.0) -> onnx.ModelProto:
+    """x -> Conv -> BatchNormalization (+ ``shift``) -> Mul 1e4 -> Cast int64: integer codes computed from floats
+    through a truncating Cast, where float rounding flips a few codes by 1."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 8, 16, 16])
+    y = b.bn(b.conv(x, 8, 8), 8)
+    if shift:
+        y = b.op("Add", [y, b.const(np.float32(shift))])
+    q = b.op("Mul", [y, b.const(np.float32(1e4))])
+    return b.build(b.op("Cast", [q], to=onnx.TensorProto.INT64, name="codes"), output_dtype=np.int64)
+
+
+def test_issue_26_integer_outputs_through_a_truncating_cast_are_calibrated_by_onnxruntime():
+    import onnxfuse
+
+    original = truncating_cast_model()
+    fused = onnxfuse.optimize(original, target="onnx", verify=False)
+    assert fused.changed
+    result = verify.verify_models(original, fused.model)
+    o = result.outputs[0]
+    assert o.differing > 0 and o.floor_differing > 0  # the fold flips codes, and so does onnxruntime's own
+    assert result.status == "passed", result.reason
+    wrong = verify.verify_models(original, truncating_cast_model(shift=0.01))
+    assert wrong.status == "failed" and "codes_out" in wrong.reason
+    with_atol = verify.verify_models(original, fused.model, verify.VerifyOptions(atol=1))
+    assert with_atol.status == "passed"  # --atol applies to integer outputs too
+    assert verify.verify_models(original, truncating_cast_model(shift=0.01),
+                                verify.VerifyOptions(atol=1)).status == "failed"

@@ -58,6 +58,7 @@ class Reason(str, Enum):
     CHAIN_BROKEN = "chain-broken-by-op"
     # canonicalization (onnxfuse.passes.CANONICALIZE)
     FOLD_GROWS = "fold-grows-model"
+    FOLD_SIZE_UNKNOWN = "fold-size-unknown"
     RANDOM_OP = "random-op"
     QDQ_NODE = "quantize-dequantize-node"
     EVALUATION_FAILED = "evaluation-failed"
@@ -67,8 +68,10 @@ class Reason(str, Enum):
     PAD_VALUE = "pad-value-not-zero"
     PAD_AXES = "pad-on-batch-or-channel"
     PAD_NEGATIVE = "negative-pads"
+    PAD_AXES_INVALID = "pad-axes-invalid"
     AUTO_PAD = "conv-auto-pad-set"
     SLOWER_AT_ORT_LEVEL = "slower-than-unfused-at-ort-level"
+    NEEDS_NEWER_ORT = "form-needs-newer-onnxruntime"
 
     def __str__(self) -> str:
         return self.value

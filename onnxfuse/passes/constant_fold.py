@@ -15,17 +15,29 @@ an If/Loop/Scan node itself is never folded (its body may read run-time tensors)
 optional or a sequence (NON_TENSOR_OPS: a folded value is a plain tensor, and ``OptionalHasElement`` takes no
 tensor before opset 18).
 
+Memory: a node is run only once the bytes of its outputs are known and within the growth limits below, so the
+fold never computes more than its constant inputs plus FOLD_GROWTH_LIMIT_BYTES (a 661-byte Range, Pad or Resize
+can describe terabytes). The size comes from onnx shape inference on the node alone with its small constant
+inputs as values (Range's count from its values); an output whose size stays unknown is not computed
+(fold-size-unknown), except for the data-dependent ops of BOUNDED_OPS, whose input bounds it. After running, the
+check is made again on the actual arrays.
+
 Skipped when:
     initializer-is-graph-input     an input is an initializer also listed as a graph input (a caller may feed
                                    it; pass --constant-initializer-inputs if nobody does)
-    random-op                      RandomNormal/RandomUniform(Like), Multinomial, Bernoulli: a new value per run
+    random-op                      RandomNormal/RandomUniform(Like), Multinomial, Bernoulli, a Dropout whose
+                                   training_mode is true: a new value per run
     quantize-dequantize-node       QuantizeLinear/DequantizeLinear: onnxruntime's QDQ fusions need them as nodes
     intermediate-is-graph-output   an output is a graph output (its producer stays, the graph is unchanged)
     fold-grows-model               the outputs would exceed the constant inputs by more than
                                    FOLD_GROWTH_LIMIT_BYTES (Expand, Tile, ConstantOfShape of a large shape), or
                                    the constant inputs that this node alone reads (the others stay) by more than
-                                   SHARED_COPY_LIMIT_BYTES
-    dtype-not-foldable             an input has a dtype numpy cannot hold (bfloat16, float8, string)
+                                   SHARED_COPY_LIMIT_BYTES; checked before the node runs
+    fold-size-unknown              an output's size is not known before running the node (onnx shape inference
+                                   has no answer), so running it might need any amount of memory
+    dtype-not-foldable             an input has a dtype numpy cannot hold (bfloat16, float8, string); outputs of
+                                   those float types are read through an exact Cast to float32 and stored
+                                   with their own dtype (ml_dtypes)
     evaluation-failed              onnxruntime could not run the node, or an output is not a tensor
 
 ``Shape`` and ``Size`` of a run-time tensor fold too when the dims they read are static numbers (from onnx shape
@@ -37,6 +49,7 @@ input then folds node by node into constants. A symbolic or unknown dim is never
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,12 +60,22 @@ from onnxfuse import graph as g
 from onnxfuse.passes._checks import ONNX_DOMAINS, replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 
-#: A fold may make the model at most this much larger than the constant inputs it reads (bytes, 1 MiB).
+#: A fold may make the model at most this much larger than the constant inputs it reads (bytes, 1 MiB). It is also
+#: the memory budget of a fold: a node is run only when its outputs, sized before it runs (``predicted_outputs``),
+#: fit in its constant inputs' bytes plus this.
 FOLD_GROWTH_LIMIT_BYTES = 1 << 20
 #: A fold whose constant inputs stay in the model (other nodes read them) adds its whole output: allowed up to this
 #: many bytes more than the inputs it frees (4 KiB: shapes, scalars, per-channel vectors). Without it, slices of
 #: an LSTM weight read in both branches of an If (silero-vad) were copied into each branch, growing the file 40%.
 SHARED_COPY_LIMIT_BYTES = 1 << 12
+
+#: Constant inputs of at most this many bytes are given to onnx shape inference as values, so that the output
+#: shapes computed from values (Range, ConstantOfShape, Expand, Tile, Pad, Resize) are known before the node runs;
+#: larger ones (weights, which set no shape) as their shape and dtype only.
+INFERENCE_VALUE_LIMIT_BYTES = 1 << 16
+#: Data-dependent ops whose output shape onnx cannot infer but whose size their input bounds (see ``_bound``):
+#: they fold when that bound fits the growth limits. Any other op whose output size stays unknown is not run.
+BOUNDED_OPS = ("NonZero", "Unique", "Compress")
 
 RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli")
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
@@ -73,62 +96,148 @@ def _has_subgraph(node: gs.Node) -> bool:
                for v in node.attrs.values())
 
 
-def _itemsize(dtype) -> int | None:
-    try:
-        return np.dtype(dtype).itemsize
-    except TypeError:
-        return None
+def _native(dtype: np.dtype) -> bool:
+    """True for numpy's own dtypes (bool, ints, floats, object), False for ml_dtypes ones (bfloat16, float8,
+    int4: ``isbuiltin`` 2, user-defined), which onnxruntime's Python API does not take or hand back."""
+    return np.dtype(dtype).isbuiltin == 1
 
 
-def predicted_bytes(node: gs.Node, inputs: list[np.ndarray | None], ctx: Context) -> int | None:
-    """Bytes of ``node``'s outputs known before running it, or None: from the shape-producing input of
-    ConstantOfShape / Expand / Tile (the ops that make large tensors from small ones), else from static shape
-    inference."""
-    if node.op == "ConstantOfShape" and inputs and inputs[0] is not None:
-        value = node.attrs.get("value")
-        itemsize = _itemsize(value.values.dtype) if isinstance(value, gs.Constant) else 4  # default float32 0
-        return int(np.prod(inputs[0].astype(np.int64), dtype=np.int64)) * (itemsize or 1)
-    if node.op == "Expand" and len(inputs) == 2 and all(v is not None for v in inputs):
-        try:
-            shape = np.broadcast_shapes(inputs[0].shape, tuple(int(d) for d in inputs[1].reshape(-1)))
-        except ValueError:
-            return None
-        return int(np.prod(shape, dtype=np.int64)) * inputs[0].itemsize
-    if node.op == "Tile" and len(inputs) == 2 and all(v is not None for v in inputs):
-        return inputs[0].nbytes * int(np.prod(inputs[1].astype(np.int64), dtype=np.int64))
-    total = 0
-    for t in node.outputs:
-        if not t.name:
-            continue
-        shape, dtype = ctx.shape(t), ctx.dtype(t)
-        if shape is None or dtype is None or not all(isinstance(d, int) and d >= 0 for d in shape):
-            return None
-        total += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    return total
-
-
-def evaluate(node: gs.Node, inputs: list[np.ndarray | None], opset: int) -> list:
-    """Run ``node`` alone in onnxruntime (CPU, ORT_DISABLE_ALL) on ``inputs`` (None for an omitted optional
-    input) and return its outputs (None for unnamed ones).
-
-    Raises:
-        Exception: whatever onnxruntime raises for a node it cannot run (bad attributes, an op it lacks).
-    """
-    from onnxfuse.runtime import session  # here: most models fold nothing, and optimize --no-verify needs no more
-
+def _one_node_model(node: gs.Node, inputs: list[np.ndarray | None], opset: int, values_up_to: int
+                    ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``node`` alone in a model of the default-domain ``opset``: each distinct named input of at most
+    ``values_up_to`` bytes is an initializer (its value known to shape inference), the others are graph inputs of
+    their shape and dtype, returned as feeds. Outputs are declared without a type."""
     proto = gs.exporters.onnx_exporter.OnnxExporter.export_node(node)
-    feeds, graph_inputs = {}, []
+    feeds, graph_inputs, inits, seen = {}, [], [], set()
     for t, value in zip(node.inputs, inputs, strict=True):
-        if t.name and t.name not in feeds:
+        if not t.name or t.name in seen:
+            continue
+        seen.add(t.name)
+        if value.nbytes <= values_up_to:
+            inits.append(onnx.numpy_helper.from_array(np.asarray(value), t.name))
+        else:
             feeds[t.name] = value
             elem = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
             graph_inputs.append(onnx.helper.make_tensor_value_info(t.name, elem, list(value.shape)))
     named = [t.name for t in node.outputs if t.name]
-    graph = onnx.helper.make_graph([proto], "fold", graph_inputs, [onnx.ValueInfoProto(name=n) for n in named])
+    graph = onnx.helper.make_graph([proto], "fold", graph_inputs, [onnx.ValueInfoProto(name=n) for n in named],
+                                   initializer=inits)
     opsets = [onnx.helper.make_opsetid("", opset)]
     model = onnx.helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = onnx.helper.find_min_ir_version_for(opsets, ignore_unknown=True)
-    got = dict(zip(named, session(model.SerializeToString(), threads=1).run(named, feeds), strict=True))
+    # IR 4 at least: initializers need not be graph inputs (shape inference ignores IR 3 initializers otherwise)
+    model.ir_version = max(4, onnx.helper.find_min_ir_version_for(opsets, ignore_unknown=True))
+    return model, feeds
+
+
+def _range_length(inputs: list[np.ndarray | None]) -> int | None:
+    """Elements of Range(start, limit, delta): ``max(ceil((limit - start) / delta), 0)`` (ONNX Operators.md,
+    Range), in Python ints for integer inputs and floats otherwise; None when it is not a finite number. onnx
+    shape inference overflows here (Range(0, 1e30, 1e-30) infers 0 elements), so the count is taken from the
+    values."""
+    if len(inputs) != 3 or any(v is None or v.size != 1 for v in inputs):
+        return None
+    start, limit, delta = (v.reshape(-1)[0].item() for v in inputs)
+    if delta == 0:
+        return None
+    if all(isinstance(v, int) for v in (start, limit, delta)):
+        return max(-((start - limit) // delta), 0)  # exact ceil division of Python ints
+    n = (float(limit) - float(start)) / float(delta)
+    return max(math.ceil(n), 0) if math.isfinite(n) else None
+
+
+def _bound(node: gs.Node, inputs: list[np.ndarray | None]) -> int | None:
+    """Most bytes the outputs of a data-dependent op of :data:`BOUNDED_OPS` can hold (int64 indices), or None."""
+    if not inputs or inputs[0] is None:
+        return None
+    x = inputs[0]
+    if node.op == "NonZero":
+        return max(x.ndim, 1) * x.size * 8
+    if node.op == "Unique":
+        return x.nbytes + 3 * x.size * 8  # Y, indices, inverse_indices, counts
+    if node.op == "Compress":
+        return x.nbytes
+    return None
+
+
+def predicted_outputs(node: gs.Node, inputs: list[np.ndarray | None], opset: int
+                      ) -> tuple[int | None, list[int]]:
+    """What ``node``'s named outputs will be, known before running it: ``(bytes, elem types)``.
+
+    The bytes are the sum over named outputs of element count times itemsize, from onnx shape inference
+    (``data_prop``) on the node alone with its constant inputs of up to :data:`INFERENCE_VALUE_LIMIT_BYTES` given
+    as values: that sizes the outputs whose shape is a function of input values (Range, ConstantOfShape, Expand,
+    Tile, Pad, Resize, Upsample, OneHot, Reshape). Range's count is computed from its values
+    (:func:`_range_length`). Data-dependent ops of :data:`BOUNDED_OPS` get their upper bound. None when some
+    output's shape or dtype stays unknown (shape inference has no rule for the op, or failed). The elem types are
+    ``TensorProto.DataType`` codes, one per named output (0 where unknown).
+    """
+    try:
+        model, _ = _one_node_model(node, inputs, opset, INFERENCE_VALUE_LIMIT_BYTES)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:  # onnx raises its own InferenceError/ValidationError types; the fold is then unsized
+        return None, [0] * sum(bool(t.name) for t in node.outputs)
+    total, elems = 0, []
+    for out in inferred.graph.output:
+        tt = out.type.tensor_type
+        elems.append(tt.elem_type)
+        if node.op == "Range":
+            dims = [_range_length(inputs)]
+        elif tt.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        else:
+            dims = [None]  # not even the rank is known
+        try:
+            itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize
+        except (KeyError, TypeError, ValueError):
+            itemsize = None
+        if total is None or itemsize is None or any(d is None or d < 0 for d in dims):
+            total = None
+            continue
+        total += math.prod(dims) * itemsize
+    if total is None and node.op in BOUNDED_OPS:
+        total = _bound(node, inputs)
+    return total, elems
+
+
+def evaluate(node: gs.Node, inputs: list[np.ndarray | None], opset: int, elems: list[int] | None = None) -> list:
+    """Run ``node`` alone in onnxruntime (CPU, ORT_DISABLE_ALL) on ``inputs`` (None for an omitted optional
+    input) and return its outputs (None for unnamed ones).
+
+    ``elems``: the ``TensorProto.DataType`` of each named output where known (see :func:`predicted_outputs`).
+    onnxruntime's Python API hands back no bfloat16 or float8 array (it raises, or returns float8e4m3fn as its
+    uint8 bits), so such an output is read through an added exact Cast to float32 (int32 for int4/uint4: every
+    value of those types is one of these) and returned in its own ml_dtypes dtype.
+
+    Raises:
+        Exception: whatever onnxruntime raises for a node it cannot run (bad attributes, an op it lacks), and
+            ValueError when an array's dtype is not the type onnxruntime declares for that output.
+    """
+    from onnxfuse.runtime import session  # here: most models fold nothing, and optimize --no-verify needs no more
+
+    model, feeds = _one_node_model(node, inputs, opset, -1)
+    named = [t.name for t in node.outputs if t.name]
+    fetch, wanted = list(named), {}
+    for i, (name, elem) in enumerate(zip(named, elems or [0] * len(named), strict=True)):
+        if not elem:
+            continue
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+        if _native(dtype):
+            continue
+        integer = onnx.TensorProto.DataType.Name(elem).startswith(("INT", "UINT"))  # INT4, UINT4, INT2, UINT2
+        wide = onnx.TensorProto.INT32 if integer else onnx.TensorProto.FLOAT
+        fetch[i] = f"{name}__onnxfuse_wide"
+        model.graph.node.append(onnx.helper.make_node("Cast", [name], [fetch[i]], to=wide))
+        model.graph.output.append(onnx.ValueInfoProto(name=fetch[i]))
+        wanted[name] = dtype
+    sess = session(model.SerializeToString(), threads=1)
+    declared = {o.name: o.type for o in sess.get_outputs()}
+    got = {}
+    for name, key, value in zip(named, fetch, sess.run(fetch, feeds), strict=True):
+        ort_name = {"float32": "float", "float64": "double", "object": "string"}.get(value.dtype.name,
+                                                                                   value.dtype.name)
+        if declared.get(key) != f"tensor({ort_name})":
+            raise ValueError(f"onnxruntime returned {value.dtype} for {key} of type {declared.get(key)}")
+        got[name] = value.astype(wanted[name]) if name in wanted else value
     return [got.get(t.name) if t.name else None for t in node.outputs]
 
 
@@ -222,13 +331,21 @@ def refresh_shapes(graph: gs.Graph, ctx: Context) -> None:
             ctx.shapes[name] = (shape, dtype if old is None or old[1] is None else old[1])
 
 
+def _dropout_training(node: gs.Node, inputs: list[np.ndarray | None]) -> bool:
+    """True for a Dropout whose ``training_mode`` input (opset 12+) is a constant true: ONNX Operators.md,
+    Dropout: in training mode the output is the input masked at random (a run-time ``training_mode`` makes the
+    node no fold candidate; opsets before 7, with ``is_test``, are refused at load)."""
+    return (node.op == "Dropout" and len(inputs) > 2 and inputs[2] is not None
+            and bool(np.asarray(inputs[2]).reshape(-1)[0]))
+
+
 class ConstantFold(Pass[FoldMatch]):
     """Node with constant inputs => the constant it computes (onnxruntime evaluates it)."""
 
     name = "constant_fold"
     summary = "replace nodes whose inputs are all constants by their values (computed by onnxruntime)"
     reasons = (Reason.INITIALIZER_IS_INPUT, Reason.RANDOM_OP, Reason.QDQ_NODE, Reason.GRAPH_OUTPUT,
-               Reason.FOLD_GROWS, Reason.DTYPE_NOT_FOLDABLE, Reason.EVALUATION_FAILED)
+               Reason.FOLD_GROWS, Reason.FOLD_SIZE_UNKNOWN, Reason.DTYPE_NOT_FOLDABLE, Reason.EVALUATION_FAILED)
 
     def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
         if node.op == "Constant" or node.domain not in ONNX_DOMAINS or _has_subgraph(node) or not node.outputs:
@@ -256,22 +373,29 @@ class ConstantFold(Pass[FoldMatch]):
                         "(overridable); pass --constant-initializer-inputs if it never changes", nodes, out)
         if node.op in RANDOM_OPS:
             return skip(Reason.RANDOM_OP, f"{node.op} draws new values on every run", nodes, out)
+        if _dropout_training(node, values):
+            return skip(Reason.RANDOM_OP, f"Dropout in training mode ({node.inputs[2].name} is true) draws a new "
+                        "mask on every run", nodes, out)
         if node.op in QDQ_OPS:
             return skip(Reason.QDQ_NODE, f"{node.op} stays a node for onnxruntime's QDQ fusions", nodes, out)
         for t in node.outputs:
             if g.is_graph_output(t, ctx.graph):
                 return skip(Reason.GRAPH_OUTPUT, f"{t.name} is a graph output", nodes, out)
         for t, v in zip(node.inputs, values, strict=True):
-            if v is not None and (v.dtype.kind not in "biuf" or _itemsize(v.dtype) is None):
+            if v is not None and (v.dtype.kind not in "biuf" or not _native(v.dtype)):
                 return skip(Reason.DTYPE_NOT_FOLDABLE, f"input {t.name} has dtype {v.dtype}", nodes, out)
         distinct = {id(t): (t, v) for t, v in zip(node.inputs, values, strict=True) if v is not None}
         in_bytes = sum(v.nbytes for _, v in distinct.values())
         freed = sum(v.nbytes for t, v in distinct.values() if all(r is node for r in g.consumers(t)))
-        grows = self._grows(predicted_bytes(node, values, ctx), in_bytes, freed, nodes, out)
+        predicted, elems = predicted_outputs(node, values, int(ctx.graph.opset))
+        if predicted is None:
+            return skip(Reason.FOLD_SIZE_UNKNOWN, f"the size of {node.op}'s output is not known before running it "
+                        "(onnx shape inference cannot tell it), so it may be any size", nodes, out)
+        grows = self._grows(predicted, in_bytes, freed, nodes, out)
         if grows:
             return grows
         try:
-            results = evaluate(node, values, int(ctx.graph.opset))
+            results = evaluate(node, values, int(ctx.graph.opset), elems)
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument/NotImplemented types
             return skip(Reason.EVALUATION_FAILED, f"onnxruntime could not run {node.op}: "
                         f"{' '.join(str(exc).split())[:200]}", nodes, out)

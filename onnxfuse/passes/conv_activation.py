@@ -20,6 +20,8 @@ Skipped when:
     quantized-conv                     the conv is part of a QDQ pattern
     slower-than-unfused-at-ort-level   the form runs slower than the unfused original at the chosen onnxruntime
                                        level (``providers.CPU_SLOWER_AT``)
+    form-needs-newer-onnxruntime       the form does not load in the onnxruntime release given by --ort-version
+                                       (``providers.FORM_MIN_ORT``: FusedConv(HardSwish) needs 1.30)
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class ConvActivation(Pass[FusedConvMatch]):
     name = "conv_activation"
     summary = "fuse Conv + Relu/Tanh/Sigmoid/LeakyRelu/Clip/HardSigmoid/HardSwish into FusedConv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.DTYPE_NO_KERNEL,
-               Reason.ACTIVATION_UNSUPPORTED, Reason.CLIP_BOUNDS_NOT_CONSTANT, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL)
+               Reason.ACTIVATION_UNSUPPORTED, Reason.CLIP_BOUNDS_NOT_CONSTANT, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL,
+               Reason.NEEDS_NEWER_ORT)
     anchors = ACTIVATIONS
 
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:

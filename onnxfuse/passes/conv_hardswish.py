@@ -23,6 +23,8 @@ Skipped when:
     quantized-conv                     the conv is part of a QDQ pattern
     slower-than-unfused-at-ort-level   the form runs slower than the unfused original at the chosen onnxruntime
                                        level (``providers.CPU_SLOWER_AT``)
+    form-needs-newer-onnxruntime       the form does not load in the onnxruntime release given by --ort-version
+                                       (``providers.FORM_MIN_ORT``: FusedConv(HardSwish) needs 1.30)
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ class ConvHardSwish(Pass[FusedConvMatch]):
     name = "conv_hardswish"
     summary = "fuse Conv + HardSwish written out as Mul/Add/Clip/Div or HardSigmoid into FusedConv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.DTYPE_NO_KERNEL,
-               Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL)
+               Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL, Reason.NEEDS_NEWER_ORT)
     anchors = ("Mul", "Div")
 
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:

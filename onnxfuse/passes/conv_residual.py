@@ -31,6 +31,8 @@ Skipped when:
                                        rule's cause, onnxruntime's NCHWc Conv, needs constant weights
                                        (``core/optimizer/nchwc_transformer.cc``), and onnxruntime then makes
                                        the same FusedConv with Z itself at ``all`` (seen in the graph it saves)
+    form-needs-newer-onnxruntime       the form does not load in the onnxruntime release given by --ort-version
+                                       (``providers.FORM_MIN_ORT``: FusedConv(HardSwish) needs 1.30)
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ class ConvResidual(Pass[FusedConvMatch]):
     summary = "fuse Conv + residual Add (+ activation) into FusedConv with the Z input"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.RESIDUAL_SHAPE, Reason.NO_CONTRIB_OPS,
                Reason.DTYPE_NO_KERNEL, Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.CONSTANT_NOT_FOLDED,
-               Reason.SLOWER_AT_ORT_LEVEL)
+               Reason.SLOWER_AT_ORT_LEVEL, Reason.NEEDS_NEWER_ORT)
     anchors = ("Add",)
 
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:

@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse import graph as g
 from onnxfuse.passes._checks import is_op, skip
 from onnxfuse.passes.base import Context, Match, Reason, Skip
-from onnxfuse.providers import form_name
+from onnxfuse.providers import form_name, release_text
 
 #: ``numpy.finfo(float32)`` bounds: what onnxruntime's CPU kernel uses for a missing Clip bound.
 FLOAT32_LOWEST = float(np.finfo(np.float32).min)
@@ -48,8 +48,9 @@ def fusable_conv(node: gs.Node | None) -> bool:
 def target_check(ctx: Context, conv: gs.Node, activation: str | None, nodes: list[gs.Node],
                  output: gs.Tensor, residual: bool = False) -> Skip | None:
     """Skip when ``ctx.target`` cannot run a FusedConv of ``conv``'s dtype with ``activation`` (None: no
-    activation, only Z), or when that form (with a Z input if ``residual``) runs slower than the unfused original
-    at the onnxruntime level the target is chosen for (``providers.CPU_SLOWER_AT``)."""
+    activation, only Z), when that form (with a Z input if ``residual``) does not load in the onnxruntime release the
+    model is for (``providers.FORM_MIN_ORT``), or when it runs slower than the unfused original at the onnxruntime
+    level the target is chosen for (``providers.CPU_SLOWER_AT``)."""
     target = ctx.target
     if not target.fused_conv:
         return skip(Reason.NO_CONTRIB_OPS, f"target {target.name} emits standard ONNX only (no FusedConv)",
@@ -68,6 +69,10 @@ def target_check(ctx: Context, conv: gs.Node, activation: str | None, nodes: lis
         return skip(Reason.ACTIVATION_UNSUPPORTED,
                     f"activation {activation} is not supported by target {target.name}", nodes, output)
     form = form_name(activation, residual)
+    needed = target.needs_newer(form)
+    if needed is not None:
+        return skip(Reason.NEEDS_NEWER_ORT, f"{form} needs onnxruntime {release_text(needed)} or newer; the model "
+                    f"is for {release_text(target.ort_version)} (see --ort-version)", nodes, output)
     if target.slower(form):
         return skip(Reason.SLOWER_AT_ORT_LEVEL, f"{form} runs slower than the unfused original in onnxruntime at "
                     f"level {target.ort_level} (see --ort-level)", nodes, output)

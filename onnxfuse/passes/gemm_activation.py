@@ -21,6 +21,8 @@ Skipped when:
                                        Clip / HardSwish, which the CPU kernel does not have
     dtype-has-no-fusedgemm-kernel      the Gemm is not float32 (float16, float64)
     quantized-conv                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
+    form-needs-newer-onnxruntime       the FusedGemm form does not load in the onnxruntime release given by
+                                       --ort-version (``providers.FORM_MIN_ORT``; every probed release loads them all)
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from onnxfuse import graph as g
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._gemm import gemm_qdq_check
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
-from onnxfuse.providers import FUSED_GEMM_ACTIVATIONS
+from onnxfuse.providers import FUSED_GEMM_ACTIVATIONS, gemm_form_name, release_text
 
 #: Activations matched: those some target can fuse, plus those worth naming when refused.
 MATCHED = (*FUSED_GEMM_ACTIVATIONS, "Clip", "HardSwish")
@@ -53,7 +55,7 @@ class GemmActivation(Pass[GemmActivationMatch]):
     name = "gemm_activation"
     summary = "fuse Gemm + Relu/Tanh/Sigmoid/LeakyRelu/HardSigmoid/Elu/Selu/... into FusedGemm (target cpu)"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.ACTIVATION_UNSUPPORTED,
-               Reason.DTYPE_NO_FUSED_GEMM, Reason.QDQ)
+               Reason.DTYPE_NO_FUSED_GEMM, Reason.QDQ, Reason.NEEDS_NEWER_ORT)
     anchors = MATCHED
 
     def match(self, node: gs.Node, ctx: Context) -> GemmActivationMatch | Skip | None:
@@ -89,6 +91,11 @@ class GemmActivation(Pass[GemmActivationMatch]):
         if activation not in target.fused_gemm:
             return skip(Reason.ACTIVATION_UNSUPPORTED, f"activation {activation} is not supported by FusedGemm on "
                         f"target {target.name}", nodes, out)
+        needed = target.needs_newer(gemm_form_name(activation))
+        if needed is not None:
+            return skip(Reason.NEEDS_NEWER_ORT, f"{gemm_form_name(activation)} needs onnxruntime "
+                        f"{release_text(needed)} or newer; the model is for {release_text(target.ort_version)} "
+                        "(see --ort-version)", nodes, out)
         return None
 
     def rewrite(self, match: GemmActivationMatch, ctx: Context) -> Fusion:

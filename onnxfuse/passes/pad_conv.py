@@ -19,6 +19,10 @@ Skipped when:
     pad-value-not-zero                 the constant value is not 0
     negative-pads                      a pad is negative (a crop)
     pad-on-batch-or-channel            the Pad pads axis 0 (N) or 1 (C)
+    pad-axes-invalid                   the Pad's ``axes`` name an axis twice (-1 and 3 of a 4-d tensor too) or one
+                                       the tensor does not have, or its pads are not two per axis of the Conv's
+                                       input (ONNX Operators.md, Pad-18: "repeated axis is invalid"; onnxruntime
+                                       refuses the model at load)
     conv-auto-pad-set                  the Conv has auto_pad other than NOTSET (its pads are computed)
 """
 
@@ -51,7 +55,7 @@ class PadConv(Pass[PadConvMatch]):
     name = "pad_conv"
     summary = "fold a zero constant-mode Pad of the spatial axes into the Conv's pads"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.PAD_MODE, Reason.PARAMS_NOT_CONSTANT,
-               Reason.PAD_VALUE, Reason.PAD_NEGATIVE, Reason.PAD_AXES, Reason.AUTO_PAD)
+               Reason.PAD_VALUE, Reason.PAD_NEGATIVE, Reason.PAD_AXES, Reason.PAD_AXES_INVALID, Reason.AUTO_PAD)
     anchors = ("Conv",)
 
     def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
@@ -68,8 +72,8 @@ class PadConv(Pass[PadConvMatch]):
         if mode != "constant":
             return skip(Reason.PAD_MODE, f"Pad mode is {mode}", nodes, out)
         pads = self._full_pads(pad, node, ctx)
-        if isinstance(pads, str):
-            return skip(Reason.PARAMS_NOT_CONSTANT, pads, nodes, out)
+        if isinstance(pads, tuple):
+            return skip(*pads, nodes, out)
         value = self._value(pad, ctx)
         if value is None:
             return skip(Reason.PARAMS_NOT_CONSTANT, f"the constant_value of {pad.name} is computed at run time",
@@ -91,26 +95,44 @@ class PadConv(Pass[PadConvMatch]):
         return PadConvMatch(nodes, pads=new)
 
     @staticmethod
-    def _full_pads(pad: gs.Node, conv: gs.Node, ctx: Context) -> list[int] | str:
-        """Pad's pads for every axis as ``[begin..., end...]``, or the sentence saying what is not constant."""
-        if "pads" in pad.attrs:  # opset < 11
-            return [int(p) for p in pad.attrs["pads"]]
-        if len(pad.inputs) < 2 or not pad.inputs[1].name:
-            return "Pad has no pads"
-        values, _ = ctx.constant(pad.inputs[1])
-        if values is None:
-            return f"pads {pad.inputs[1].name} is computed at run time"
-        values = [int(v) for v in np.asarray(values).reshape(-1)]
-        if len(pad.inputs) < 4 or not pad.inputs[3].name:
-            return values
-        axes, _ = ctx.constant(pad.inputs[3])  # opset 18+: pads of these axes only
+    def _full_pads(pad: gs.Node, conv: gs.Node, ctx: Context) -> list[int] | tuple[Reason, str]:
+        """Pad's pads for every axis as ``[begin..., end...]``, or ``(reason, detail)``: parameters not constant,
+        or axes/pads that do not fit the Conv's input (see pad-axes-invalid in the module docstring)."""
         shape = ctx.shape(conv.inputs[1])
-        if axes is None or shape is None:
-            return f"axes {pad.inputs[3].name} is computed at run time or the rank is unknown"
-        rank, axes = len(shape), [int(a) for a in np.asarray(axes).reshape(-1)]
+        if "pads" in pad.attrs:  # opset < 11
+            full = [int(p) for p in pad.attrs["pads"]]
+        else:
+            if len(pad.inputs) < 2 or not pad.inputs[1].name:
+                return Reason.PARAMS_NOT_CONSTANT, "Pad has no pads"
+            values, _ = ctx.constant(pad.inputs[1])
+            if values is None:
+                return Reason.PARAMS_NOT_CONSTANT, f"pads {pad.inputs[1].name} is computed at run time"
+            full = [int(v) for v in np.asarray(values).reshape(-1)]
+            if len(pad.inputs) >= 4 and pad.inputs[3].name:
+                axes, _ = ctx.constant(pad.inputs[3])  # opset 18+: pads of these axes only
+                if axes is None or shape is None:
+                    return (Reason.PARAMS_NOT_CONSTANT,
+                            f"axes {pad.inputs[3].name} is computed at run time or the rank is unknown")
+                full = PadConv._scatter(full, [int(a) for a in np.asarray(axes).reshape(-1)], len(shape))
+                if isinstance(full, str):
+                    return Reason.PAD_AXES_INVALID, full
+        if shape is not None and len(full) != 2 * len(shape):
+            return Reason.PAD_AXES_INVALID, f"Pad has {len(full)} pads; the {len(shape)}-d input needs {2 * len(shape)}"
+        return full
+
+    @staticmethod
+    def _scatter(values: list[int], axes: list[int], rank: int) -> list[int] | str:
+        """The pads of ``axes`` (``[begin..., end...]`` in axes order) spread over all ``rank`` axes, or the
+        sentence saying why they cannot be: an axis out of range or named twice, or not two pads per axis."""
+        if len(values) != 2 * len(axes):
+            return f"Pad has {len(values)} pads for {len(axes)} axes {axes}; it needs two per axis"
+        normal = [a + rank if a < 0 else a for a in axes]
+        if any(not 0 <= a < rank for a in normal):
+            return f"Pad axes {axes} name an axis that the {rank}-d input does not have"
+        if len(set(normal)) != len(normal):
+            return f"Pad axes {axes} name an axis twice"
         full = [0] * (2 * rank)
-        for i, a in enumerate(axes):
-            a = a + rank if a < 0 else a
+        for i, a in enumerate(normal):
             full[a], full[rank + a] = values[i], values[len(axes) + i]
         return full
 

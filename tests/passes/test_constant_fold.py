@@ -458,3 +458,148 @@ def test_shapes_stay_as_they_were_when_the_graph_cannot_be_exported_for_inferenc
     assert "Shape" not in counts and counts["MatMul"] == 4, counts
     assert {s.reason for s in result.skips if s.pass_name == "matmul_add"} == {Reason.MATMUL_NOT_2D}
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+# Memory: a fold is sized before it runs
+
+
+def bomb_model(op, scale=10 ** 6):
+    """x [1] + a value of about ``scale``**2 float32 elements (4 TB at the default) that ``op`` makes from a few
+    bytes of constants (``RangeOverflow``: 1e60, onnx infers 0 for it) + Reshape(a constant), which folds."""
+    b = GraphBuilder()
+    x = b.input("x", [1])
+    small, n = b.const(np.zeros((1, 1), np.float32)), scale
+    if op == "Range":
+        big = b.op(op, [b.const(np.float32(0)), b.const(np.float32(n * n)), b.const(np.float32(1))])
+    elif op == "RangeOverflow":
+        big = b.op("Range", [b.const(np.float32(0)), b.const(np.float32(1e30)), b.const(np.float32(1e-30))])
+    elif op == "Pad":
+        big = b.op(op, [small, b.const(np.array([0, 0, n, n], np.int64))])
+    elif op == "Resize":
+        big = b.op(op, [b.const(np.zeros((1, 1, 2, 2), np.float32)), b.const(np.array([], np.float32)),
+                        b.const(np.array([1, 1, n / 2, n / 2], np.float32))])
+    elif op == "Expand":
+        big = b.op(op, [b.const(np.float32([0.5])), b.const(np.array([n, n], np.int64))])
+    elif op == "ConstantOfShape":
+        big = b.op(op, [b.const(np.array([n, n], np.int64))])
+    else:
+        big = b.op(op, [small, b.const(np.array([n, n], np.int64))])
+    y = b.op("Add", [x, b.op("Reshape", [big, b.const(np.array([-1], np.int64))])])
+    one = b.op("Reshape", [b.const(np.float32([[0.25]])), b.const(np.array([1], np.int64))])  # a fold to make
+    model = b.model(b.op("Add", [y, one]), opset=13)
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, ["n"]))
+    return model
+
+
+def spy_evaluations(monkeypatch):
+    """The op types constant_fold hands to onnxruntime from now on."""
+    from onnxfuse.passes import constant_fold
+
+    seen, real = [], constant_fold.evaluate
+    monkeypatch.setattr(constant_fold, "evaluate", lambda node, *a: seen.append(node.op) or real(node, *a))
+    return seen
+
+
+@pytest.mark.parametrize("op", ["Range", "RangeOverflow", "Pad", "Resize", "Expand", "ConstantOfShape", "Tile"])
+def test_skip_fold_grows_model_bomb_refused_before_it_runs(tmp_path, monkeypatch, op):
+    # A few hundred bytes that describe terabytes: refused from its predicted size, never computed; the model is
+    # still optimized and written (--no-verify: onnxruntime could not run the original either).
+    from click.testing import CliRunner
+
+    from onnxfuse.cli import main
+
+    model = bomb_model(op)
+    src, dst = tmp_path / "bomb.onnx", tmp_path / "out.onnx"
+    onnx.save(model, str(src))
+    assert src.stat().st_size < 1000
+    seen = spy_evaluations(monkeypatch)
+    result = pipeline.analyse(src, pipeline.Options(target="cpu"))
+    (s,) = [s for s in result.skips if s.pass_name == PASS]
+    assert s.reason == Reason.FOLD_GROWS and s.nodes[0][1] == op.replace("Overflow", "")
+    assert op.replace("Overflow", "") not in seen and "Reshape" in seen  # the small Reshape still folds
+    cli = CliRunner().invoke(main, ["optimize", str(src), str(dst), "--no-verify"])
+    assert cli.exit_code == 0, cli.output
+    counts = op_counts(onnx.load(str(dst)))
+    assert counts[op.replace("Overflow", "")] == 1 and counts["Reshape"] == 1
+
+
+def test_skip_fold_grows_model_range_refused_and_optimize_verifies(monkeypatch):
+    # 16 MiB from Range(0, 4M, 1): small enough for verification to run both models, over the growth limit.
+    from onnxfuse import api
+
+    model = bomb_model("Range", scale=2048)
+    seen = spy_evaluations(monkeypatch)
+    result = api.optimize(model, verify=True)
+    assert skip_of(result, PASS).reason == Reason.FOLD_GROWS and "Range" not in seen
+    assert result.report.verification.status == "passed"
+    assert op_counts(result.model) == {"Range": 1, "Reshape": 1, "Add": 2}  # the other Reshape folded
+
+
+def test_skip_fold_size_unknown(fuse, monkeypatch):
+    # NonMaxSuppression on constants: onnx shape inference cannot size its output, so it is not computed.
+    b = GraphBuilder()
+    x = b.input("x", [1, 3], dtype=np.int64)
+    boxes = b.const(np.array([[[0, 0, 1, 1], [0, 0, 1, 1.1]]], np.float32))
+    nms = b.op("NonMaxSuppression", [boxes, b.const(np.float32([[[0.9, 0.8]]])), b.const(np.array([2]))])
+    model = b.model(b.op("Add", [x, nms]), opset=13, output_dtype=np.int64)
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.INT64, ["n", 3]))
+    seen = spy_evaluations(monkeypatch)
+    s = assert_skipped(fuse(model), model, Reason.FOLD_SIZE_UNKNOWN)
+    assert "NonMaxSuppression" in s.detail and seen == []
+
+
+def test_nonzero_of_constants_folds_within_its_bound(fuse):
+    # NonZero's output size depends on the values: its input bounds it (rank x elements x 8 bytes), so it folds.
+    b = GraphBuilder()
+    x = b.input("x", [2, 3], dtype=np.int64)
+    nz = b.op("NonZero", [b.const(np.array([[0, 1, 0], [2, 0, 3]], np.float32))])
+    model = b.model(b.op("Add", [x, nz]), opset=13, output_dtype=np.int64)
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.INT64, [2, 3]))
+    result = fuse(model)
+    assert op_counts(result.model) == {"Add": 1}
+    assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Values a fold must not freeze or misread
+
+
+def test_training_mode_dropout_is_never_folded(fuse, monkeypatch):
+    # Dropout(constant, ratio, training_mode=True) draws a new mask per run: folding would freeze one draw.
+    b = GraphBuilder()
+    x = b.input("x", [1, 8])
+    drop = b.op("Dropout", [b.const(b.rand(1, 8)), b.const(np.float32(0.5)), b.const(np.bool_(True))])
+    model = b.build(b.op("Add", [x, drop]), opset=13)
+    seen = spy_evaluations(monkeypatch)
+    result = fuse(model)
+    assert skip_of(result, PASS).reason == Reason.RANDOM_OP and "training" in skip_of(result, PASS).detail
+    assert op_counts(result.model)["Dropout"] == 1 and "Dropout" not in seen
+
+
+def test_inference_dropout_of_constants_folds(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 8])
+    drop = b.op("Dropout", [b.const(b.rand(1, 8)), b.const(np.float32(0.5)), b.const(np.bool_(False))])
+    model = b.build(b.op("Add", [x, drop]), opset=13)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Add": 1}
+    assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("to", [TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2])
+def test_fold_to_bfloat16_or_float8_keeps_its_dtype(to):
+    # onnxruntime hands back float8e4m3fn as its uint8 bits and raises for bfloat16/float8e5m2: the folded Cast
+    # must be stored with its own dtype (1.25 stays 1.25, not the integer 58), and the optimized model verifies.
+    from onnxfuse import api
+
+    values = np.float32([1.25, 3, -0.5, 6])
+    b = GraphBuilder()
+    x = b.input("x", [4])
+    narrow = b.op("Cast", [b.const(values)], to=to)
+    model = b.build(b.op("Add", [x, b.op("Cast", [narrow], to=TensorProto.FLOAT)]), opset=21, ir_version=10)
+    result = api.optimize(model, verify=True)
+    assert result.report.verification.status == "passed"
+    (folded,) = [t for t in result.model.graph.initializer if t.name == narrow]
+    assert folded.data_type == to
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(folded).astype(np.float32), values)
+    assert_same_outputs(model, result.model, rtol=0, atol=0)

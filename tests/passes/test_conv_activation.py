@@ -327,3 +327,17 @@ def test_skip_quantized_conv_feeding_quantize(fuse):
     y = b.op("Relu", [b.conv(b.input("x", [1, 3, 6, 6]), 3, 4)])
     model = b.build(b.op("QuantizeLinear", [y, scale, zero]), output_dtype=np.uint8)
     assert_skipped(fuse(model), model, Reason.QDQ)
+
+
+def test_skip_form_needs_newer_onnxruntime(fuse):
+    """FusedConv(HardSwish) does not load before onnxruntime 1.30 (providers.FORM_MIN_ORT, from
+    benchmarks/probe_ort_releases.py): a model for an older release keeps the HardSwish op; Relu fuses on any."""
+    from onnxfuse.providers import FORM_MIN_ORT, release_text
+
+    needed = release_text(FORM_MIN_ORT["FusedConv(HardSwish)"])
+    model, _ = conv_act("HardSwish")
+    s = assert_skipped(fuse(model, ort_version="1.20"), model, Reason.NEEDS_NEWER_ORT)
+    assert f"FusedConv(HardSwish) needs onnxruntime {needed} or newer; the model is for 1.20" in s.detail
+    assert op_counts(fuse(model, ort_version=needed).model) == {"FusedConv": 1}
+    relu, _ = conv_act("Relu")
+    assert op_counts(fuse(relu, ort_version="1.15").model) == {"FusedConv": 1}

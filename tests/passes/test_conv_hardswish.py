@@ -212,3 +212,10 @@ def test_one_unfused_row_per_conv(fuse):
     model = build("div_of_mul")
     result = fuse(model, target="cpu+cuda")
     assert [(s.pass_name, s.reason) for s in result.skips] == [(PASS, Reason.ACTIVATION_UNSUPPORTED)]
+
+
+def test_skip_form_needs_newer_onnxruntime(fuse):
+    """A written-out HardSwish for an onnxruntime release that has no FusedConv(HardSwish) stays as it is."""
+    model = build("div_of_mul")
+    s = assert_skipped(fuse(model, ort_version="1.15.1"), model, Reason.NEEDS_NEWER_ORT)
+    assert "FusedConv(HardSwish) needs onnxruntime" in s.detail and "the model is for 1.15" in s.detail

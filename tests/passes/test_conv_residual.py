@@ -302,3 +302,11 @@ def test_run_time_weights_fuse_with_z_at_all(fuse):
 def test_skip_slower_than_unfused_at_ort_level_still_applies_to_constant_weights(fuse):
     model, _ = residual("Relu")
     assert_skipped(fuse(model, ort_level="all"), model, Reason.SLOWER_AT_ORT_LEVEL)
+
+
+def test_skip_form_needs_newer_onnxruntime(fuse):
+    """Conv -> Add(Z) -> HardSwish for a release without FusedConv(Z, HardSwish), at level all (where the plain
+    FusedConv(Z) is slower): the HardSwish form's reason is the one given."""
+    model, _ = residual("HardSwish")
+    s = assert_skipped(fuse(model, ort_level="all", ort_version="1.20"), model, Reason.NEEDS_NEWER_ORT)
+    assert "FusedConv(Z, HardSwish) needs onnxruntime" in s.detail

@@ -152,3 +152,17 @@ def test_reoptimizing_a_fused_gemm_for_another_target_warns(fuse):
     assert fuse(fused, target="cpu").report.warnings == []
     (warning,) = fuse(fused, target="cpu+cuda").report.warnings
     assert warning.startswith("the model holds 1 FusedGemm node(s) with Relu that target cpu+cuda cannot run")
+
+
+def test_skip_form_needs_newer_onnxruntime(fuse, monkeypatch):
+    """Every probed release loads every FusedGemm form; a made-up rule (FusedGemm(Tanh) from 1.40) shows the
+    check: a model for 1.32 keeps Gemm -> Tanh, one for 1.40 gets the FusedGemm."""
+    from types import MappingProxyType
+
+    from onnxfuse import providers
+
+    monkeypatch.setattr(providers, "FORM_MIN_ORT", MappingProxyType({"FusedGemm(Tanh)": (1, 40)}))
+    model = gemm_act("Tanh")
+    s = assert_skipped(fuse(model, ort_version="1.32"), model, Reason.NEEDS_NEWER_ORT)
+    assert "FusedGemm(Tanh) needs onnxruntime 1.40 or newer; the model is for 1.32" in s.detail
+    assert op_counts(fuse(model, ort_version="1.40").model) == {"FusedGemm": 1}

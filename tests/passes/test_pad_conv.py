@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from onnxfuse import pipeline
 from onnxfuse.passes import Reason
-from tests.builders import GraphBuilder, skip_of
-from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, op_counts
+from tests.builders import GraphBuilder, skip_of, with_output_shapes
+from tests.conftest import ATOL, RTOL, analyse_unchecked, assert_same_outputs, attr, op_counts
 
 PASS = "pad_conv"
 SPATIAL = [0, 0, 1, 2, 0, 0, 2, 1]  # N, C, H, W begins then ends
@@ -61,6 +62,8 @@ def test_zero_pad_folds_into_conv_pads(fuse, opset):
 def test_conv_without_pads_gets_the_pad(fuse):
     model, _ = pad_conv(conv_pads=None)
     model.graph.node[1].ClearField("attribute")  # the builder sets pads by default: none at all
+    model.graph.output[0].type.tensor_type.ClearField("shape")  # declared for the padded Conv: infer it again
+    model = with_output_shapes(model)
     result = fuse(model, target="onnx")
     assert op_counts(result.model) == {"Conv": 1, "Relu": 1}
     assert attr(the_conv(result.model), "pads") == [1, 2, 2, 1]
@@ -145,3 +148,38 @@ def test_skip_intermediate_is_graph_output(fuse):
     model.graph.output.append(helper.make_tensor_value_info(model.graph.node[0].output[0], TensorProto.FLOAT,
                                                             [1, 3, 9, 9]))
     assert_refused(fuse, model, Reason.GRAPH_OUTPUT)
+
+
+# onnx.checker (full_check) and onnxruntime refuse a Pad whose axes repeat or fall outside the input, so no
+# file reaches the pass with one (the last test); the pass refuses them too (analyse_unchecked skips the load).
+
+
+@pytest.mark.parametrize("axes", [[2, 2], [-1, 3]], ids=["same", "negative-alias"])
+def test_skip_pad_axes_invalid_when_an_axis_repeats(axes):
+    model, _ = pad_conv(pads=[1, 1, 1, 1], opset=18, value=0.0, axes=axes)
+    s = skip_of(analyse_unchecked(model, target="onnx"), PASS)
+    assert s.reason == Reason.PAD_AXES_INVALID and "twice" in s.detail
+
+
+def test_skip_pad_axes_invalid_when_an_axis_is_out_of_range():
+    model, _ = pad_conv(pads=[1, 1], opset=18, value=0.0, axes=[4])
+    s = skip_of(analyse_unchecked(model, target="onnx"), PASS)
+    assert s.reason == Reason.PAD_AXES_INVALID and "does not have" in s.detail
+
+
+def test_skip_pad_axes_invalid_when_pads_are_not_two_per_axis():
+    model, _ = pad_conv(pads=[1, 1, 1], opset=18, value=0.0, axes=[2, 3])
+    s = skip_of(analyse_unchecked(model, target="onnx"), PASS)
+    assert s.reason == Reason.PAD_AXES_INVALID and "two per axis" in s.detail
+
+
+def test_a_file_with_repeated_pad_axes_is_an_input_error(tmp_path):
+    import onnx
+
+    from onnxfuse.errors import InputError
+
+    model, _ = pad_conv(pads=[1, 1, 1, 1], opset=18, value=0.0, axes=[2, 2])
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [1, 4, 8, 6]))
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    with pytest.raises(InputError, match="referred to more than once"):
+        pipeline.analyse(tmp_path / "m.onnx", pipeline.Options(target="onnx"))

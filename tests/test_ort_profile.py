@@ -1,0 +1,52 @@
+"""onnxruntime's profiler read back per kernel, per op and per fusion (onnxfuse/ort_profile.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxfuse import ort_profile, pipeline
+from tests.builders import GraphBuilder
+
+
+def _event(node: str, op: str, dur_us: float, out: int, act: int, param: int) -> dict:
+    return {"cat": "Node", "name": f"{node}_kernel_time", "dur": dur_us,
+            "args": {"op_name": op, "provider": "CPUExecutionProvider", "output_size": str(out),
+                     "activation_size": str(act), "parameter_size": str(param)}}
+
+
+def test_summarize_takes_the_median_time_and_the_recorded_bytes():
+    trace = [{"cat": "Session", "name": "model_run", "dur": 99}]
+    for dur in (10, 30, 20):  # three runs of two kernels
+        trace += [_event("conv", "FusedConv", dur, 400, 100, 36), _event("add", "Add", 5, 400, 800, 0),
+                  {"cat": "Node", "name": "conv_fence_before", "dur": 1}]
+    kernels = ort_profile.summarize(trace)
+    assert [(k.node, k.op, k.ms, k.runs) for k in kernels] == [("conv", "FusedConv", 0.02, 3), ("add", "Add", 0.005, 3)]
+    assert kernels[0].total_bytes == 536 and kernels[0].to_dict()["total_bytes"] == 536
+    ops = ort_profile.by_op(kernels)
+    assert list(ops) == ["FusedConv", "Add"] and ops["Add"] == {"kernels": 1, "ms": 0.005, "output_bytes": 400,
+                                                                "activation_bytes": 800, "parameter_bytes": 0}
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 16, 16])
+    path = tmp_path / "m.onnx"
+    onnx.save(b.build(b.op("Relu", [b.bn(b.conv(x, 3, 8), 8)])), str(path))
+    return path
+
+
+@pytest.mark.parametrize("level", ["disable", "all"])
+def test_profile_finds_the_kernel_of_each_fusion(model_path, level):
+    """The optimized model (one FusedConv) profiled in onnxruntime: one row per fusion, found by the tensor the
+    kernel writes (at ``all`` through onnxruntime's NCHWc reorder), with its time and bytes."""
+    result = pipeline.analyse(model_path, pipeline.Options(target="cpu", compare_with_onnxruntime=False))
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    kernels = ort_profile.profile(result.model.SerializeToString(), feeds, level=level, runs=3, warmup=1)
+    assert all(k.runs == 3 and k.ms >= 0 for k in kernels)
+    assert sum(k.output_bytes for k in kernels) >= 8 * 16 * 16 * 4  # at least the output is written
+    [row] = ort_profile.by_fusion(kernels, result.report.to_dict()["fusions"])
+    assert row["kernel"] is not None and row["kernel_op"] in ("FusedConv", "Conv")
+    assert row["replaced"] == "Conv -> BatchNormalization -> Relu" and row["total_bytes"] > 0

@@ -1,0 +1,46 @@
+"""One run, several report files: optimize --report and report -o are repeatable, each file in the format of its
+extension (a CI job wants JSON for the gate and Markdown for the job summary)."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from onnxfuse.cli import main
+from tests.conftest import REPO
+
+SAMPLE = REPO / "sample_models" / "resnet_block.onnx"
+
+
+def test_optimize_writes_json_and_markdown_from_one_run(tmp_path):
+    out = tmp_path / "o.onnx"
+    result = CliRunner().invoke(main, ["optimize", str(SAMPLE), str(out), "--target", "cpu",
+                                       "--report", str(tmp_path / "r.json"), "--report", str(tmp_path / "r.md"),
+                                       "--report", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r.json").read_text())["verification"]["status"] == "passed"
+    assert (tmp_path / "r.md").read_text().startswith("### onnxfuse memory-traffic report")
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+    assert f"wrote {out}, {tmp_path / 'r.json'}, {tmp_path / 'r.md'}, {tmp_path / 'r.html'}" in result.stderr
+
+
+def test_report_writes_each_output_in_its_format(tmp_path):
+    result = CliRunner().invoke(main, ["report", str(SAMPLE), "-o", str(tmp_path / "r.json"),
+                                       "-o", str(tmp_path / "r.txt")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r.json").read_text())["schema_version"] == 2
+    assert (tmp_path / "r.txt").read_text().startswith("onnxfuse ")
+
+
+def test_report_format_with_several_files_or_a_file_twice_is_refused(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["optimize", str(SAMPLE), str(tmp_path / "o.onnx"), "--report-format", "json",
+                                  "--report", str(tmp_path / "a.json"), "--report", str(tmp_path / "b.json")])
+    assert result.exit_code == 2 and "--report-format applies to a single --report" in result.output
+    result = runner.invoke(main, ["report", str(SAMPLE), "-o", str(tmp_path / "a.json"),
+                                  "-o", str(tmp_path / "a.json")])
+    assert result.exit_code == 2 and "-o" in result.output and "given twice" in result.output
+    result = runner.invoke(main, ["report", str(SAMPLE), "-o", str(tmp_path / "a.json"), "-o", str(tmp_path / "a.xyz")])
+    assert result.exit_code == 2 and "give a" in result.output and "--format" in result.output
+    assert not list(tmp_path.iterdir())
