@@ -22,7 +22,8 @@ from onnxfuse import passes as passes_mod
 from onnxfuse import report as rep
 from onnxfuse._version import __version__
 from onnxfuse.errors import InputError
-from onnxfuse.passes import Context, Fusion, Match, Pass, Skip
+from onnxfuse.passes import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
 from onnxfuse.providers import (
     DEFAULT_ORT_LEVEL,
     DEFAULT_TARGET,
@@ -185,6 +186,9 @@ def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fu
     (``passes.CANONICALIZE``) until nothing changes, then the fusion passes until nothing changes (at most
     MAX_ROUNDS rounds per stage and graph).
 
+    When constant_fold folded a ``Shape``/``Size`` in the main graph, ``ctx.shapes`` is refreshed by onnx shape
+    inference before the fusion passes (``constant_fold.refresh_shapes``).
+
     Returns the rewrites in the order applied and the skips seen in each stage's last (unchanged) round.
     """
     stages = [tuple(p for p in selected if p.name in passes_mod.CANONICALIZE_NAMES),
@@ -194,7 +198,11 @@ def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fu
     for sub in list(g.all_graphs(graph)):
         ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, g.NodeOrder(sub)
         for stage in stages:
+            done = len(fusions)
             _run_stage(sub, stage, ctx, fusions, skips)
+            if sub is graph and any(f.pass_name == "constant_fold" and f.replaced[0][1] in SHAPE_OPS
+                                    for f in fusions[done:]):
+                refresh_shapes(sub, ctx)  # a Reshape of a folded static Shape now has a shape the passes can see
         g.remove_unused_constant_nodes(sub)
     return fusions, skips
 
@@ -221,14 +229,28 @@ def _run_stage(sub, stage: tuple[Pass, ...], ctx: Context, fusions: list[Fusion]
             break
 
 
+#: Reasons that only a value stands behind: the pattern fits and the pass would fuse it if that input were a
+#: constant (or folded). A pass that stops there came nearer to fusing than one that refused the pattern's
+#: structure, shape, target or speed.
+VALUE_REASONS = frozenset({Reason.WEIGHTS_NOT_CONSTANT, Reason.PARAMS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
+                           Reason.CONSTANT_NOT_FOLDED})
+
+
 def _longest_per_conv(skips: list[Skip]) -> list[Skip]:
-    """One skip per Conv: the one covering the longest chain. An unfused written-out HardSwish is refused by
+    """One skip per Conv: the one of the pass that came nearest to fusing. A skip for a value that is not
+    constant (:data:`VALUE_REASONS`: with conv weights fed as graph inputs, conv_affine's ``weights-not-constant``
+    for a bias Add that conv_residual sees as a residual of the wrong shape) comes first; among the rest, the one
+    covering the longest chain, and the earlier pass on a tie. An unfused written-out HardSwish is refused by
     conv_hardswish (Conv -> Add -> Clip -> Mul -> Div: "HardSwish not supported by target") and, as a side
     effect, by conv_affine for its Add(x, 3) ("2 consumers"); only the first says what the pattern is."""
     best: dict[str, Skip] = {}
+
+    def rank(s: Skip) -> tuple[bool, int]:
+        return s.reason in VALUE_REASONS, len(s.nodes)
+
     for s in skips:
         key = s.nodes[0][2]
-        if key not in best or len(s.nodes) > len(best[key].nodes):
+        if key not in best or rank(s) > rank(best[key]):
             best[key] = s
     return [s for s in skips if best[s.nodes[0][2]] is s]
 
@@ -285,7 +307,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         try:
             graph = g.to_graph(model)
             ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
-                          info, namer=g.Namer(graph))
+                          info, namer=g.Namer(graph),
+                          symbolic=sym if options.expressions or not input_shapes else None)  # own shapes only
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
             out = g.to_model(graph, model, reuse_original=True) if fusions else model

@@ -700,14 +700,20 @@ def unknown_shapes_hint(report: Report) -> str | None:
 
 
 def summary_lines(report: Report, hints: bool = True) -> list[str]:
-    """The short summary ``optimize`` prints: traffic, fusion count, unfused count, verification, bandwidth, and
-    (when ``hints``) :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.escape.text`)."""
+    """The short summary ``optimize`` prints: traffic, fusion count, unfused count, for a QDQ model what
+    onnxruntime does with its quantized patterns, verification, bandwidth, and (when ``hints``)
+    :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.escape.text`)."""
     doc = escape.escaped(report.to_dict())
     lines = [*headline(doc, hints=hints),
              f"fusions: {_fused_count(doc)}; {_plural(len(doc['unfused']), 'pattern')} left unfused "
              f"(target {doc['target']})"]
     if doc["unfused"]:
         lines.append(unfused_line(doc))
+    quantized = sum(u["reason"] == "quantized-conv" for u in doc["unfused"])
+    if quantized:  # a QDQ model: onnxfuse leaves its Conv/Gemm/MatMul groups to onnxruntime (passes/conv_unfused.py)
+        lines.append(f"quantized: {_plural(quantized, 'pattern')} inside QuantizeLinear/DequantizeLinear pairs "
+                     "left as they are; onnxruntime turns them into quantized kernels (QLinearConv, QGemm, "
+                     "QLinearMatMul) at load, at level extended and above (core/optimizer/qdq_transformer)")
     lines.append(_verification_line(doc))
     if doc["bandwidth"]:
         lines.append(_bandwidth_line(doc["bandwidth"]))

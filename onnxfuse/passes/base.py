@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.providers import Target
+
+if TYPE_CHECKING:
+    from onnxfuse.symbolic import SymbolicShapes
 
 
 class Reason(str, Enum):
@@ -143,6 +146,8 @@ class Context:
         namer: fresh names for new initializers.
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
         order: the node slots of ``graph`` that rewrites edit (see ``graph.NodeOrder``).
+        symbolic: the model's own symbolic shapes (``onnxfuse.symbolic.SymbolicShapes``: every dim a sympy
+            expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed.
     """
 
     target: Target
@@ -152,6 +157,7 @@ class Context:
     namer: g.Namer | None = None
     members: set[int] = field(default_factory=set)
     order: g.NodeOrder | None = None
+    symbolic: SymbolicShapes | None = None
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.

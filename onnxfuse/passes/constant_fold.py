@@ -39,6 +39,12 @@ Skipped when:
                                    those float types are read through an exact Cast to float32 and stored
                                    with their own dtype (ml_dtypes)
     evaluation-failed              onnxruntime could not run the node, or an output is not a tensor
+
+``Shape`` and ``Size`` of a run-time tensor fold too when the dims they read are static numbers (from onnx shape
+inference on the model's own input shapes, ``Context.shape``; :func:`static_shape_value`): a Keras ``Flatten``
+(``Shape -> Gather -> Concat -> Reshape``) or a bias reshaped by ``Concat(Slice(Shape(x)), ...)`` on a static
+input then folds node by node into constants. A symbolic or unknown dim is never frozen; ``Shape``'s ``start``/
+``end`` attributes (opset 15) select the dims read, so ``Shape(x, start=1)`` folds even with a symbolic batch.
 """
 
 from __future__ import annotations
@@ -235,6 +241,96 @@ def evaluate(node: gs.Node, inputs: list[np.ndarray | None], opset: int, elems: 
     return [got.get(t.name) if t.name else None for t in node.outputs]
 
 
+#: Ops whose output depends only on the shape of their input: folded from static shapes (:func:`static_shape_value`).
+SHAPE_OPS = ("Shape", "Size")
+
+
+def static_shape_value(node: gs.Node, ctx: Context) -> np.ndarray | None:
+    """The int64 value of a ``Shape`` ([k] dims) or ``Size`` (scalar element count) node, computed from the static
+    shape of its input (``ctx.shape``), or None when a dim it reads is not a known number of at least 1 (a named
+    symbolic dim, an unknown dim, an unknown rank, or a 0/-1 that an exporter writes for "dynamic").
+
+    ``Shape`` reads the dims ``start:end`` (ONNX Operators.md, Shape-15: negative values count from the end, out
+    of range values are clamped to [0, rank]: exactly Python's slice of the dims tuple); before opset 15 there
+    are no such attributes and the defaults (all dims) apply. ``Size`` reads every dim (Operators.md, Size).
+    """
+    shape = ctx.shape(node.inputs[0])
+    if shape is None:
+        return None
+    if node.op == "Shape":
+        start, end = node.attrs.get("start", 0), node.attrs.get("end")
+        dims = tuple(shape)[int(start):None if end is None else int(end)]
+    else:
+        dims = tuple(shape)
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1 for d in dims):
+        return None
+    if node.op == "Shape":
+        return np.array(dims, dtype=np.int64)
+    return np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+
+
+def _fold_static_shape(node: gs.Node, ctx: Context) -> Match | Skip | None:
+    """A :class:`FoldMatch` for a ``Shape``/``Size`` of a run-time tensor whose read dims are static, a Skip when
+    its output is a graph output, None when a dim is not static (the node stays)."""
+    value = static_shape_value(node, ctx)
+    if value is None:
+        return None
+    nodes, out = [node], node.outputs[0]
+    if g.is_graph_output(out, ctx.graph):
+        return skip(Reason.GRAPH_OUTPUT, f"{out.name} is a graph output", nodes, out)
+    return FoldMatch(nodes, values=[value])
+
+
+#: Constants of at most this many elements keep their values in the graph that :func:`refresh_shapes` infers on
+#: (shape vectors, axes, scalars: what shape inference reads); larger ones are passed as name, dtype and dims only.
+SHAPE_INFERENCE_MAX_ELEMENTS = 64
+
+
+def refresh_shapes(graph: gs.Graph, ctx: Context) -> None:
+    """Re-run onnx shape inference (:func:`onnxfuse.shapes.infer`) on ``graph`` as it is now, and fill in
+    ``ctx.shapes`` where it knew less: an unknown rank, or unknown dims where the new shape has the same rank.
+    Known shapes are never changed.
+
+    After a ``Shape`` of a static tensor folded, a ``Reshape`` reads a constant shape and onnx infers its output
+    (a Keras ``Flatten``: the MatMuls behind it are then seen as 2-D). The graph is exported without the values of
+    constants over :data:`SHAPE_INFERENCE_MAX_ELEMENTS` elements (as :func:`onnxfuse.shapes.skeleton` does), so
+    the weights are not copied. Leaves ``ctx.shapes`` as it was when the graph cannot be exported.
+    """
+    from onnxfuse import shapes
+
+    exporter = gs.exporters.onnx_exporter.OnnxExporter
+    try:
+        nodes = [exporter.export_node(n) for n in graph.nodes]
+        inits, seen = [], set()
+        for n in graph.nodes:
+            for t in n.inputs:
+                if not isinstance(t, gs.Constant) or not t.name or t.name in seen:
+                    continue
+                seen.add(t.name)
+                if int(np.prod(t.shape, dtype=np.int64)) <= SHAPE_INFERENCE_MAX_ELEMENTS:
+                    inits.append(onnx.numpy_helper.from_array(np.asarray(t.values), t.name))
+                else:
+                    inits.append(onnx.TensorProto(name=t.name, dims=list(t.shape),
+                                                  data_type=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype))))
+        proto = onnx.helper.make_graph(
+            nodes, "shapes", [exporter.export_value_info_proto(t, do_type_check=False) for t in graph.inputs],
+            [exporter.export_value_info_proto(t, do_type_check=False) for t in graph.outputs], inits)
+        opsets = list(graph.import_domains or [onnx.helper.make_opsetid("", int(graph.opset))])
+        model = onnx.helper.make_model(proto, opset_imports=opsets)
+        model.ir_version = onnx.helper.find_min_ir_version_for(opsets, ignore_unknown=True)
+    except Exception:  # an attribute or dtype graphsurgeon cannot export: keep what is known
+        return
+    info, _ = shapes.infer(model)
+    for name, (shape, dtype) in info.items():
+        old = ctx.shapes.get(name)
+        if shape is None:
+            continue
+        if old is None or old[0] is None or (len(old[0]) == len(shape) and None in old[0]
+                                               and all(o is None or o == s for o, s in zip(old[0], shape,
+                                                                                          strict=True))):
+            ctx.shapes[name] = (shape, dtype if old is None or old[1] is None else old[1])
+
+
 def _dropout_training(node: gs.Node, inputs: list[np.ndarray | None]) -> bool:
     """True for a Dropout whose ``training_mode`` input (opset 12+) is a constant true: ONNX Operators.md,
     Dropout: in training mode the output is the input masked at random (a run-time ``training_mode`` makes the
@@ -258,6 +354,8 @@ class ConstantFold(Pass[FoldMatch]):
             return None
         if not node.inputs and node.op not in RANDOM_OPS:
             return None  # EyeLike-style sources without inputs do not exist in ONNX; nothing to fold
+        if node.op in SHAPE_OPS and node.inputs and ctx.constant(node.inputs[0])[0] is None:
+            return _fold_static_shape(node, ctx)
         values, overridable = [], []
         for t in node.inputs:
             if not t.name:

@@ -16,7 +16,9 @@ channels, and is refused. B = 0 when the conv has none.
 Skipped when:
     intermediate-has-other-consumers   the conv output is read by another node too
     intermediate-is-graph-output       the conv output is a graph output
-    weights-not-constant               W or B is computed at run time
+    weights-not-constant               W or B is computed at run time; also when c is a graph input shaped per
+                                       channel ([1, M, 1, 1]...): an export that feeds every parameter at run
+                                       time (with constant weights such a c stays conv_residual's refusal)
     initializer-is-graph-input         W, B or c is an overridable initializer (IR < 4 style)
     constant-not-per-channel           c varies along another axis, or has more dims than the output
     conv-output-is-divisor             Div(c, conv): 1/conv is not linear
@@ -69,9 +71,15 @@ class ConvAffine(Pass[FoldMatch]):
                 continue
             c_tensor = node.inputs[1 - side]
             c, why = ctx.constant(c_tensor)
-            if c is None and why != Reason.INITIALIZER_IS_INPUT:
-                continue  # a run-time operand: a residual Add, not an affine constant
             nodes, out = [conv, node], node.outputs[0]
+            if c is None and why != Reason.INITIALIZER_IS_INPUT:
+                # a run-time operand: a residual Add, not an affine constant; but a per-channel graph input after a
+                # conv whose weights are graph inputs too is an export that feeds every parameter at run time
+                bad = fold_inputs(conv, node, ctx, nodes, out)[2] if self._per_channel_input(conv, c_tensor,
+                                                                                            ctx) else None
+                if bad is not None and bad.reason in (Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT):
+                    return bad
+                continue
             if c is None:
                 return skip(why, f"{c_tensor.name} is an initializer listed as a graph input (overridable)",
                             nodes, out)
@@ -92,6 +100,20 @@ class ConvAffine(Pass[FoldMatch]):
             bad = fold_fits(w.dtype, new_w, new_b, nodes, out)
             return bad or FoldMatch(nodes, new_w, new_b, w.dtype)
         return None
+
+    @staticmethod
+    def _per_channel_input(conv: gs.Node, c: gs.Tensor, ctx: Context) -> bool:
+        """True when ``c`` is a graph input (no producer) whose static shape broadcasts per output channel only
+        (``[1, M, 1, 1]``, ``[M, 1, 1]``, ``[1]``...; never the conv output's full shape): shaped like a bias or
+        scale."""
+        shape, y_shape = ctx.shape(c), ctx.shape(conv.outputs[0])
+        if g.producer(c) is not None or not isinstance(c, gs.Variable) or shape is None or y_shape is None:
+            return False
+        if not all(isinstance(d, int) for d in shape) or len(shape) > len(y_shape) or len(y_shape) < 3:
+            return False
+        aligned = (1,) * (len(y_shape) - len(shape)) + tuple(shape)
+        return aligned != tuple(y_shape) and all(d == 1 or (axis == 1 and d == y_shape[1])
+                                                 for axis, d in enumerate(aligned))
 
     @staticmethod
     def _fold(conv: gs.Node, op: str, conv_first: bool, w: np.ndarray, b: np.ndarray | None, c: np.ndarray):

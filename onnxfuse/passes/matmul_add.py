@@ -22,6 +22,9 @@ Skipped when:
     constant-not-per-feature           b does not broadcast to [M, N] as Gemm's C must: rank above 2, a column
                                        count other than 1 or N, or rows other than 1 while M is symbolic or
                                        different (the Add would then grow the output)
+    parameters-not-constant            b is computed at run time (a run-time operand shaped like a bias: [N],
+                                       [1], [], or [1, N] while M is a known number other than 1; an operand
+                                       of the output's own shape is a residual and is left alone unlisted)
     dtype-not-foldable                 W is not float16/float32/float64
     quantized-conv                     the MatMul is part of a QuantizeLinear/DequantizeLinear pattern
 """
@@ -52,7 +55,8 @@ class MatMulAdd(Pass[MatMulAddMatch]):
     name = "matmul_add"
     summary = "turn a 2-D MatMul by a constant matrix + bias Add into Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.MATMUL_NOT_2D, Reason.WEIGHTS_NOT_CONSTANT,
-               Reason.INITIALIZER_IS_INPUT, Reason.NOT_PER_FEATURE, Reason.DTYPE_NOT_FOLDABLE, Reason.QDQ)
+               Reason.INITIALIZER_IS_INPUT, Reason.NOT_PER_FEATURE, Reason.DTYPE_NOT_FOLDABLE, Reason.QDQ,
+               Reason.PARAMS_NOT_CONSTANT)
     anchors = ("Add",)
 
     def match(self, node: gs.Node, ctx: Context) -> MatMulAddMatch | Skip | None:
@@ -64,9 +68,13 @@ class MatMulAdd(Pass[MatMulAddMatch]):
                 continue
             b_tensor = node.inputs[1 - side]
             b, why = ctx.constant(b_tensor)
-            if b is None and why != Reason.INITIALIZER_IS_INPUT:
-                continue  # a run-time operand (a residual Add), not a bias
             nodes, out = [mm, node], node.outputs[0]
+            if b is None and why != Reason.INITIALIZER_IS_INPUT:
+                if not _run_time_bias(mm, b_tensor, ctx):
+                    continue  # a run-time operand (a residual Add), not a bias
+                bad = private_check([mm.outputs[0]], [node], ctx, nodes, out) or gemm_qdq_check(mm, out, nodes)
+                return bad or skip(Reason.PARAMS_NOT_CONSTANT, f"bias {b_tensor.name} is computed at run time; "
+                                   "matmul_add makes a Gemm with a constant bias only", nodes, out)
             if b is None:
                 return skip(why, f"bias {b_tensor.name} is an initializer listed as a graph input (overridable)",
                             nodes, out)
@@ -104,6 +112,18 @@ class MatMulAdd(Pass[MatMulAddMatch]):
         mm.inputs.append(match.bias)
         g.replace_chain(ctx.order, mm, add, [add])
         return describe(self.name, mm, original)
+
+
+def _run_time_bias(mm: gs.Node, b: gs.Tensor, ctx: Context) -> bool:
+    """True when the run-time Add operand ``b`` is shaped like a bias of the 2-D MatMul output, never like a
+    residual: rank 0 or 1 (``[N]``, ``[1]``, ``[]``), or ``[1, N]`` while the output has a known row count other
+    than 1. A residual has the output's own shape."""
+    shape, y_shape = ctx.shape(b), ctx.shape(mm.outputs[0])
+    if shape is None or y_shape is None or len(y_shape) != 2 or not all(isinstance(d, int) for d in shape):
+        return False
+    if len(shape) <= 1:
+        return True
+    return len(shape) == 2 and shape[0] == 1 and isinstance(y_shape[0], int) and y_shape[0] != 1
 
 
 def _c_broadcasts(b, m: int | str | None, n: int) -> bool:

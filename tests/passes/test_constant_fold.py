@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 from onnxfuse import pipeline
 from onnxfuse.passes import Reason
 from onnxfuse.passes.constant_fold import FOLD_GROWTH_LIMIT_BYTES
-from tests.builders import GraphBuilder, skip_of, subgraph
-from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, attr, op_counts
+from tests.builders import GraphBuilder, skip_of, subgraph, tensor
+from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, attr, op_counts, run
 
 PASS = "constant_fold"
 
@@ -327,6 +327,139 @@ def test_sequence_of_constants_is_not_folded(fuse):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Shape and Size of statically shaped run-time tensors
+
+
+def keras_flatten_mlp(x_shape=(2, 4, 6, 6), opset=13):
+    """tf2onnx's Keras ``Flatten`` then four Dense layers: x -> Conv(4 -> 3) -> Relu -> Reshape(y, Concat(
+    Unsqueeze(Gather(Shape(y), 0)), [-1])) -> 4 x (MatMul -> Add(b) [-> Relu, the last without])."""
+    b = GraphBuilder()
+    x = b.input("x", list(x_shape))
+    y = b.op("Relu", [b.conv(x, 4, 3)])
+    batch = b.op("Gather", [b.op("Shape", [y]), b.const(np.array(0, np.int64))], axis=0)
+    shape = b.op("Concat", [b.op("Unsqueeze", [batch, b.const(np.array([0], np.int64))]),
+                            b.const(np.array([-1], np.int64))], axis=0)
+    h, k = b.op("Reshape", [y, shape]), 3 * x_shape[2] * x_shape[3]
+    for i, n in enumerate((16, 12, 8, 5)):
+        h = b.op("Add", [b.op("MatMul", [h, b.const(b.rand(k, n))]), b.const(b.rand(n, scale=0.1))])
+        h, k = (b.op("Relu", [h]) if i < 3 else h), n
+    model = b.model(h, opset=opset)
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [x_shape[0], 5]))
+    return model
+
+
+def test_shape_of_static_keras_flatten_folds_and_dense_layers_become_gemms(fuse):
+    model = keras_flatten_mlp()
+    result = fuse(model, target="cpu")
+    onnx.checker.check_model(result.model, full_check=True)
+    counts = op_counts(result.model)
+    assert counts["FusedGemm"] == 3 and counts["Gemm"] == 1, counts
+    for op in ("Shape", "Gather", "Concat", "Unsqueeze", "MatMul", "Add"):
+        assert op not in counts, counts
+    assert sum(f.pass_name == PASS and f.replaced[0][1] == "Shape" for f in result.fusions) == 1
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_size_of_static_tensor_folds(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [2, 3, 4])
+    size = b.op("Cast", [b.op("Size", [x])], to=TensorProto.FLOAT)
+    model = b.build(b.op("Div", [x, size]), opset=13)
+    result = fuse(model)
+    onnx.checker.check_model(result.model, full_check=True)
+    assert compute_ops(result.model) == {"Div": 1}
+    (div,) = result.model.graph.node
+    np.testing.assert_array_equal(tensor(result.model, div.input[1]), np.float32(24))
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(("start", "end", "expected"), [(1, None, [3, 4, 5]), (-2, None, [4, 5]), (1, -1, [3, 4]),
+                                                        (-9, 2, [3]), (2, 9, [4, 5])])
+def test_shape_with_start_and_end_reads_only_its_dims(fuse, start, end, expected):
+    # Shape-15 start/end: the batch dim N is symbolic, and only the static dims the slice reads are folded;
+    # start -9 clamps to 0, which includes N: no fold.
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, 4, 5])
+    attrs = {"start": start} | ({"end": end} if end is not None else {})
+    shape = b.op("Cast", [b.op("Shape", [x], **attrs)], to=TensorProto.FLOAT)
+    model = b.build(b.op("Add", [b.op("ReduceSum", [x], keepdims=0), shape]), opset=15)
+    result = fuse(model)
+    onnx.checker.check_model(result.model, full_check=True)
+    counts = compute_ops(result.model)
+    if start == -9:
+        assert counts["Shape"] == 1  # the symbolic N is read: never frozen
+    else:
+        assert "Shape" not in counts and "Cast" not in counts, counts
+        (add,) = [n for n in result.model.graph.node if n.op_type == "Add"]
+        np.testing.assert_array_equal(tensor(result.model, add.input[1]), np.array(expected, np.float32))
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)}
+    np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("dim", ["N", None, 0, -1])
+def test_shape_of_symbolic_or_unknown_dims_is_never_folded(fuse, dim):
+    # a named symbolic dim, an unnamed one, and the 0 / -1 some exporters write for "dynamic"
+    model = keras_flatten_mlp()
+    x = model.graph.input[0].type.tensor_type.shape.dim[0]
+    x.Clear()
+    if isinstance(dim, str):
+        x.dim_param = dim
+    elif dim is not None:
+        x.dim_value = dim
+    result = fuse(model)
+    onnx.checker.check_model(result.model, full_check=True)
+    counts = op_counts(result.model)
+    assert counts["Shape"] == 1 and counts["Gather"] == 1, counts
+    assert not [s for s in result.skips if s.pass_name == PASS]
+
+
+def test_static_concat_of_sliced_shape_bias_folds_into_the_conv(fuse):
+    # a bias reshaped with Concat(Slice(Shape(x)), [C, 1, 1]) of a static x: it folds, its Add goes into the conv
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    first = b.op("Slice", [b.op("Shape", [x]), b.const(np.array([0], np.int64)), b.const(np.array([1], np.int64))])
+    shape = b.op("Concat", [first, b.const(np.array([4, 1, 1], np.int64))], axis=0)
+    bias = b.op("Reshape", [b.const(b.rand(4)), shape])
+    model = b.model(b.op("Relu", [b.op("Add", [b.conv(x, 3, 4, bias=False), bias])]), opset=13)
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [1, 4, 6, 6]))
+    result = fuse(model, target="cpu+cuda")
+    onnx.checker.check_model(result.model, full_check=True)
+    assert op_counts(result.model) == {"FusedConv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_shapes_stay_as_they_were_when_the_graph_cannot_be_exported_for_inference(fuse, monkeypatch):
+    # refresh_shapes exports the graph without weights; a failing export must leave ctx.shapes as it was (the
+    # Dense layers behind the Flatten then stay MatMul + Add, named matmul-input-not-2d) and change nothing else
+    import onnx_graphsurgeon as gs
+
+    def fail(node):
+        raise ValueError("injected export failure")
+
+    from onnxfuse.passes import constant_fold
+
+    model = keras_flatten_mlp()
+
+    calls = []
+
+    def refresh_failing(graph, ctx):
+        # only during the refresh: constant_fold.evaluate exports the nodes it folds with the same exporter
+        calls.append(dict(ctx.shapes))
+        with monkeypatch.context() as patch:
+            patch.setattr(gs.exporters.onnx_exporter.OnnxExporter, "export_node", staticmethod(fail))
+            constant_fold.refresh_shapes(graph, ctx)
+        assert ctx.shapes == calls[0]
+
+    monkeypatch.setattr(pipeline, "refresh_shapes", refresh_failing)
+    result = fuse(model)
+    assert len(calls) == 1
+    onnx.checker.check_model(result.model, full_check=True)
+    counts = op_counts(result.model)
+    assert "Shape" not in counts and counts["MatMul"] == 4, counts
+    assert {s.reason for s in result.skips if s.pass_name == "matmul_add"} == {Reason.MATMUL_NOT_2D}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
 # Memory: a fold is sized before it runs
 
 

@@ -234,3 +234,51 @@ def test_skip_quantized_conv(fuse):
 def test_skip_fold_not_finite(fuse, op, value):
     model, _ = conv_op(op, c_shape=(1,), value=np.full((1,), value))
     assert_skipped(fuse(model), model, Reason.FOLD_NOT_FINITE)
+
+
+def per_channel_input_model(weight_input=False, c_shape=(1, M, 1, 1)):
+    """x -> Conv(3 -> M) -> Add(conv, c) -> Relu, where c (and W with ``weight_input``) are graph inputs, as in an
+    export that feeds its weights at run time."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 4])
+    w = b.input("w", [M, 3, 3, 3]) if weight_input else None
+    c = b.input("c", list(c_shape))
+    return b.build(b.op("Relu", [b.op("Add", [b.conv(x, 3, M, weight=w), c])]))
+
+
+@pytest.mark.parametrize("ort_level", ["all", "extended"])
+def test_skip_weights_not_constant_when_weights_and_bias_are_graph_inputs(fuse, ort_level):
+    # conv_residual also refuses the Add (Z [1, M, 1, 1] is no residual of the output's shape); the pipeline shows
+    # conv_affine's reason: constant weights and c are all it lacks
+    model = per_channel_input_model(weight_input=True)
+    result = fuse(model, ort_level=ort_level)
+    assert_skipped(result, model, Reason.WEIGHTS_NOT_CONSTANT)
+    assert [(x.pass_name, x.reason) for x in result.skips] == [(PASS, Reason.WEIGHTS_NOT_CONSTANT)]
+
+
+def test_full_shape_graph_input_is_a_residual_not_a_parameter(fuse):
+    model = per_channel_input_model(c_shape=(1, M, 6, 4))
+    result = fuse(model, ort_level="extended")
+    onnx.checker.check_model(result.model, full_check=True)
+    assert op_counts(result.model) == {"FusedConv": 1}
+    assert [f.pass_name for f in result.fusions] == ["conv_residual"]
+    assert not result.skips
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_pipeline_shows_the_reason_of_the_pass_nearest_to_fusing():
+    # per conv: a value that is not constant (the pass would fuse once it is) beats a longer chain refused for
+    # its shape or speed; otherwise the longest chain, then the earlier pass
+    from onnxfuse.passes.base import Skip
+    from onnxfuse.pipeline import _longest_per_conv
+
+    conv = ("conv", "Conv", "y")
+    weights = Skip(Reason.WEIGHTS_NOT_CONSTANT, "", (conv, ("a", "Add", "a_out")), "a_out", PASS)
+    shape = Skip(Reason.RESIDUAL_SHAPE, "", (conv, ("a", "Add", "a_out"), ("r", "Relu", "r_out")), "r_out",
+                 "conv_residual")
+    slower = Skip(Reason.SLOWER_AT_ORT_LEVEL, "", shape.nodes, "r_out", "conv_residual")
+    short = Skip(Reason.NOT_PRIVATE, "", weights.nodes, "a_out", PASS)
+    assert _longest_per_conv([shape, weights]) == [weights]
+    assert _longest_per_conv([slower, weights]) == [weights]
+    assert _longest_per_conv([short, shape]) == [shape]
+    assert _longest_per_conv([short, Skip(Reason.QDQ, "", weights.nodes, "a_out", "conv_unfused")]) == [short]

@@ -6,6 +6,7 @@ optimized run in onnxruntime at ORT_DISABLE_ALL (conftest.assert_same_outputs) w
 """
 
 import numpy as np
+import onnx
 import pytest
 
 from onnxfuse.passes import Reason
@@ -246,6 +247,61 @@ def test_skip_constant_not_folded(fuse):
     model = b.build(b.op("Add", [b.conv(x, 3, 4), bias]), opset=14)
     s = assert_skipped(fuse(model, target="cpu", skip=("constant_fold",)), model, Reason.CONSTANT_NOT_FOLDED)
     assert "constant_fold" in s.detail
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Shapes equal only symbolically
+
+
+def symbolic_residual(strides=1, z_dims=("height", "width")):
+    """x [1, 3, height, width] -> Conv(3 -> 4, 3x3, pads 1, ``strides``) -> Add(z [1, 4, *z_dims]) -> Relu."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, "height", "width"])
+    z = b.input("z", [1, 4, *z_dims])
+    return b.build(b.op("Relu", [b.op("Add", [b.conv(x, 3, 4, strides=[strides] * 2), z])]))
+
+
+@pytest.mark.parametrize("ort_level", ["disable", "extended"])
+def test_symbolically_equal_residual_becomes_fused_conv(fuse, ort_level):
+    # onnx shape inference leaves the conv output [1, 4, ?, ?]; the symbolic shapes prove it [1, 4, height, width]
+    model = symbolic_residual()
+    result = fuse(model, ort_level=ort_level)
+    onnx.checker.check_model(result.model, full_check=True)
+    assert op_counts(result.model) == {"FusedConv": 1}
+    rng = np.random.default_rng(0)
+    for h, w in ((5, 7), (8, 8), (1, 3)):
+        feeds = {"x": rng.standard_normal((1, 3, h, w)).astype(np.float32),
+                 "z": rng.standard_normal((1, 4, h, w)).astype(np.float32)}
+        np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(("strides", "z_dims"), [(2, ("height", "width")), (1, ("h2", "w2")), (1, ("height", 6))])
+def test_skip_residual_shape_mismatch_when_symbols_are_only_assumed_equal(fuse, strides, z_dims):
+    # stride 2: floor((height - 1)/2) + 1 differs from height; h2 may differ from height: onnxruntime's inference
+    # assumes them equal at the Add (a merge), which proves nothing
+    model = symbolic_residual(strides, z_dims)
+    result = fuse(model, ort_level="extended")
+    s = assert_skipped(result, model, Reason.RESIDUAL_SHAPE)
+    assert "symbolic" in s.detail
+
+
+def test_run_time_weights_fuse_with_z_at_all(fuse):
+    # FusedConv(Z, ...) is slower at `all` only against onnxruntime's NCHWc Conv, which needs constant weights;
+    # with W a graph input onnxruntime makes this same FusedConv itself at `all`
+    b = GraphBuilder()
+    x, w, z = b.input("x", [1, 3, 6, 6]), b.input("w", [4, 3, 3, 3]), b.input("z", SHAPE)
+    model = b.build(b.op("Relu", [b.op("Add", [b.conv(x, 3, 4, weight=w), z])]))
+    result = fuse(model, ort_level="all")
+    onnx.checker.check_model(result.model, full_check=True)
+    assert op_counts(result.model) == {"FusedConv": 1}
+    assert attr(the_fused(result.model), "activation") == b"Relu"
+    assert not result.skips
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_skip_slower_than_unfused_at_ort_level_still_applies_to_constant_weights(fuse):
+    model, _ = residual("Relu")
+    assert_skipped(fuse(model, ort_level="all"), model, Reason.SLOWER_AT_ORT_LEVEL)
 
 
 def test_skip_form_needs_newer_onnxruntime(fuse):

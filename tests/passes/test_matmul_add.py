@@ -213,3 +213,16 @@ def test_unfused_row_would_save_the_intermediate_tensor(fuse):
     assert_skipped(result, model, Reason.MATMUL_NOT_2D)
     (row,) = result.report.unfused
     assert row["bytes"] == 2 * (2 * M * N * 4)
+
+
+@pytest.mark.parametrize("b_shape", [(N,), (1, N), ()])
+def test_skip_parameters_not_constant_for_a_bias_computed_at_run_time(fuse, b_shape):
+    b = GraphBuilder()
+    mm = b.op("MatMul", [b.input("x", [M, K]), b.const(b.rand(K, N))])
+    bias = b.op("Mul", [b.input("s", list(b_shape)), b.const(np.float32(2.0))])
+    model = b.build(b.op("Add", [mm, bias]))
+    result = fuse(model)
+    s = assert_skipped(result, model, Reason.PARAMS_NOT_CONSTANT)
+    assert f"bias {bias} is computed at run time" in s.detail
+    (row,) = result.report.unfused
+    assert row["reason"] == Reason.PARAMS_NOT_CONSTANT
