@@ -916,5 +916,139 @@ def _text_width(output: Path | None) -> int:
     return 120
 
 
+BATCH_EXIT_CODES_HELP = """\b
+Exit codes:
+  0    every model was optimized and verified (or taken from the cache)
+  1    a model failed verification, or --baseline found a regression
+  2    usage error, or a model failed otherwise (unreadable or refused,
+       crashed, timed out, over --max-memory): its row says why
+  130  interrupted (Ctrl-C); OUTDIR holds only complete files"""
+
+
+@main.command(epilog=BATCH_EXIT_CODES_HELP)
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUTS...")
+@click.option("-o", "--outdir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the optimized models (models/), their reports (reports/) and the summary "
+                   "(summary.json, summary.md, index.html).")
+@click.option("-j", "--jobs", type=click.IntRange(1), help="Worker processes (default: as many as the cores and the "
+              "available memory allow).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Fail a model that takes longer (its worker is killed).")
+@click.option("--max-memory", metavar="SIZE", help="Cap each worker's memory, e.g. 2G (address space, "
+              "RLIMIT_AS; with --ray, the memory each task declares).")
+@click.option("--shard", metavar="K/N", help="Process only the K-th of N stable shares of the models (CI matrices).")
+@click.option("--merge", is_flag=True, help="INPUTS are summary.json files of shards: join them into one summary "
+              "in OUTDIR.")
+@click.option("--baseline", type=click.Path(dir_okay=False, path_type=Path), metavar="OLD.json",
+              help="Compare with an earlier summary.json: exit 1 if a model lost a fusion or its traffic grew.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
+              help="Run the models as Ray tasks (pip install 'onnxfuse[ray]'): --ray starts or finds a local "
+                   "cluster, --ray=ADDRESS joins one (write the = sign).")
+@click.option("--target", type=click.Choice(TARGET_NAMES), default=DEFAULT_TARGET, show_default=True,
+              help="Default target of every model (a manifest can set it per model).")
+@click.option("--ort-level", type=click.Choice(list(ORT_LEVELS)), default=DEFAULT_ORT_LEVEL, show_default=True,
+              help="Default onnxruntime level of every model (a manifest can set it per model).")
+@click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison for every model.")
+@verbosity_options
+@click.pass_context
+@_fail_cleanly
+def batch(ctx, inputs, outdir, jobs, timeout, max_memory, shard, merge, baseline, ray_address, target, ort_level,
+          no_verify):
+    """Optimize, verify and report every model of INPUTS into OUTDIR, each in a worker process of its own.
+
+    INPUTS are .onnx files, folders (searched recursively) and manifests (.json or .csv: per-model input
+    shapes, input values, target and ort level; see README, "A model zoo at a time"). A second run does only what
+    is missing or changed.
+
+    \b
+    Examples:
+      onnxfuse batch models/ -o out/ -j 2 --timeout 600 --max-memory 4G
+      onnxfuse batch zoo.json -o out/ --shard 2/4
+      onnxfuse batch --merge shard*/summary.json -o out/
+      onnxfuse batch models/ -o out/ --baseline last/summary.json
+      onnxfuse batch models/ -o out/ --ray=ray://head:10001
+    """
+    import time
+
+    from onnxfuse import batch as b
+
+    if outdir.exists() and not outdir.is_dir():
+        raise InputError(f"{outdir}: OUTDIR exists and is not a folder")
+    old = b.load_summary(baseline, "--baseline") if baseline is not None else None
+    limit = b.parse_size(max_memory) if max_memory else None
+    versions = b.library_versions()
+    start = time.monotonic()
+    if merge:
+        summary = b.merge([b.load_summary(p, "--merge") for p in inputs])
+        outdir.mkdir(parents=True, exist_ok=True)
+    else:
+        out = b.Outdir(outdir)
+        out.path.mkdir(parents=True, exist_ok=True)
+        out.prepare()
+        defaults = b.ModelOptions(target=target, ort_level=ort_level, verify=not no_verify)
+        planned = b.plan(list(inputs), out, defaults, b.parse_shard(shard) if shard else None, versions)
+        workers = min(jobs or b.default_jobs(limit), max(1, len(planned.jobs)))
+        log.info("%d models: %d from the cache, %d to run%s", len(planned.entries), len(planned.cached),
+                 len(planned.jobs), "" if not planned.jobs else
+                 " on Ray" if ray_address is not None else f" in {workers} worker(s)")
+        with _batch_progress(ctx, len(planned.entries), len(planned.cached)) as on_result:
+            if not planned.jobs:
+                rows = []
+            elif ray_address is not None:
+                rows = b.run_ray(planned.jobs, out, ray_address or None, timeout, limit, on_result=on_result)
+            else:
+                rows = b.run_local(planned.jobs, out, workers, timeout, limit, on_result=on_result)
+        summary = b.summarize(planned.cached + rows, versions=versions, shard=b.parse_shard(shard) if shard else None,
+                              engine="ray" if ray_address is not None else "local",
+                              wall_s=time.monotonic() - start, workers=None if ray_address is not None else workers)
+    gate = b.compare_summaries(old, summary) if old is not None else None
+    written = b.write_summary(outdir, summary, gate)
+    c = summary["counts"]
+    if _verbosity(ctx) >= 0:
+        click.echo(f"{summary['totals']['models']} models: " + ", ".join(f"{n} {s}" for s, n in c.items() if n)
+                   + f" ({summary['cached']} from the cache) in {summary['wall_s']:.1f} s")
+        for r in summary["models"]:
+            if r["status"] != "ok":
+                click.echo(f"  {r['name']}: {r['status']}: {r['reason']}")
+        if gate is not None:
+            for name, m in gate["models"].items():
+                click.echo(f"  regression: {name}: " + "; ".join(m["lines"]))
+            for name in gate["added"]:
+                click.echo(f"  added since the baseline: {name}")
+            for name in gate["removed"]:
+                click.echo(f"  removed since the baseline: {name}")
+    log.info("wrote %s", ", ".join(str(p) for p in written))
+    if c["mismatch"] or (gate is not None and gate["regressed"]):
+        sys.exit(1)
+    if any(c[s] for s in ("error", "crashed", "timeout", "memory")):
+        sys.exit(2)
+
+
+@contextlib.contextmanager
+def _batch_progress(ctx: click.Context, total: int, done: int):
+    """A progress bar on stderr (counts per status, ETA) when stderr is a terminal and not --quiet; yields the
+    callback that each finished model's row is given to."""
+    counts: dict[str, int] = {}
+
+    def count(row: dict) -> None:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+
+    if not (sys.stderr.isatty() and _verbosity(ctx) >= 0):
+        yield count
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[counts]}"),
+                  TimeRemainingColumn(), console=Console(stderr=True)) as progress:
+        task = progress.add_task("batch", total=total, completed=done, counts="")
+
+        def update(row: dict) -> None:
+            count(row)
+            progress.update(task, advance=1, counts=" ".join(f"{s} {n}" for s, n in sorted(counts.items())))
+
+        yield update
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
