@@ -365,7 +365,7 @@ def _row(job: dict, status: str, reason: str | None, **extra) -> dict:
            "fusions_made_by_onnxruntime": None, "fusion_kinds": {}, "saved_bytes": None, "saved_bytes_beyond": None,
            "before_bytes": None, "after_bytes": None, "after_bytes_expr": None, "saved_bytes_expr": None,
            "unknown_nodes": None, "symbols": {}, "symbol_values": {}, "time_s": None, "peak_memory_bytes": None,
-           "output": None, "report_json": None, "report_html": None, "cached": False}
+           "output": None, "report_json": None, "report_html": None, "cached": False, "worker_pid": None}
     row.update(extra)
     return row
 
@@ -392,11 +392,11 @@ def run_task(job: dict) -> dict:
         staged file) or ``files`` (OUTDIR-relative path -> bytes). A model that onnxfuse refuses or that raises is
         an ``error`` row, a ``MemoryError`` a ``memory`` row; nothing propagates but process death.
     """
-    _apply_test_hook(job.get("test_hook"))
     start = time.perf_counter()
     _reset_peak_rss()
     stage = Path(job["stage"]) if job.get("stage") else Path(tempfile.mkdtemp(prefix="onnxfuse-batch-"))
     try:
+        _apply_test_hook(job.get("test_hook"))
         row = _optimize_into(job, stage)
     except MemoryError:
         row = _row(job, "memory", "MemoryError: an allocation exceeded the worker's memory limit (--max-memory)")
@@ -406,6 +406,7 @@ def run_task(job: dict) -> dict:
         row = _row(job, "error", one_line(f"{type(exc).__name__}: {exc}"))
     row["time_s"] = round(time.perf_counter() - start, 3)
     row["peak_memory_bytes"] = _peak_rss()
+    row["worker_pid"] = os.getpid()
     staged = {str(p.relative_to(stage).as_posix()): str(p) for p in sorted(stage.rglob("*")) if p.is_file()}
     if job.get("return_files"):
         row["files"] = {rel: Path(p).read_bytes() for rel, p in staged.items()}
@@ -549,6 +550,19 @@ def default_jobs(max_memory: int | None = None) -> int:
     return max(1, min(cores, by_memory))
 
 
+def _preload() -> None:
+    """Import what a task uses (the library, onnxruntime, sympy, plotly for the HTML report): each worker pays the
+    import time once, before its first model, and its first model's time and peak memory are comparable with the
+    others'."""
+    import onnxruntime  # noqa: F401
+    import sympy  # noqa: F401
+
+    from onnxfuse import ort_graph, pipeline, report_html, verification  # noqa: F401
+    from onnxfuse.report_html import plotly_js_gzip_base64
+
+    plotly_js_gzip_base64()
+
+
 def _worker_main(conn, max_memory: int | None) -> None:
     """A local worker: ignore SIGINT (the driver stops workers), cap the address space, import the library once,
     say ready, then run jobs until it receives None."""
@@ -558,7 +572,7 @@ def _worker_main(conn, max_memory: int | None) -> None:
 
         resource.setrlimit(resource.RLIMIT_AS, (max_memory, max_memory))
     try:
-        from onnxfuse import pipeline, report_html, verification  # noqa: F401  (the import cost, paid once)
+        _preload()
     except MemoryError:
         os._exit(4)
     conn.send({"ready": True})
