@@ -729,9 +729,10 @@ def run_ray(jobs: list[dict], outdir: Outdir, address: str | None = None, timeou
     """Run ``jobs`` as Ray tasks (one CPU each, ``memory`` bytes declared when given) on the cluster at
     ``address`` (None: the cluster ``ray.init`` finds or starts; a Ray already initialized in this process is
     used as it is). A task whose worker dies is retried up to ``max_retries`` times (Ray's ``max_retries``);
-    after that the model is ``crashed`` (``memory`` when Ray's memory monitor killed it). A task past ``timeout``
-    seconds from its submission's start of execution is cancelled (``ray.cancel(force=True)``) and is
-    ``timeout``. Results are committed into ``outdir`` by this driver.
+    after that the model is ``crashed`` (``memory`` when Ray's memory monitor killed it). No more tasks are in
+    flight than the cluster has CPUs, so a task starts about when it is submitted; one still running ``timeout``
+    seconds after its submission (retries included) is cancelled (``ray.cancel(force=True)``, which kills its
+    worker) and is ``timeout``. Results are committed into ``outdir`` by this driver, each file atomically.
 
     Raises:
         InputError: Ray is not installed (``pip install 'onnxfuse[ray]'``).
@@ -747,11 +748,19 @@ def run_ray(jobs: list[dict], outdir: Outdir, address: str | None = None, timeou
     if memory:
         options["memory"] = memory
     task = ray.remote(**options)(_ray_task)
-    refs = {task.remote(job): job for job in jobs}
+    # no more tasks in flight than the cluster has CPUs: a task's clock (timeout) starts about when it does
+    window = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    pending = list(reversed(jobs))
+    refs: dict = {}
     started: dict = {}
+    cancelled: dict = {}
     rows: list[dict] = []
     try:
-        while refs:
+        while refs or pending:
+            while pending and len(refs) < window:
+                job = pending.pop()
+                ref = task.remote(job)
+                refs[ref], started[ref] = job, time.monotonic()
             done, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
             now = time.monotonic()
             for ref in done:
@@ -771,10 +780,10 @@ def run_ray(jobs: list[dict], outdir: Outdir, address: str | None = None, timeou
                 if on_result:
                     on_result(row)
             if timeout:
-                for ref in list(refs):
-                    started.setdefault(ref, now)
-                    if now - started[ref] > timeout:
+                for ref in refs:
+                    if now - started[ref] > timeout and not cancelled.get(ref):
                         ray.cancel(ref, force=True)
+                        cancelled[ref] = True
     except KeyboardInterrupt:
         for ref in refs:
             with contextlib.suppress(Exception):
