@@ -1,0 +1,88 @@
+"""The batch index page (``OUTDIR/index.html``) in a real browser, as the per-model page is tested
+(``tests/test_report_html_browser.py``: Debian's Chromium driven by Playwright, skipped without them unless ``CI``
+is set): no console error, no request but the page itself, one row per model equal to ``summary.json``, links
+to reports that exist, columns that sort.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from onnxfuse import batch as b
+from onnxfuse.cli import main
+from tests.conftest import REPO
+from tests.test_report_html_browser import MISSING, _chromium
+
+SAMPLES = REPO / "sample_models"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if MISSING:
+        pytest.fail(f"browser tests are required when CI is set: {MISSING}", pytrace=False)
+    import os
+
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        args = ["--no-sandbox"] if os.geteuid() == 0 else []
+        chromium = playwright.chromium.launch(executable_path=_chromium(), args=args)
+        yield chromium
+        chromium.close()
+
+
+def test_batch_index_page_rows_equal_the_summary_and_sort(browser, tmp_path):
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    for name in ("conv_relu", "mlp_head", "resnet_block", "conv_tanh"):
+        (zoo / f"{name}.onnx").write_bytes((SAMPLES / f"{name}.onnx").read_bytes())
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["batch", str(zoo), "-o", str(out), "-j", "2"],
+                                env={b.TEST_HOOK_ENV: json.dumps({"conv_tanh.onnx": "crash"})})
+    assert result.exit_code == 2, result.output
+    summary = json.loads((out / "summary.json").read_text())
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors, requests = [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: requests.append(r.url))
+    url = (out / "index.html").resolve().as_uri()
+    page.goto(url)
+    embedded = json.loads(page.locator("#onnxfuse-batch-summary").text_content())
+    assert embedded == summary
+
+    def rows() -> list[dict]:
+        return page.evaluate("""() => Array.from(document.querySelectorAll('#models tbody tr')).map(tr => ({
+            name: tr.dataset.name, status: tr.cells[1].textContent,
+            nums: Array.from(tr.querySelectorAll('td.num')).map(td => td.dataset.v),
+            link: tr.querySelector('a') ? tr.querySelector('a').getAttribute('href') : null,
+            text: tr.cells[7].textContent}))""")
+
+    shown = rows()
+    assert [r["name"] for r in shown] == [m["name"] for m in summary["models"]]
+    for row, model in zip(shown, summary["models"], strict=True):
+        assert row["status"] == model["status"]
+        keys = ("fusions", "saved_bytes", "saved_bytes_beyond", "time_s", "peak_memory_bytes")
+        assert [float(v) if v else None for v in row["nums"]] == [model[k] for k in keys]
+        assert row["link"] == model["report_html"]
+        if model["status"] == "ok":
+            assert (out / row["link"]).is_file()
+        else:
+            assert row["text"] == model["reason"] and "exited with status 3" in row["text"]
+
+    heading = page.locator("#models thead th:nth-child(4)")  # saved vs graph
+    heading.click()
+    values = [float(r["nums"][1]) if r["nums"][1] else float("-inf") for r in rows()]
+    assert values == sorted(values) and heading.get_attribute("aria-sort") == "ascending"
+    heading.click()
+    values = [float(r["nums"][1]) if r["nums"][1] else float("-inf") for r in rows()]
+    assert values == sorted(values, reverse=True) and heading.get_attribute("aria-sort") == "descending"
+    page.locator("#models thead th:nth-child(1)").click()
+    assert [r["name"] for r in rows()] == sorted(m["name"] for m in summary["models"])
+    assert not errors, errors
+    assert requests == [url]
+    page.close()
