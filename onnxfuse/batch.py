@@ -614,12 +614,12 @@ class _Worker:
         self.conn.close()
 
 
-def _death_reason(exitcode: int | None, max_memory: int | None) -> tuple[str, str]:
+def _death_reason(exitcode: int | None) -> tuple[str, str]:
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name
         if -exitcode == signal.SIGKILL:
-            return "memory" if max_memory else "crashed", \
-                f"the worker was killed by {name} (the kernel's out-of-memory killer, or an outside kill)"
+            return "crashed", f"the worker was killed by {name} (the kernel's out-of-memory killer, or a kill from " \
+                              "outside onnxfuse)"
         return "crashed", f"the worker died of {name}"
     if exitcode == 4:
         return "memory", "the worker could not import onnxfuse within --max-memory"
@@ -693,10 +693,10 @@ def run_local(jobs: list[dict], outdir: Outdir, workers: int, timeout: float | N
                     if w.job is None and not w.ready:
                         w.kill()
                         pool.remove(w)
-                        status, why = _death_reason(w.process.exitcode, max_memory)
+                        status, why = _death_reason(w.process.exitcode)
                         raise InputError(f"a batch worker could not start ({why})")
                     if w.job is not None:
-                        status, why = _death_reason(w.process.exitcode, max_memory)
+                        status, why = _death_reason(w.process.exitcode)
                         finish(_row(w.job, status, why, time_s=round(now - w.started, 3)))
                     w.kill()
                     pool.remove(w)

@@ -926,7 +926,7 @@ Exit codes:
 
 
 @main.command(epilog=BATCH_EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, required=True, metavar="INPUTS...")
+@click.argument("inputs", nargs=-1, metavar="INPUTS...")  # none: an error below, after the --ray check
 @click.option("-o", "--outdir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the optimized models (models/), their reports (reports/) and the summary "
                    "(summary.json, summary.md, index.html).")
@@ -974,6 +974,11 @@ def batch(ctx, inputs, outdir, jobs, timeout, max_memory, shard, merge, baseline
 
     if outdir.exists() and not outdir.is_dir():
         raise InputError(f"{outdir}: OUTDIR exists and is not a folder")
+    if ray_address and Path(ray_address).exists():  # click read an input as the address: --ray takes "=ADDRESS"
+        raise InputError(f"--ray {ray_address}: is a file or folder, not a Ray address; write --ray=ADDRESS, and put "
+                         "a bare --ray after INPUTS")
+    if not inputs:
+        raise InputError("give at least one model, folder or manifest (INPUTS), or summaries with --merge")
     old = b.load_summary(baseline, "--baseline") if baseline is not None else None
     limit = b.parse_size(max_memory) if max_memory else None
     versions = b.library_versions()

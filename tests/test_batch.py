@@ -266,3 +266,11 @@ def test_ctrl_c_leaves_only_complete_files(tmp_path):
     assert len([f for f in files if f.startswith(f"{b.STATE_DIR}/cache/")]) == 1
     assert not staging.exists()
     onnx.checker.check_model(onnx.load(str(out / "models/mlp_head.onnx")))
+
+
+def test_ray_option_swallowing_an_input_or_no_input_is_a_one_line_error(tmp_path):
+    zoo = _zoo(tmp_path, ("conv_relu",))
+    result = _batch(["--ray", zoo, "-o", tmp_path / "out"])
+    assert result.exit_code == 2 and "not a Ray address; write --ray=ADDRESS" in result.output
+    result = _batch(["-o", tmp_path / "out"])
+    assert result.exit_code == 2 and "give at least one model" in result.output
