@@ -726,7 +726,8 @@ def _ray_task(job: dict) -> dict:
 def run_ray(jobs: list[dict], outdir: Outdir, address: str | None = None, timeout: float | None = None,
             memory: int | None = None, max_retries: int = 2,
             on_result: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run ``jobs`` as Ray tasks (one CPU each, ``memory`` bytes declared when given) on the cluster at
+    """Run ``jobs`` as Ray tasks (each declares one CPU and ``memory`` bytes, default
+    :data:`WORKER_MEMORY_ESTIMATE`; Ray schedules by both) on the cluster at
     ``address`` (None: the cluster ``ray.init`` finds or starts; a Ray already initialized in this process is
     used as it is). A task whose worker dies is retried up to ``max_retries`` times (Ray's ``max_retries``);
     after that the model is ``crashed`` (``memory`` when Ray's memory monitor killed it). No more tasks are in
@@ -744,9 +745,8 @@ def run_ray(jobs: list[dict], outdir: Outdir, address: str | None = None, timeou
         raise InputError("--ray needs Ray: pip install 'onnxfuse[ray]'") from None
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    options: dict[str, Any] = {"num_cpus": 1, "max_retries": max_retries, "retry_exceptions": False}
-    if memory:
-        options["memory"] = memory
+    options = {"num_cpus": 1, "memory": memory or WORKER_MEMORY_ESTIMATE, "max_retries": max_retries,
+               "retry_exceptions": False}
     task = ray.remote(**options)(_ray_task)
     # no more tasks in flight than the cluster has CPUs: a task's clock (timeout) starts about when it does
     window = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -789,6 +789,8 @@ def run_ray(jobs: list[dict], outdir: Outdir, address: str | None = None, timeou
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
         raise
+    finally:
+        outdir.cleanup()
     return rows
 
 

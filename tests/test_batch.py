@@ -113,6 +113,7 @@ def test_second_run_does_no_work_and_a_changed_option_reruns_only_that_model(fir
 
 def test_crash_timeout_and_memory_limit_fail_only_their_model(tmp_path):
     zoo = _zoo(tmp_path, ("conv_relu", "mlp_head", "conv_tanh", "conv_sigmoid"))
+    (zoo / "broken.onnx").write_bytes(b"not a model")
     hooks = {"mlp_head.onnx": "crash", "conv_tanh.onnx": "sleep:60", "conv_sigmoid.onnx": "allocate:3000000000"}
     out = tmp_path / "out"
     result = _batch([zoo, "-o", out, "-j", "2", "--timeout", "10", "--max-memory", "1500M"],
@@ -123,14 +124,16 @@ def test_crash_timeout_and_memory_limit_fail_only_their_model(tmp_path):
     assert rows["mlp_head"]["status"] == "crashed" and "exited with status 3" in rows["mlp_head"]["reason"]
     assert rows["conv_tanh"]["status"] == "timeout" and "--timeout 10" in rows["conv_tanh"]["reason"]
     assert rows["conv_sigmoid"]["status"] == "memory" and "MemoryError" in rows["conv_sigmoid"]["reason"]
+    assert rows["broken"]["status"] == "error" and "\n" not in rows["broken"]["reason"]
     assert "mlp_head: crashed" in result.output
     for name in ("mlp_head", "conv_tanh", "conv_sigmoid"):
         assert not (out / b.model_file(name)).exists()
-    # failures are not cached: the next run (without the hooks) does them, and only them
+    # crashes, timeouts and memory failures are not cached: the next run (without the hooks) does them, and only
+    # them; the broken model's error is cached (the same input gives the same error)
     again = _batch([zoo, "-o", out, "-j", "2"])
     summary = json.loads((out / "summary.json").read_text())
-    assert again.exit_code == 0, again.output
-    assert summary["counts"]["ok"] == 4 and summary["cached"] == 1
+    assert again.exit_code == 2, again.output
+    assert summary["counts"]["ok"] == 4 and summary["counts"]["error"] == 1 and summary["cached"] == 2
 
 
 def test_workers_are_reused_and_recycled(tmp_path):

@@ -86,9 +86,9 @@ def test_ray_task_that_always_dies_or_times_out_fails_that_model_only(cluster, t
     jobs = [b.make_job(e, b.cache_key(e, versions), hooks) for e in entries]
     out = b.Outdir(tmp_path / "out")
     out.prepare()
-    rows = {r["name"]: r for r in b.run_ray(jobs, out, timeout=30, max_retries=1)}
+    rows = {r["name"]: r for r in b.run_ray(jobs, out, timeout=15, max_retries=1)}
     assert rows["conv_relu"]["status"] == "ok"
     assert rows["mlp_head"]["status"] == "crashed" and "after 1 retries" in rows["mlp_head"]["reason"]
-    assert rows["conv_tanh"]["status"] == "timeout" and "--timeout 30" in rows["conv_tanh"]["reason"]
+    assert rows["conv_tanh"]["status"] == "timeout" and "--timeout 15" in rows["conv_tanh"]["reason"]
     assert (out.path / b.model_file("conv_relu")).is_file()
     assert not (out.path / b.model_file("mlp_head")).exists() and not (out.path / b.model_file("conv_tanh")).exists()
