@@ -492,6 +492,7 @@ class Outdir:
         self.staging.mkdir(parents=True, exist_ok=True)
 
     def stage_for(self, key: str) -> Path:
+        """An empty staging folder for the task of cache key ``key`` (an earlier one of that key is removed)."""
         p = self.staging / key
         shutil.rmtree(p, ignore_errors=True)
         p.mkdir(parents=True)

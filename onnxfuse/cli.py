@@ -979,6 +979,8 @@ def batch(ctx, inputs, outdir, jobs, timeout, max_memory, shard, merge, baseline
                          "a bare --ray after INPUTS")
     if not inputs:
         raise InputError("give at least one model, folder or manifest (INPUTS), or summaries with --merge")
+    if merge and (shard or ray_address is not None):
+        raise InputError("--merge joins summaries already made: --shard and --ray do not apply to it")
     old = b.load_summary(baseline, "--baseline") if baseline is not None else None
     limit = b.parse_size(max_memory) if max_memory else None
     versions = b.library_versions()

@@ -271,9 +271,22 @@ def test_ctrl_c_leaves_only_complete_files(tmp_path):
     onnx.checker.check_model(onnx.load(str(out / "models/mlp_head.onnx")))
 
 
-def test_ray_option_swallowing_an_input_or_no_input_is_a_one_line_error(tmp_path):
+def test_ray_option_swallowing_an_input_no_input_or_merge_with_shard_is_a_one_line_error(tmp_path):
     zoo = _zoo(tmp_path, ("conv_relu",))
     result = _batch(["--ray", zoo, "-o", tmp_path / "out"])
     assert result.exit_code == 2 and "not a Ray address; write --ray=ADDRESS" in result.output
     result = _batch(["-o", tmp_path / "out"])
     assert result.exit_code == 2 and "give at least one model" in result.output
+    result = _batch(["--merge", "--shard", "1/2", tmp_path / "summary.json", "-o", tmp_path / "out"])
+    assert result.exit_code == 2 and "--shard and --ray do not apply" in result.output
+
+
+def test_sizes_and_default_jobs():
+    assert b.parse_size("512M") == 512 * 2**20 and b.parse_size("2G") == 2 * 2**30
+    assert b.parse_size("1.5GiB") == 3 * 2**29 and b.parse_size("1000") == 1000
+    for bad in ("", "G", "-1G", "lots"):
+        with pytest.raises(b.InputError, match="--max-memory"):
+            b.parse_size(bad)
+    cores = len(os.sched_getaffinity(0))
+    assert b.default_jobs(max_memory=1) == cores  # memory does not bind: every core
+    assert b.default_jobs(max_memory=2**50) == 1  # a petabyte a worker: memory binds, still one worker
