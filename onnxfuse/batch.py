@@ -653,6 +653,7 @@ def run_local(jobs: list[dict], outdir: Outdir, workers: int, timeout: float | N
         if on_result:
             on_result(row)
 
+    completed = False
     try:
         while pending or any(w.job for w in pool):
             while len(pool) < min(workers, len(pending) + sum(1 for w in pool if w.job)):
@@ -678,7 +679,7 @@ def run_local(jobs: list[dict], outdir: Outdir, workers: int, timeout: float | N
                     w.ready = True
                     continue
                 if message is not None:
-                    job, w.job = w.job, None
+                    w.job = None
                     w.tasks += 1
                     rss = message.pop("worker_rss_bytes", None)
                     finish(message)
@@ -707,12 +708,13 @@ def run_local(jobs: list[dict], outdir: Outdir, workers: int, timeout: float | N
                     pool.remove(w)
                     finish(_row(w.job, "timeout", f"still running after --timeout {timeout:g} s; the worker was "
                                                   "killed", time_s=round(now - w.started, 3)))
-    finally:
+        completed = True
+    finally:  # after an interrupt or an error every worker is killed at once; after a complete run they exit
         for w in pool:
-            if w.job is not None or not w.process.is_alive():
-                w.kill()
-            else:
+            if completed and w.job is None and w.process.is_alive():
                 w.retire()
+            else:
+                w.kill()
         outdir.cleanup()
     return rows
 
