@@ -102,7 +102,7 @@ class Entry:
 # ---------------------------------------------------------------------------------------------------- inputs
 
 def _parse_shapes(value, where: str) -> dict[str, list[int]]:
-    from onnxfuse.shapes import parse_input_shape
+    from onnxfuse.shape_text import parse_input_shape
 
     if isinstance(value, dict):
         out = {}
@@ -426,7 +426,7 @@ def _optimize_into(job: dict, stage: Path) -> dict:
     shapes = {k: tuple(v) for k, v in o["input_shapes"].items()}
     options = pipeline.Options(target=o["target"], input_shapes=shapes, ort_level=o["ort_level"],
                                compare_with_onnxruntime=o["verify"])
-    verify = VerifyOptions(shapes, None, dict(o["input_values"]), {}, 1) if o["verify"] else None
+    verify = VerifyOptions(input_shapes=shapes, input_values=dict(o["input_values"])) if o["verify"] else None
     result = pipeline.optimize(job["path"], options, verify)
     doc = result.report.to_dict()
     name = job["name"]
