@@ -679,6 +679,10 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
     elif old is None:
         click.echo(rep.render(result.report, fmt, show_all, width=_text_width(None)), nl=False)
     if old is not None:
+        differences = baseline_mod.option_differences(old, result.report.to_dict())
+        if differences:
+            raise InputError(f"--baseline {baseline}: made with other options ({'; '.join(differences)}); a change "
+                             "of options is no regression of the model: make both reports with the same options")
         comparison = baseline_mod.compare(old, result.report.to_dict())
         if fmt == "json" and output is None:
             import json
