@@ -151,10 +151,16 @@ class Comparison:
     Attributes:
         gained / lost: fusion kind -> how many more / fewer times it occurs.
         extended: ``"old kind -> new kind"`` -> count: fusions now part of a longer one (not a loss).
+        lost_where: lost fusion kind -> where the baseline had it: ``"node (output tensor)"`` strings, at most
+            :data:`WHERE_LIMIT` (exporters may rename nodes; the output tensor usually keeps its name).
         new_unfused: unfused kind -> ``{"count": more occurrences, "detail": one detail sentence}``.
         saved_before / saved_after: ``totals.saved_bytes_expr`` of the old and the new report.
         after_before / after_after: ``totals.after.total_bytes_expr`` (optimized traffic) of old and new.
-        worse_at: where the optimized traffic grew, ``"symbol=value, ...: +N B"`` strings (empty: it did not).
+        growth_expr: new - old optimized traffic, exact (None when it did not grow anywhere).
+        worse_at: where the optimized traffic grew, ``"symbol=value, ...: +N MiB"`` strings (empty: it did
+            not): at the new report's input shapes when it has them, else at the stated representative size
+            (:data:`REPRESENTATIVE_BATCH` for a batch dim, :data:`REPRESENTATIVE_SIZE` for the others) when it grew
+            there, else at the first of :data:`SAMPLE_SIZES` where it did.
         unknown_before / unknown_after: unknown node counts of the optimized models.
         symbols: the two reports' ``symbols``, to show long expressions by their leading terms in :meth:`lines`.
     """
@@ -162,11 +168,13 @@ class Comparison:
     gained: dict[str, int] = field(default_factory=dict)
     lost: dict[str, int] = field(default_factory=dict)
     extended: dict[str, int] = field(default_factory=dict)
+    lost_where: dict[str, list[str]] = field(default_factory=dict)
     new_unfused: dict[str, dict] = field(default_factory=dict)
     saved_before: str = "0"
     saved_after: str = "0"
     after_before: str = "0"
     after_after: str = "0"
+    growth_expr: str | None = None
     worse_at: list[str] = field(default_factory=list)
     unknown_before: int = 0
     unknown_after: int = 0
@@ -180,36 +188,50 @@ class Comparison:
     def to_dict(self) -> dict:
         """JSON-ready form."""
         return {"regressed": self.regressed, "fusions_gained": self.gained, "fusions_lost": self.lost,
-                "fusions_extended": self.extended,
+                "fusions_lost_where": self.lost_where, "fusions_extended": self.extended,
                 "new_unfused": self.new_unfused, "saved_bytes_expr": {"baseline": self.saved_before,
                                                                        "new": self.saved_after},
                 "optimized_bytes_expr": {"baseline": self.after_before, "new": self.after_after},
+                "optimized_traffic_growth_expr": self.growth_expr,
                 "optimized_traffic_grew_at": self.worse_at,
                 "unknown_nodes": {"baseline": self.unknown_before, "new": self.unknown_after}}
 
     def lines(self, fmt: str = "text") -> list[str]:
         """What changed, one fact per line, for people: ``fmt`` ``text`` (names escaped for a terminal,
-        :func:`onnxfuse.escape.text`) or ``markdown`` (list items' text, :func:`onnxfuse.escape.markdown`)."""
+        :func:`onnxfuse.escape.text`) or ``markdown`` (list items' text: names escaped with
+        :func:`onnxfuse.escape.markdown`, byte expressions in code spans so that ``*`` stays a product)."""
         from onnxfuse import escape
 
-        out = [f"fusion gained: {kind} (x{n})" for kind, n in sorted(self.gained.items())]
-        out += [f"fusion extended: {kind} (x{n})" for kind, n in sorted(self.extended.items())]
-        out += [f"fusion lost: {kind} (x{n})" for kind, n in sorted(self.lost.items())]
-        out += [f"new unfused pattern: {kind} (x{v['count']}): {v['detail']}" for kind, v in
+        md = fmt == "markdown"
+        name = escape.markdown if md else escape.text
+        code = escape.markdown_code if md else escape.text
+
+        def expr(text: str | None) -> str:
+            return code(self._short(text))
+
+        out = [f"fusion gained: {name(kind)} (x{n})" for kind, n in sorted(self.gained.items())]
+        out += [f"fusion extended: {name(kind)} (x{n})" for kind, n in sorted(self.extended.items())]
+        for kind, n in sorted(self.lost.items()):
+            where = self.lost_where.get(kind, [])
+            more = n - len(where)
+            at = (" at " + ", ".join(code(w) for w in where) + (f" and {more} more" if more > 0 else "")
+                  if where else "")
+            out.append(f"fusion lost: {name(kind)} (x{n}){at}")
+        out += [f"new unfused pattern: {name(kind)} (x{v['count']}): {name(v['detail'])}" for kind, v in
                 sorted(self.new_unfused.items())]
         same = self.saved_before == self.saved_after
-        short = self._short
-        out.append(f"saved bytes: {short(self.saved_after)}" + (" (unchanged)" if same else
-                                                                 f" (was {short(self.saved_before)})"))
+        out.append(f"saved bytes: {expr(self.saved_after)}" + (" (unchanged)" if same else
+                                                                f" (was {expr(self.saved_before)})"))
         if self.after_before != self.after_after:
-            out.append(f"optimized traffic: {short(self.after_after)} (was {short(self.after_before)})")
-        out += [f"optimized traffic grew at {w}" for w in self.worse_at]
+            out.append(f"optimized traffic: {expr(self.after_after)} (was {expr(self.after_before)})")
+        if self.worse_at:
+            out.append(f"optimized traffic grew by {expr(self.growth_expr)}")
+        out += [f"optimized traffic grew at {name(w)}" for w in self.worse_at]
         if self.unknown_after != self.unknown_before:
             out.append(f"nodes of unknown size: {self.unknown_after} (was {self.unknown_before})")
         out.append("result: " + ("REGRESSION (a fusion was lost or the optimized traffic grew)" if self.regressed
                                  else "no regression"))
-        return [escape.markdown(line) if fmt == "markdown" else escape.text(line) for line in out]
-
+        return out
 
     def _short(self, expr: str | None) -> str:
         """A byte expression for people: by its leading terms when long (``report.short_expression``), else as
@@ -219,8 +241,47 @@ class Comparison:
         return (rep.short_expression(expr, {"symbols": self.symbols}) if expr is not None else None) or str(expr)
 
 
+#: Where a lost fusion was, at most this many places per kind.
+WHERE_LIMIT = 3
+
+#: The stated representative size at which growth is shown when the new report has no input shapes: batch 1 (a
+#: symbol on axis 0 of an input) and 224 for every other symbolic dim (an image side, a sequence length).
+REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE = 1, 224
+
+
+def option_differences(old: dict, new: dict) -> list[str]:
+    """The options that differ between the baseline and the new report (``target``, ``--ort-level``,
+    ``--ort-version``, input shapes, passes), as ``"target cpu, now onnx"`` phrases: reports made with other
+    options are not comparable (the gate would report a change of options as a regression)."""
+    out = []
+
+    def pick(doc: dict, *keys):
+        for key in keys:
+            doc = doc.get(key) if isinstance(doc, dict) else None
+        return doc
+
+    for label, keys in (("--target", ("target",)), ("--ort-level", ("onnxruntime", "level")),
+                        ("--ort-version", ("deployment", "ort_version")), ("--input-shape", ("input_shapes",)),
+                        ("passes", ("passes",))):
+        a, b = pick(old, *keys), pick(new, *keys)
+        if a is not None and b is not None and a != b:
+            out.append(f"{label} {_option_text(a)}, now {_option_text(b)}")
+    return out
+
+
+def _option_text(value) -> str:
+    if isinstance(value, dict):
+        return " ".join(f"{k}={'x'.join(map(str, v))}" for k, v in sorted(value.items())) or "none"
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "none"
+    return str(value)
+
+
 def compare(old: dict, new: dict) -> Comparison:
     """Compare report dicts ``old`` (the baseline) and ``new`` (see the module docstring for the rules)."""
+    from onnxfuse import report as rep
+    from onnxfuse.symbolic import make_symbol
+
     old_f = Counter(_fusion_kind(r) for r in old["fusions"])
     new_f = Counter(_fusion_kind(r) for r in new["fusions"])
     old_u = Counter(_unfused_kind(r) for r in old["unfused"])
@@ -228,13 +289,19 @@ def compare(old: dict, new: dict) -> Comparison:
     details = {_unfused_kind(r): r["detail"] for r in new["unfused"]}
     gained, lost = new_f - old_f, old_f - new_f
     extended = _match_extended(lost, gained)
+    where: dict[str, list[str]] = {}
+    for r in old["fusions"]:
+        kind = _fusion_kind(r)
+        if kind in lost and r.get("output") and len(where.setdefault(kind, [])) < WHERE_LIMIT:
+            where[kind].append(f"{r.get('node') or r['output']} ({r['output']})")
+    symbols = {**old.get("symbols", {}), **new.get("symbols", {})}
     c = Comparison(
-        gained=dict(gained), lost=dict(lost), extended=extended,
+        gained=dict(gained), lost=dict(lost), extended=extended, lost_where=where,
         new_unfused={k: {"count": n, "detail": details[k]} for k, n in (new_u - old_u).items()},
         saved_before=old["totals"]["saved_bytes_expr"], saved_after=new["totals"]["saved_bytes_expr"],
         after_before=old["totals"]["after"]["total_bytes_expr"], after_after=new["totals"]["after"]["total_bytes_expr"],
         unknown_before=old["totals"]["after"]["unknown_nodes"], unknown_after=new["totals"]["after"]["unknown_nodes"],
-        symbols={**old.get("symbols", {}), **new.get("symbols", {})},
+        symbols=symbols,
     )
     a_old, a_new = _expr(c.after_before), _expr(c.after_after)
     if a_old is None or a_new is None:
@@ -242,16 +309,17 @@ def compare(old: dict, new: dict) -> Comparison:
     diff = sympy.expand(a_new - a_old) if a_new != a_old else sympy.Integer(0)
     if diff == 0:
         return c
-    symbols = sorted(diff.free_symbols, key=str)
-    points = []
-    given = {sympy.Symbol(k): sympy.Integer(v) for k, v in new.get("symbol_values", {}).items()}
-    if given and all(s in given for s in symbols):
-        points.append(given)
-    points += [{s: sympy.Integer(size) for s in symbols} for size in SAMPLE_SIZES]
-    for point in points:  # the first size where it grew is enough to say so
+    free = sorted(diff.free_symbols, key=str)
+    given = {make_symbol(k): sympy.Integer(v) for k, v in new.get("symbol_values", {}).items()}
+    representative = {s: sympy.Integer(REPRESENTATIVE_BATCH if symbols.get(s.name, {}).get("axis") == 0
+                                       else REPRESENTATIVE_SIZE) for s in free}
+    points = [given] if given and all(s in given for s in free) else [representative]
+    points += [{s: sympy.Integer(size) for s in free} for size in SAMPLE_SIZES]
+    for point in points:  # the first stated size where it grew is enough to say so
         value = diff.xreplace(point)
         if value.is_number and value > 0:
-            where = ", ".join(f"{s}={v}" for s, v in point.items()) or "every size"
-            c.worse_at.append(f"{where}: +{int(value)} B")
+            at = ", ".join(f"{s}={v}" for s, v in point.items()) or "every size"
+            c.worse_at.append(f"{at}: +{rep.human_bytes(int(value))}")
+            c.growth_expr = str(diff)
             break
     return c

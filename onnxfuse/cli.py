@@ -462,6 +462,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     replacing_input = output_path.exists() and model_io.same_file(input_path, output_path)  # --overwrite
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
                                   protected=() if replacing_input else result.loaded.data_files)
+    _chart_note(report, [fmt for _, fmt in reports])
     for report_path, report_text in report_texts:  # after the model: a model not written leaves no report either
         try:
             _write_text(report_path, report_text)
@@ -477,6 +478,20 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if not result.changed:
         log.info("no pattern was fused: %s is the input model with onnxfuse metadata added", output_path)
     log.info("wrote %s", ", ".join(str(p) for p in written))
+
+
+def _chart_note(report, formats) -> None:
+    """Say on stderr (INFO) at which sizes an HTML report's chart is drawn when the model's dims are symbolic and
+    have no value (``report_html.chart_sizes``)."""
+    if "html" not in formats:
+        return
+    from onnxfuse.report_html import chart_sizes
+
+    sizes = chart_sizes(report.to_dict())
+    if sizes is not None:
+        at = ", ".join(f"{k}={v}" for k, v in sizes[0].items())
+        log.info("the HTML report's chart draws each layer at %s (%s); give --input-shape for your sizes", at,
+                 sizes[1])
 
 
 def _report_files(paths: tuple[Path, ...], report_format: str | None, option: str = "--report",
@@ -675,10 +690,15 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
     for path, path_fmt in files:
         _write_text(path, rep.render(result.report, path_fmt, show_all, width=_text_width(path)))
     if files:
+        _chart_note(result.report, [f for _, f in files])
         log.info("wrote %s", ", ".join(str(p) for p, _ in files))
     elif old is None:
         click.echo(rep.render(result.report, fmt, show_all, width=_text_width(None)), nl=False)
     if old is not None:
+        differences = baseline_mod.option_differences(old, result.report.to_dict())
+        if differences:
+            raise InputError(f"--baseline {baseline}: made with other options ({'; '.join(differences)}); a change "
+                             "of options is no regression of the model: make both reports with the same options")
         comparison = baseline_mod.compare(old, result.report.to_dict())
         if fmt == "json" and output is None:
             import json

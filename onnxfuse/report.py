@@ -328,7 +328,7 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
             row.update(num.pair("removed_bytes", chain_bytes(before, keys) if keys else 0))
         stats.append(row)
     return Report(
-        model={"path": loaded.label, "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,
+        model={"path": report_path_text(loaded), "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,
                "external_data": loaded.external_data},
         target=target, passes=list(passes), input_shapes={k: list(v) for k, v in input_shapes.items()},
         unknown_shapes=missing, symbols=symbols.table.symbols,
@@ -345,6 +345,24 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         nodes={"before": [_node_row(r, num) for r in before_rows], "after": [_node_row(r, num) for r in after_rows]},
         onnxruntime=None if runtime is None else _runtime_section(runtime, fusion_rows, beyond, num),
     )
+
+
+def report_path_text(loaded) -> str:
+    """How a report names the model: ``loaded.label`` (the API's ``name``, ``<ModelProto>``), or its path as given
+    when relative, else relative to the working folder when inside it, else the file name alone, so that no
+    report (an artifact a CI job archives) carries a machine's absolute paths."""
+    import os
+    from pathlib import Path
+
+    if loaded.name is not None or loaded.path is None:
+        return loaded.label
+    path = Path(loaded.path)
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else path.name
+    except (OSError, ValueError):
+        return path.name
 
 
 def deployment_section(release: tuple[int, int], forms: dict[str, int], min_release: tuple[int, int]) -> dict:

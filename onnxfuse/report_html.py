@@ -112,12 +112,13 @@ def _node_total(row: dict | None) -> tuple[int | None, str | None]:
 
 
 def _add_exprs(a: str, b: str) -> str:
-    """The sum of two byte expressions, simplified by sympy (which schema-2 reports come with), else as written."""
+    """The sum of two byte expressions (read without eval, :func:`onnxfuse.expressions.parse`), else as written."""
+    from onnxfuse import expressions
+
     try:
-        import sympy
-    except ImportError:  # pragma: no cover - a schema-1 install has no expressions to add
+        return str(expressions.parse(a) + expressions.parse(b))
+    except ValueError:
         return f"{a} + {b}"
-    return str(sympy.sympify(a) + sympy.sympify(b))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -226,8 +227,13 @@ def _hover(index: int, unit: dict) -> str:
 
 
 def _exact(obj: dict, key: str, doc: dict | None = None) -> str:
-    """Hover text of a byte count: KiB/MiB and the exact bytes, or the symbolic expression, or unknown."""
+    """Hover text of a byte count: KiB/MiB and the exact bytes, or the symbolic expression, or unknown; a number
+    drawn at the chart's sizes (:func:`chart_sizes`) comes with its expression."""
     value = obj.get(key)
+    expr = obj.get(f"{key}_expr")
+    if value is not None and expr is not None and doc is not None and chart_sizes(doc) is not None:
+        return (f"{human_bytes(value)} at the chart's sizes; "
+                f"{html.escape(_short(_bytes_text({key: None, f'{key}_expr': expr}, key, doc), 100))}")
     if value is not None:
         return f"{human_bytes(value)} ({value:,} B)"
     return html.escape(_short(_bytes_text(obj, key, doc), 100))  # the tables give exact expressions
@@ -443,33 +449,44 @@ def _chain(nodes: list[dict]) -> str:
 
 def _dim_text(dim: int | str | None, doc: dict) -> str:
     """One output dim: its number; a symbolic one (schema 2) evaluated at ``symbol_values`` when those fix it,
-    else the expression; "?" when unknown."""
+    else the expression with the symbols' display names, by its leading term when long (``~x[2]/4``, as the text
+    report shows it); "?" when unknown."""
+    from onnxfuse.report import _display_names, _short_dim
+
     if dim is None:
         return "?"
-    if isinstance(dim, int) or not doc.get("symbol_values"):
+    if isinstance(dim, int):
         return str(dim)
-    import sympy
+    if doc.get("symbol_values"):
+        import sympy
 
-    from onnxfuse.symbolic import evaluate, make_symbol
+        from onnxfuse import expressions
+        from onnxfuse.symbolic import make_symbol
 
-    symbols = {name: make_symbol(name) for name in doc.get("symbols") or {}}
-    value = evaluate(sympy.sympify(dim, locals=symbols),
-                     {symbols[k]: v for k, v in doc["symbol_values"].items() if k in symbols})
-    return str(dim) if value is None else str(value)
+        try:
+            value = sympy.sympify(expressions.parse(str(dim)).xreplace(
+                {make_symbol(k): sympy.Integer(v) for k, v in doc["symbol_values"].items()}))
+            if value.is_number:
+                return str(int(value))
+        except (ValueError, TypeError):
+            pass
+    return _short_dim(dim, _display_names(doc))
 
 
 def _fusion_rows(doc: dict) -> list[str]:
     rows = []
     for f in doc["fusions"]:
         names = ", ".join(_label(n) for n in f["replaced"])
-        shape = "x".join(_dim_text(d, doc) for d in f["shape"]) if f.get("shape") else "unknown"
+        dims = [_dim_text(d, doc) for d in f["shape"]] if f.get("shape") else None
+        shape = ("unknown" if dims is None else "x".join(dims) if all(d.isdigit() for d in dims)
+                 else f"[{', '.join(dims)}]")
         output = f"{shape} {f.get('dtype') or ''}"
         saved = _bytes_cell(f, "saved_bytes", doc)
         if f.get("saved_bytes") is None and f.get("unknown_reason"):
             saved = saved.replace("<td ", f'<td title="{_e(f["unknown_reason"])}" ', 1)
         rows.append(f"<tr><td><code>{_e(f['node'])}</code></td><td>{_e(f['op'])}</td>"
                     f'<td title="{_e(names)}">{_e(_chain(f["replaced"]))}</td><td>{_e(f.get("activation") or "")}'
-                    f"</td><td>{_e(', '.join(f.get('passes') or []))}</td><td>{_folded(output)}"
+                    f"</td><td>{_e(', '.join(f.get('passes') or []))}</td><td class=\"shape\">{_e(output)}"
                     f"</td>{_bytes_cell(f, 'bytes_before', doc)}{_bytes_cell(f, 'bytes_after', doc)}"
                     f"{saved}</tr>")
     return rows
@@ -514,6 +531,57 @@ def _unknown_html(doc: dict) -> str:
             f"<th>why</th></tr></thead><tbody>{rows}</tbody></table></section>")
 
 
+#: The sizes the chart is drawn at when a report has symbolic dims and no value for them and verification did not
+#: run (``onnxfuse report`` of an export with dynamic axes): batch 1 for a dim on axis 0, 224 for every other one
+#: (an image side or a sequence length of that order). Stated on the page and on the command line.
+REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE = 1, 224
+
+
+def chart_sizes(doc: dict) -> tuple[dict[str, int], str] | None:
+    """``(symbol -> size, where the sizes come from)`` for a report with symbolic dims and no value for them: the
+    input sizes verification ran with when every symbol appears in them, else :data:`REPRESENTATIVE_BATCH` /
+    :data:`REPRESENTATIVE_SIZE`. None when the report has numbers (no symbols, or values for them)."""
+    if not doc.get("symbols") or doc.get("symbol_values"):
+        return None
+    shapes = (doc.get("verification") or {}).get("input_shapes") or {}
+    values = {}
+    for name, where in doc["symbols"].items():
+        dims = shapes.get(where["input"])
+        if dims and where["axis"] < len(dims):
+            values[name] = int(dims[where["axis"]])
+    if len(values) == len(doc["symbols"]):
+        return values, "the input sizes verification ran with"
+    values = {name: REPRESENTATIVE_BATCH if where["axis"] == 0 else REPRESENTATIVE_SIZE
+              for name, where in doc["symbols"].items()}
+    return values, f"representative sizes: batch {REPRESENTATIVE_BATCH}, {REPRESENTATIVE_SIZE} for the other dims"
+
+
+def _display(doc: dict, symbol: str) -> str:
+    """How the page names a symbol: the model's dim name when short and plain, else ``input[axis]``."""
+    from onnxfuse.report import _display_names
+
+    return _display_names(doc).get(symbol, symbol)
+
+
+def _draw_at(units: list[dict], values: dict[str, int]) -> None:
+    """Give each layer whose bytes are only an expression its number at ``values`` (symbol -> size), in place; the
+    expressions stay for the hover labels."""
+    import sympy
+
+    from onnxfuse import expressions
+    from onnxfuse.symbolic import make_symbol
+
+    at = {make_symbol(k): sympy.Integer(v) for k, v in values.items()}
+    for u in units:
+        for side in ("before", "after"):
+            if u[side] is None and u.get(f"{side}_expr"):
+                try:
+                    value = sympy.sympify(expressions.parse(u[f"{side}_expr"]).xreplace(at))
+                    u[side] = int(value) if value.is_number else None
+                except (ValueError, TypeError):
+                    u[side] = None
+
+
 def _notes_html(doc: dict, units: list[dict]) -> str:
     notes = [f'<p class="warning"><b>Warning:</b> {_e(w)}</p>' for w in doc.get("warnings") or []]
     if doc.get("unknown_shapes"):
@@ -537,6 +605,14 @@ def _notes_html(doc: dict, units: list[dict]) -> str:
     if assumptions:
         notes.append(f"<details><summary>{len(assumptions)} assumptions about the symbolic dims</summary><ul>"
                      + "".join(f"<li><code>{_e(a)}</code></li>" for a in assumptions) + "</ul></details>")
+    sizes = chart_sizes(doc)
+    if sizes is not None:
+        values, source = sizes
+        notes.append('<p class="note" id="chart-sizes">The model has symbolic dims and no value was given for them: '
+                     "the chart draws every layer at " + ", ".join(
+                         f"<code>{_e(_display(doc, s))}={v}</code>" for s, v in values.items())
+                     + f" ({_e(source)}). The tables and hover labels give every byte count as an expression; "
+                     "give <code>--input-shape NAME=DIMS</code> to draw your sizes.</p>")
     unknown = sum(1 for u in units if u["before"] is None or u["after"] is None)
     if units and unknown == len(units) and doc.get("symbols"):
         notes.append("<p>No layer has a byte count at these shapes: the model has symbolic dims ("
@@ -558,6 +634,9 @@ def to_html(doc: dict) -> str:
     """
     m, t = doc["model"], doc["totals"]
     units = layer_units(doc)
+    sizes = chart_sizes(doc)
+    if sizes is not None:
+        _draw_at(units, sizes[0])
     constants = sum(1 for r in doc["nodes"]["before"] if r["op"] == "Constant")
     fused_units = sum(1 for u in units if u["kind"] == "fused")
     totals_fig = totals_figure(t)
@@ -630,9 +709,10 @@ dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; }
 table { border-collapse: collapse; margin: 0.5rem 0; font-size: 0.9rem; }
 th, td { border: 1px solid #bbb; padding: 0.2rem 0.45rem; text-align: left; vertical-align: top; }
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
-td.expr { white-space: normal; text-align: left; overflow-wrap: anywhere; max-width: 30rem;
+td.expr { white-space: normal; text-align: left; overflow-wrap: break-word; max-width: 30rem;
           font-family: ui-monospace, monospace; font-size: 0.85em; }
-details.fold summary { cursor: pointer; overflow-wrap: anywhere; }
+details.fold summary { cursor: pointer; overflow-wrap: break-word; }
+td details.fold { min-width: 18ch; }
 details.fold code { white-space: normal; overflow-wrap: anywhere; }
 thead th { background: #eee; }
 th button { all: unset; cursor: pointer; display: block; width: 100%; }
@@ -644,7 +724,11 @@ th[aria-sort="none"] .arrow::after { content: " ↕"; color: #777; }
 .status-passed::before { content: "✓ "; } .status-failed::before { content: "✗ "; }
 .status-skipped::before { content: "\\2013  "; } .status-failed { background: #fdd; }
 .warning { border-left: 4px solid #000; padding-left: 0.5rem; }
-.scroll { overflow-x: auto; } .chart { width: 100%; } .two { display: flex; gap: 2rem; flex-wrap: wrap; }
+.scroll { overflow-x: auto; } .chart { width: 100%; }
+td.shape { white-space: nowrap; font-family: ui-monospace, monospace; font-size: 0.85em; }
+table.sortable td { min-width: 4ch; } td.expr { min-width: 14ch; }
+@media (max-width: 900px) { body { padding: 0 0.5rem; } table { font-size: 0.82rem; } }
+.two { display: flex; gap: 2rem; flex-wrap: wrap; }
 table.sortable td:first-child { min-width: 9rem; } #unfused td:nth-child(4) { min-width: 11rem; }
 #unfused td:nth-child(5) { max-width: 36rem; }
 @media print {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import onnx
 import pytest
@@ -47,22 +48,42 @@ def test_no_change_passes(model_path, tmp_path):
     assert "fusion lost" not in result.output and "fusion gained" not in result.output
 
 
+def upgraded(tmp_path) -> str:
+    """The fixture's model as a new exporter might write it: the BatchNormalization's and the second Conv's outputs
+    are also graph outputs, so the Relu and the Sigmoid can no longer be fused (the BN still folds)."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", "W"])
+    bn = b.bn(b.conv(x, 3, 8, bias=False), 8)
+    conv2 = b.conv(b.op("Relu", [bn]), 8, 8)
+    path = tmp_path / "upgraded.onnx"
+    onnx.save(b.build([b.op("Sigmoid", [conv2]), bn, conv2]), str(path))
+    return str(path)
+
+
 def test_lost_fusion_fails_and_says_what_changed(model_path, tmp_path):
     old = report(model_path, tmp_path, "cpu", "old.json")
-    result = gate(model_path, old, "onnx")  # as if an exporter upgrade broke the activation fusions
+    result = gate(upgraded(tmp_path), old, "cpu")  # an exporter upgrade broke the activation fusions
     assert result.exit_code == 1, result.output
-    assert "fusion lost: FusedConv(Relu) from Conv -> BatchNormalization -> Relu (x1)" in result.output
-    assert "fusion lost: FusedConv(Sigmoid) from Conv -> Sigmoid (x1)" in result.output
+    assert "fusion lost: FusedConv(Relu) from Conv -> BatchNormalization -> Relu (x1) at " in result.output
+    assert "fusion lost: FusedConv(Sigmoid) from Conv -> Sigmoid (x1) at " in result.output
     assert "fusion gained: Conv from Conv -> BatchNormalization (x1)" in result.output  # only the fold is left
-    # the saved-bytes expression before and after, and where the optimized traffic grew
+    # the saved-bytes expression before and after, and where the optimized traffic grew, in human units at the
+    # stated representative size (batch 1, 224 for the other dims)
     assert "saved bytes: " in result.output and "(was " in result.output
-    assert "optimized traffic grew at H=1, N_=1, W=1: +" in result.output
-    assert "new unfused pattern: Conv -> Relu: target-allows-no-contrib-ops (x1): target onnx" in result.output
+    assert "optimized traffic grew by " in result.output
+    assert re.search(r"optimized traffic grew at H=224, N_=1, W=224: \+[0-9.]+ (KiB|MiB)", result.output)
     assert "REGRESSION" in result.output
 
 
+def test_lost_fusion_names_where_the_baseline_had_it(model_path, tmp_path):
+    old_doc = json.loads(open(report(model_path, tmp_path, "cpu", "old.json")).read())
+    [sigmoid] = [f for f in old_doc["fusions"] if f["activation"] == "Sigmoid"]
+    result = gate(upgraded(tmp_path), str(tmp_path / "old.json"), "cpu")
+    assert f"FusedConv(Sigmoid) from Conv -> Sigmoid (x1) at {sigmoid['node']} ({sigmoid['output']})" in result.output
+
+
 def test_gained_fusion_passes(model_path, tmp_path):
-    old = report(model_path, tmp_path, "onnx", "old.json")
+    old = report(upgraded(tmp_path), tmp_path, "cpu", "old.json")
     result = gate(model_path, old, "cpu")
     assert result.exit_code == 0, result.output
     # the BN fold is now part of a longer fusion: extended, not lost
@@ -74,13 +95,33 @@ def test_gained_fusion_passes(model_path, tmp_path):
 
 def test_json_comparison_and_report_file(model_path, tmp_path):
     old = report(model_path, tmp_path, "cpu", "old.json")
-    result = gate(model_path, old, "onnx", "--format", "json")
+    result = gate(upgraded(tmp_path), old, "cpu", "--format", "json")
     assert result.exit_code == 1
     doc = json.loads(result.output)
     assert doc["regressed"] is True and doc["fusions_lost"] and doc["optimized_traffic_grew_at"]
+    assert doc["fusions_lost_where"] and doc["optimized_traffic_growth_expr"]
     new = tmp_path / "new.json"
     result = gate(model_path, old, "cpu", "-o", str(new))
     assert result.exit_code == 0 and json.loads(new.read_text())["schema_version"] == 2
+
+
+@pytest.mark.parametrize("option, args", [("--target cpu, now onnx", ["--target", "onnx"]),
+                                          ("--ort-level all, now extended", ["--ort-level", "extended"]),
+                                          ("--input-shape none, now x=1x3x8x8", ["--input-shape", "x=1x3x8x8"])])
+def test_a_baseline_made_with_other_options_is_refused(model_path, tmp_path, option, args):
+    """A change of options reads as a regression of the model: the gate refuses it (exit 2) and says which."""
+    old = report(model_path, tmp_path, "cpu", "old.json")
+    result = CliRunner().invoke(main, ["report", str(model_path), "--target", "cpu", *args, "--baseline", old])
+    assert result.exit_code == 2 and "made with other options" in result.output and option in result.output
+
+
+def test_markdown_comparison_keeps_expressions_in_code_spans(model_path, tmp_path):
+    """In a GitHub job summary a bare ``*`` turns into italics: expressions go in code spans."""
+    old = report(model_path, tmp_path, "cpu", "old.json")
+    result = gate(upgraded(tmp_path), old, "cpu", "--format", "markdown")
+    [saved] = [line for line in result.output.splitlines() if line.startswith("- saved bytes: ")]
+    assert re.fullmatch(r"- saved bytes: `[^`]+\*[^`]+` \(was `[^`]+`\)", saved), saved
+    assert "- fusion lost: FusedConv(Sigmoid) from Conv -\\> Sigmoid (x1) at `" in result.output
 
 
 def test_unreadable_or_old_baseline_is_an_input_error(model_path, tmp_path):

@@ -179,7 +179,7 @@ def test_browser_symbolic_report_shows_expressions(browser, tmp_path):
     assert "fused group" in text and "*batch" in text
     page = opened.page
     assert page.locator("#total-saved").inner_text() == doc["totals"]["saved_bytes_expr"] + " B"
-    assert "No layer has a byte count" in page.locator("#totals").inner_text()
+    assert "the chart draws every layer at" in page.locator("#totals").inner_text()  # representative sizes
     page.close()
 
 
@@ -226,3 +226,31 @@ def test_browser_shared_model_without_input_shapes(browser, tmp_path):
     saved = opened.page.locator("#total-saved").inner_text()
     assert saved.startswith("~") and "unknown" not in saved
     opened.page.close()
+
+
+@pytest.mark.requires_shared_models
+@pytest.mark.parametrize("width", [800, 1400])
+def test_browser_dynamic_export_without_input_shapes_is_drawn_and_fits(browser, tmp_path, width):
+    """The natural command for an export with dynamic dims (``report -o r.html``, no --input-shape): the chart
+    draws every layer at the stated representative sizes (bars of non-zero height), the page says which, and at
+    800 px as at 1400 px nothing but the tables' own scroll boxes is wider than the window; no absolute path of
+    this machine is in the page."""
+    model = shared_model("rapidocr_det_ppocrv4")
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(main, ["report", str(model), "--target", "cpu", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "the HTML report's chart draws each layer at" in result.output
+    page_html = out.read_text(encoding="utf-8")
+    assert str(model.parent) not in page_html and f">{model.name}<" in page_html
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(out.resolve().as_uri())
+    page.wait_for_selector("body[data-charts-ready=true]", timeout=30_000)
+    heights = page.evaluate("""() => Array.from(document.querySelectorAll(
+        '#traffic-chart .cartesianlayer .barlayer .trace .point path')).map(p => p.getBoundingClientRect().height)""")
+    assert heights and sum(h > 0.5 for h in heights) > len(heights) // 2, heights[:20]
+    assert "representative sizes" in page.locator("#chart-sizes").inner_text()
+    assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+    assert not errors
+    page.close()
