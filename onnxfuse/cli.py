@@ -301,8 +301,9 @@ def pass_options(fn):
                           "and x:[1,3,640,640], as onnxsim, onnxslim and Polygraphy write it; repeatable)."),
         click.option("--ort-level", type=click.Choice(list(ORT_LEVELS)), default=None,
                      help="The onnxruntime graph optimization level your sessions run at (default: all, "
-                          "onnxruntime's own default). Forms that run slower than the unfused original at that "
-                          "level are left unfused (see BENCHMARKS.md)."),
+                          "onnxruntime's own default). Forms measured slower than the unfused original at that "
+                          "level are left unfused (today: FusedConv with a residual input at all, where "
+                          "onnxruntime's NCHWc convs run the unfused chain faster)."),
         click.option("--ort-version", metavar="X.Y",
                      help="The onnxruntime release the model will run on (default: the installed one). Forms "
                           "that release cannot load are left unfused; the summary and the model's metadata say "
@@ -402,6 +403,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
       onnxfuse optimize m.onnx m.fused.onnx --report traffic.json \\
           --require-verify
     """
+    _shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
     from onnxfuse import model_io, pipeline
     from onnxfuse import report as rep
 
@@ -662,6 +664,7 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
       onnxfuse report model.onnx --baseline main.json -o new.json
       onnxfuse report model.onnx -o report.html
     """
+    _shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
     from onnxfuse import model_io, pipeline
     from onnxfuse import report as rep
 
@@ -751,6 +754,7 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
       onnxfuse bench det.onnx det.fused.onnx --input-shape x=1x3x640x640 \\
           --runs 50 --format json
     """
+    _shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
     import tempfile
 
     from onnxfuse import bench as bench_mod
@@ -855,7 +859,9 @@ Exit codes:
 def verify_command(ctx, original, candidate, input_shape, input_data, input_value, input_range, input_sets, rtol,
                    atol, verify_timeout, fmt):
     """Check that CANDIDATE computes what ORIGINAL does, in onnxruntime (any pair of models: onnxfuse's output,
-    another optimizer's, a hand-edited graph). See README, "Verification", for the rule.
+    another optimizer's, a hand-edited graph). Both run with graph optimizations disabled on the same inputs; an
+    output passes when it differs by no more than onnxruntime's own noise (how much its optimization levels change
+    the original's outputs) and a rounding floor allow; --rtol/--atol replace that rule with fixed tolerances.
 
     \b
     Examples:
@@ -863,6 +869,7 @@ def verify_command(ctx, original, candidate, input_shape, input_data, input_valu
       onnxfuse verify vad.onnx vad.slim.onnx --input-value sr=16000 \\
           --input-shape input=1x512
     """
+    _shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
     from onnxfuse import model_io
     from onnxfuse import verification as verify_mod
 
@@ -977,7 +984,8 @@ def batch(ctx, inputs, outdir, jobs, timeout, max_memory, shard, merge, baseline
     """Optimize, verify and report every model of INPUTS into OUTDIR, each in a worker process of its own.
 
     INPUTS are .onnx files, folders (searched recursively) and manifests (.json or .csv: per-model input
-    shapes, input values, target and ort level; see README, "A model zoo at a time"). A second run does only what
+    shapes, input values, target and ort level: JSON {"models": [{"path", "input_shapes", "input_values",
+    "target", "ort_level"}]} or CSV with those columns). A second run does only what
     is missing or changed.
 
     \b
