@@ -627,40 +627,46 @@ def _fused_count(doc: dict) -> str:
 
 
 def headline(doc: dict, code: bool = False, hints: bool = True, plain=str) -> list[str]:
-    """The traffic lines of the summary: the before/after/saved expressions, the saved share as the dims grow,
-    and the figures at the input shapes used (or at batch 1, saying so); unknown figures say "unknown" and
-    why. ``code``: expressions in Markdown code spans. ``hints``: also the line that says which
-    ``--input-shape`` would give figures (:func:`unknown_shapes_hint`). Long expressions are shown by their
-    leading terms (:func:`leading_terms`); the JSON report has them exact. ``plain``: applied to the text taken
-    from the model (input names, reasons), e.g. :func:`onnxfuse.escape.markdown`."""
+    """The traffic lines of the summary, each saying what it is measured against: first what onnxfuse saves beyond
+    what onnxruntime already runs (:func:`runtime_line`), then against the graph as exported, at the input shapes
+    used, else (symbolic dims without values) at batch 1 when that is the only symbolic dim, else at the stated
+    representative sizes (:func:`representative_values`) with the expressions beside, else as expressions alone;
+    one percentage, at the sizes it names. Unknown figures say "unknown" and why. ``code``: expressions in Markdown
+    code spans. ``hints``: also the line that says which ``--input-shape`` would give the figures at one's own
+    sizes. Long expressions are shown by their leading terms (:func:`leading_terms`); the JSON report has them
+    exact. ``plain``: applied to the text taken from the model (input names, reasons), e.g.
+    :func:`onnxfuse.escape.markdown`."""
     t = doc["totals"]
     before, after = t["before"], t["after"]
-    symbolic = bool(doc["symbols"])
     unknown_fusions = [f for f in doc["fusions"] if f["saved_bytes_expr"] is None]
     lines = [line] if (line := runtime_line(doc, code, plain)) else []
-    if symbolic:
-        lines.append(f"vs the graph as exported: {_expr_text(before['total_bytes_expr'], doc, code)} -> "
-                     f"{_expr_text(after['total_bytes_expr'], doc, code)}")
-    if doc["fusions"] and len(unknown_fusions) == len(doc["fusions"]):
-        lines.append(f"saved: unknown ({plain(unknown_fusions[0]['unknown_reason'])})")
-    elif symbolic:
-        share = t["saved_percent_as_dims_grow"]
-        lines.append(f"saved: {_expr_text(t['saved_bytes_expr'], doc, code)}"
-                     + (f" (about {share:.1f}% of the traffic as the input grows)" if share is not None else ""))
     at = None
     if t["saved_bytes"] is not None and before["total_bytes"] is not None:
         label = f" at {plain(_shapes_text(doc))}" if doc["input_shapes"] else ""
-        at = (f"traffic{label}" if symbolic else f"vs the graph as exported{label}",
-              before["total_bytes"], after["total_bytes"], t["saved_bytes"], t["saved_percent"])
+        at = (f"vs the graph as exported{label}", before["total_bytes"], after["total_bytes"], t["saved_bytes"])
     elif t["at_batch_1"] and t["at_batch_1"]["saved_bytes"] is not None:
         b = t["at_batch_1"]
-        at = (f"at batch 1 ({plain(b['symbol'])} is the only symbolic dim)", b["before_total_bytes"],
-              b["after_total_bytes"], b["saved_bytes"], _percent(b["saved_bytes"], b["before_total_bytes"]))
-    if at is not None:
-        pct = f", {at[4]:.1f}%" if at[4] is not None else ""
+        at = (f"vs the graph as exported, at batch 1 ({plain(b['symbol'])} is the only symbolic dim)",
+              b["before_total_bytes"], b["after_total_bytes"], b["saved_bytes"])
+    elif doc["symbols"] and not doc["symbol_values"]:
+        values = representative_values(doc)
+        numbers = [at_values(x, values) for x in (before["total_bytes_expr"], after["total_bytes_expr"])]
+        if None not in numbers:
+            names = _display_names(doc)
+            sizes = ", ".join(f"{plain(names.get(k, k))}={v}" for k, v in values.items())
+            at = (f"vs the graph as exported, at representative sizes {sizes}", numbers[0], numbers[1],
+                  numbers[0] - numbers[1])
+    if doc["fusions"] and len(unknown_fusions) == len(doc["fusions"]):
+        lines.append(f"saved vs the graph as exported: unknown ({plain(unknown_fusions[0]['unknown_reason'])})")
+    elif at is not None:
+        pct = f", {_percent(at[3], at[1]):.1f}%" if at[1] else ""
         lines.append(f"{at[0]}: {human_bytes(at[1])} -> {human_bytes(at[2])} (saved {human_bytes(at[3])}{pct})")
-    elif symbolic and hints:
-        lines.append(plain(_hint(doc)))
+    if doc["symbols"] and not doc["symbol_values"]:
+        lines.append(f"as expressions in the input dims: {_expr_text(before['total_bytes_expr'], doc, code)} -> "
+                     f"{_expr_text(after['total_bytes_expr'], doc, code)} (saved "
+                     f"{_expr_text(t['saved_bytes_expr'], doc, code)})")
+        if hints:
+            lines.append(plain(_hint(doc)))
     if unknown_fusions and len(unknown_fusions) < len(doc["fusions"]):
         lines.append(f"{_plural(len(unknown_fusions), 'fusion')} of unknown size not counted in the saving "
                      f"({plain(unknown_fusions[0]['unknown_reason'])})")
@@ -674,6 +680,34 @@ def headline(doc: dict, code: bool = False, hints: bool = True, plain=str) -> li
     return lines
 
 
+#: The sizes a report's figures are given at when the model has symbolic dims and no value was given for them
+#: (the export of a model with dynamic axes, without --input-shape): batch 1 for a dim on axis 0 of an input,
+#: 224 for every other one (an image side or a sequence length of that order). Always stated beside the figure.
+REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE = 1, 224
+
+
+def representative_values(doc: dict) -> dict[str, int]:
+    """Symbol -> :data:`REPRESENTATIVE_BATCH` for a dim on axis 0 of an input, else :data:`REPRESENTATIVE_SIZE`,
+    for the symbols of a report dict."""
+    return {name: REPRESENTATIVE_BATCH if where["axis"] == 0 else REPRESENTATIVE_SIZE
+            for name, where in doc["symbols"].items()}
+
+
+def at_values(expr: str | None, values: dict[str, int]) -> int | None:
+    """A report's byte expression evaluated at ``values`` (symbol name -> size), read without eval
+    (:func:`onnxfuse.expressions.parse`); None when it is None, not in the grammar or not a number there."""
+    if expr is None:
+        return None
+    import sympy
+
+    try:
+        value = sympy.sympify(expressions.parse(expr).xreplace(
+            {make_symbol(k): sympy.Integer(v) for k, v in values.items()}))
+    except (ValueError, TypeError):
+        return None
+    return int(value) if value.is_number else None
+
+
 def runtime_line(doc: dict, code: bool = False, plain=str) -> str | None:
     """The summary's first line: what onnxfuse saves beyond what onnxruntime already makes of the original at
     load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared.
@@ -681,7 +715,7 @@ def runtime_line(doc: dict, code: bool = False, plain=str) -> str | None:
     rt = doc.get("onnxruntime")
     if not rt or not doc["fusions"]:
         return None
-    head = f"vs onnxruntime {rt['installed']} at level {rt['level']}"
+    head = f"vs onnxruntime {rt['installed']} (installed, CPU provider) at level {rt['level']}"
     if rt["status"] != "compared":
         return f"{head}: not compared ({plain(rt['reason'])})"
     made, total = rt["fusions_made_by_onnxruntime"], rt["fusions"]
@@ -689,20 +723,31 @@ def runtime_line(doc: dict, code: bool = False, plain=str) -> str | None:
     if made == total and rt["kernels_after"] >= rt["kernels_before"]:
         return (f"{head}: onnxruntime makes all {total} of these fusions itself when it loads the original "
                 f"({kernels}); nothing is saved beyond it")
+    at = ""
+    representative = (at_values(rt["saved_bytes_beyond_expr"], representative_values(doc))
+                      if rt["saved_bytes_beyond"] is None and doc["symbols"] and not doc["symbol_values"] else None)
     if rt["saved_bytes_beyond"] is not None:
         saved = human_bytes(rt["saved_bytes_beyond"])
+        at = f" at {plain(_shapes_text(doc))}" if doc["input_shapes"] else ""
+    elif representative is not None:
+        saved, at = human_bytes(representative), " at representative sizes"
     elif rt["saved_bytes_beyond_expr"] is not None:
         saved = _expr_text(rt["saved_bytes_beyond_expr"], doc, code)
     else:
         saved = "an unknown number of bytes"
-    at = f" at {plain(_shapes_text(doc))}" if doc["input_shapes"] and rt["saved_bytes_beyond"] is not None else ""
     return (f"{head}: {total - made} of {total} fusions go beyond what onnxruntime makes itself at load "
             f"({kernels}), saving {saved}{at}")
 
 
 def _hint(doc: dict) -> str:
-    return ("give --input-shape for the figures at one input size (symbols: "
-            + ", ".join(f"{k} = {v['input']}[{v['axis']}]" for k, v in doc["symbols"].items()) + ")")
+    names = _display_names(doc)
+
+    def symbol(k: str, where: dict) -> str:
+        dim = f"{where['input']}[{where['axis']}]"
+        return dim if names.get(k, k) == dim else f"{names.get(k, k)} = {dim}"
+
+    return ("give --input-shape for the figures at your input sizes (symbols: "
+            + ", ".join(symbol(k, v) for k, v in doc["symbols"].items()) + ")")
 
 
 def unknown_shapes_hint(report: Report) -> str | None:
@@ -791,7 +836,8 @@ def _bandwidth_line(b: dict) -> str:
     if b["at"] is None:
         return (f"estimated memory time at {b['gb_per_s']:g} GB/s: unknown (no input size: give --input-shape)")
     at = "" if b["at"] == "input shapes" else f", at {b['at']}"
-    return (f"estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate{at}): "
+    return (f"estimated memory time at {b['gb_per_s']:g} GB/s of the graph as exported and of the optimized one "
+            f"(bytes / bandwidth, an estimate{at}; onnxruntime's own fusions at load are not in it): "
             f"{human_time(b['before_ms'])} -> {human_time(b['after_ms'])}")
 
 
@@ -970,8 +1016,9 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
                             _cell(s["written_bytes"], s["written_bytes_expr"], doc, True),
                             _cell(s["total_bytes"], s["total_bytes_expr"], doc, True), s["nodes"], s["unknown_nodes"]]))
     pct = f" ({t['saved_percent']:.1f}%)" if t["saved_percent"] is not None else ""
-    out += ["", f"**Saved {_cell(t['saved_bytes'], t['saved_bytes_expr'], doc, True)}{pct}** of memory traffic "
-                f"with {_fused_count(doc)}; {_plural(len(doc['unfused']), 'pattern')} left unfused.", ""]
+    out += ["", f"Saved {_cell(t['saved_bytes'], t['saved_bytes_expr'], doc, True)}{pct} of memory traffic against "
+                f"the graph as exported (the first line above says what is saved beyond onnxruntime) with "
+                f"{_fused_count(doc)}; {_plural(len(doc['unfused']), 'pattern')} left unfused.", ""]
     if doc["bandwidth"]:
         out += [_bandwidth_line(doc["bandwidth"]), ""]
     if doc["fusions"]:

@@ -66,7 +66,8 @@ def test_optimize_a_path_and_a_target(tmp_path):
     result = onnxfuse.optimize(SAMPLE, target="onnx")
     assert all(n.domain in ("", "ai.onnx") for n in result.model.graph.node)  # folds only
     assert result.verification.status == "passed"
-    assert result.report.model["path"] == str(SAMPLE)
+    path = result.report.model["path"]  # no absolute path of this machine in a report
+    assert not path.startswith("/") and path.endswith("resnet_block.onnx")
     onnx.checker.check_model(result.model)
 
 

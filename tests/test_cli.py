@@ -320,8 +320,9 @@ def test_unknown_sizes_are_not_shown_as_zero(tmp_path):
     onnx.save(model, str(path))
     result = invoke("optimize", path, tmp_path / "o.onnx")
     # the batch is symbolic: bytes per batch item, and the figures at batch 1, saying so
-    assert "saved: 2048*N_ B" in result.output and " 0 B" not in result.output
-    assert "at batch 1 (N_ is the only symbolic dim): 4.6 KiB -> 2.6 KiB (saved 2.0 KiB" in result.output
+    assert "(saved 2048*N_ B)" in result.output and " 0 B" not in result.output
+    assert ("vs the graph as exported, at batch 1 (N_ is the only symbolic dim): 4.6 KiB -> 2.6 KiB (saved 2.0 KiB"
+            in result.output)
 
 
 def test_output_that_is_a_device_or_fifo_is_refused(tmp_path):
@@ -486,7 +487,8 @@ def test_results_go_to_stdout_and_diagnostics_to_stderr(tmp_path):
     out = tmp_path / "o.onnx"
     result = run_cli("optimize", SAMPLE, out, "--target", "cpu")
     assert [line.split(":")[0].split(" at level")[0] for line in result.stdout.splitlines()] == [
-        f"vs onnxruntime {ort_graph.installed_version()}", "vs the graph as exported", "runs on", "fusions",
+        f"vs onnxruntime {ort_graph.installed_version()} (installed, CPU provider)", "vs the graph as exported",
+        "runs on", "fusions",
         "left unfused", "verification"]
     assert result.stderr == f"wrote {out}\n"
 
