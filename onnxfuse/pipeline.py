@@ -338,7 +338,12 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
         after_index=traffic.ModelIndex(out), after_sizes=after_sizes, runtime=runtime,
     )
-    report.deployment = rep.deployment_section(deployment_release(options), forms, min_release)
+    release = deployment_release(options)
+    report.deployment = rep.deployment_section(release, forms, min_release)
+    if release > PROBED_ORT_RELEASES[-1]:
+        mismatches = [*mismatches, f"onnxruntime {release_text(release)} is newer than the newest release probed "
+                      f"({release_text(PROBED_ORT_RELEASES[-1])}): onnxfuse assumes it loads every form "
+                      f"{release_text(PROBED_ORT_RELEASES[-1])} loads"]
     report.warnings = loaded.warnings + _target_warnings(out, options.target) + mismatches
     if blocker is not None:
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")

@@ -30,10 +30,11 @@ REMEDIES: dict[str, str] = {
     "residual-shape-mismatch": "none: FusedConv's Z input must have exactly the conv output's shape",
     "quantized-conv": "none: quantized convs are left to onnxruntime's QDQ fusions",
     "fold-not-finite": "none: the folded weights would overflow the dtype",
-    "form-needs-newer-onnxruntime": "--ort-version with the onnxruntime release you deploy on; the form needs a "
-                                    "newer release than the one given",
-    "slower-than-unfused-at-ort-level": "--ort-level LEVEL when your onnxruntime sessions run below "
-                                        "ORT_ENABLE_ALL (at that level onnxruntime runs the unfused chain faster)",
+    "form-needs-newer-onnxruntime": "deploy on the onnxruntime release the detail names (or newer) and give it "
+                                    "as --ort-version",
+    "slower-than-unfused-at-ort-level": "--ort-level extended (or basic, disable) if your onnxruntime sessions run "
+                                        "below ORT_ENABLE_ALL; at all, onnxruntime's NCHWc layout runs the "
+                                        "unfused chain faster",
     "matmul-input-not-2d": "none: Gemm takes 2-D inputs only",
     "constant-not-per-feature": "none: the constant varies along more than the feature axis",
     "gemm-output-is-divisor": "none: the Gemm output is the divisor, which no fold can express",

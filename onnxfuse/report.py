@@ -1028,7 +1028,8 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
         out += [_md_row([code(r["node"]), md(_chain(r["replaced"])), md(r["activation"] or ""),
                          _cell(r["saved_bytes"], r["saved_bytes_expr"], doc, True)]) for r in rows]
         if hidden:
-            out.append(f"\n_{hidden} more rows not shown._")
+            out.append(f"\n_{hidden} more rows not shown (onnxfuse report --all shows every row; JSON and HTML always "
+                       "do)._")
         out.append("")
     if doc["unfused"]:
         rows, hidden = _top(grouped_unfused(doc["unfused"]), "bytes", show_all)
@@ -1037,7 +1038,8 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
         out += [_md_row([_unfused_label(r, code, md), code(r["reason"]), md(r["detail"]),
                          _cell(r["bytes"], r["bytes_expr"], doc, True)]) for r in rows]
         if hidden:
-            out.append(f"\n_{hidden} more rows not shown._")
+            out.append(f"\n_{hidden} more rows not shown (onnxfuse report --all shows every row; JSON and HTML always "
+                       "do)._")
         out.append("")
     if doc["unknown_nodes"]:
         out += [f"#### Nodes of unknown size ({len(doc['unknown_nodes'])}, left out of the totals)", "",

@@ -107,3 +107,10 @@ def test_api_takes_ort_version(paths):
 
     result = onnxfuse.optimize(str(paths["HardSwish"]), target="cpu", ort_version="1.20")
     assert [n.op_type for n in result.model.graph.node] == ["Conv", "HardSwish"]
+
+
+def test_a_release_newer_than_the_probe_is_accepted_with_a_warning(paths):
+    report = pipeline.analyse(paths["Relu"], pipeline.Options(target="cpu", ort_version="1.99",
+                                                              compare_with_onnxruntime=False)).report
+    assert report.to_dict()["deployment"]["ort_version"] == "1.99"
+    assert any("newer than the newest release probed" in w for w in report.warnings)
