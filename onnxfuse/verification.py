@@ -341,8 +341,11 @@ class Verification:
         if worst.tolerance is None or _exact(np.dtype(worst.dtype)):
             return f"max abs error {worst.max_abs_error:.3g} on {worst.name}, atol {worst.atol:g} rtol " \
                    f"{worst.rtol:g}; {sets}"
-        return f"worst output {worst.name}: max abs error {worst.max_abs_error:.3g}, {worst.floors_text()}, " \
-               f"tolerance {worst.tolerance:.3g}; {sets}"
+        floors = (f"onnxruntime noise floor {worst.floor:.3g}" if worst.floor is not None else
+                  f"rounding floor {worst.rounding_floor:.3g}" if worst.rounding_floor is not None else
+                  f"min floor {worst.min_floor:.3g}")
+        return f"worst output {worst.name}: max abs error {worst.max_abs_error:.3g}, tolerance " \
+               f"{worst.tolerance:.3g} (from the {floors}); {sets}"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (see report.schema.json, ``verification``)."""
