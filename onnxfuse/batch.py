@@ -427,9 +427,11 @@ def _optimize_into(job: dict, stage: Path) -> dict:
     options = pipeline.Options(target=o["target"], input_shapes=shapes, ort_level=o["ort_level"],
                                compare_with_onnxruntime=o["verify"])
     verify = VerifyOptions(input_shapes=shapes, input_values=dict(o["input_values"])) if o["verify"] else None
-    result = pipeline.optimize(job["path"], options, verify)
-    doc = result.report.to_dict()
     name = job["name"]
+    loaded = model_io.load_model(job["path"])
+    loaded.name = f"{name}.onnx"  # the model's name in the zoo: no absolute path of this machine in its report
+    result = pipeline.optimize(job["path"], options, verify, loaded=loaded)
+    doc = result.report.to_dict()
     rjson, rhtml = report_files(name)
     for rel, text in ((rjson, rep.to_json(result.report)), (rhtml, to_html(doc))):
         (stage / rel).parent.mkdir(parents=True, exist_ok=True)
