@@ -118,8 +118,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             cannot run the original on generated inputs).
         input_data: an ``.npz`` with one array per graph input name, used instead of random inputs.
         input_values / input_ranges / input_sets: a fill value or a ``(low, high)`` range per input name (say
-            ``{"sr": 16000}``), and how many seeded input sets to compare on (see README, "Verification").
-        rtol / atol: elementwise tolerances that replace the noise-floor rule (see README, "Verification").
+            ``{"sr": 16000}``), and how many seeded input sets to compare on (see docs/reference.md, "Verification").
+        rtol / atol: elementwise tolerances that replace the noise-floor rule (see docs/reference.md, "Verification").
         verify_timeout: seconds for every onnxruntime run of the verification together (None:
             ``onnxfuse.verification.DEFAULT_TIMEOUT_S``, 300; 0: no limit); when they run out verification is
             ``skipped`` with ``cause`` ``"time"`` (a :class:`VerificationError` with ``require_verify``).
@@ -163,7 +163,7 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
     same generated (or ``input_data``) inputs; any pair of models, e.g. another optimizer's output.
 
     Arguments after ``candidate`` are as :func:`optimize`'s (``verify_timeout`` too: when it runs out the result
-    is ``skipped`` with ``cause`` ``"time"``); the rule is README's "Verification"
+    is ``skipped`` with ``cause`` ``"time"``); the rule is docs/reference.md's "Verification"
     (:func:`onnxfuse.verification.verify_models`).
 
     Returns:

@@ -7,7 +7,7 @@ onnxruntime counts them: ``output_size`` (bytes written), ``activation_size`` (b
 and ``parameter_size`` (bytes of initializers read). This module runs a session with profiling on, reads those
 events back and sums them per kernel (median time over the runs), per op, and per fusion of onnxfuse's report (the
 kernel that computes a fusion's output tensor). These are the ground truth the counted report is checked against;
-where they disagree, see README "What the figures are measured against".
+where they disagree, see docs/reference.md "What the figures are measured against".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Memory-traffic accounting: bytes each node reads from and writes to device memory (no I/O, no onnxruntime).
 
-The model (``shared/docs/traffic.md``; also README.md, "How bytes are counted"): unfused execution, no cache
+The model (``shared/docs/traffic.md``; also docs/reference.md, "How bytes are counted"): unfused execution, no cache
 reuse. Each node reads each of its *distinct* input tensors once and writes each output once; a tensor's bytes
 are its element count times the itemsize of its ONNX dtype; weights (initializers, ``Constant`` outputs) are read
 by every node that consumes them; a ``Constant`` node moves nothing. Nodes of If/Loop/Scan bodies are counted as

@@ -54,7 +54,7 @@ from onnxfuse.errors import InputError
 
 #: An output passes when its deviation is at most this many noise floors. Correct folds measured 0-1.0x
 #: onnxruntime's own floor on the shared models, 1.7-2.2x on synthetic ResNets, 0.8-1.4x on 60 Conv/BN/HardSwish
-#: blocks (README: "Verification"); tests/test_mutations.py requires every wrong rewrite beyond 20x to fail.
+#: blocks (docs/reference.md: "Verification"); tests/test_mutations.py requires every wrong rewrite beyond 20x to fail.
 FLOOR_MULTIPLE = 10.0
 
 #: Minimum floor in units of eps(dtype) x max |output|. Kept at or below most noise floors measured (onnxruntime's
