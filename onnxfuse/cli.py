@@ -386,7 +386,10 @@ def main(ctx: click.Context) -> None:
               help="Format of a single --report (default: from its extension).")
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="GB/S",
               help="Add an estimated memory time at this bandwidth (10^9 bytes/s).")
-@click.option("--overwrite", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
+@click.option("--in-place", "--overwrite", "overwrite", is_flag=True,
+              help="Allow OUTPUT to be INPUT itself: the input model is replaced (atomically, after verification). "
+                   "Any other existing OUTPUT is always replaced, as a build step's output is; --overwrite is the "
+                   "old name of this flag.")
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
@@ -413,7 +416,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if bandwidth is not None and not math.isfinite(bandwidth):
         raise InputError("--bandwidth must be a finite number")
     if model_io.same_file(input_path, output_path) and not overwrite:
-        raise InputError(f"{output_path}: OUTPUT is the same file as INPUT; pass --overwrite to replace it")
+        raise InputError(f"{output_path}: OUTPUT is the same file as INPUT; pass --in-place to replace the input")
     _check_folder(output_path, "OUTPUT")
     reports = _report_files(report_paths, report_format)
     for report_path, _ in reports:
@@ -461,7 +464,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if verification.status == "skipped" and require_verify:
         raise VerificationError(f"{input_path}: verification was skipped ({verification.reason}) and "
                                 f"--require-verify was given; {output_path} was not written")
-    replacing_input = output_path.exists() and model_io.same_file(input_path, output_path)  # --overwrite
+    replacing_input = output_path.exists() and model_io.same_file(input_path, output_path)  # --in-place
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
                                   protected=() if replacing_input else result.loaded.data_files)
     _chart_note(report, [fmt for _, fmt in reports])

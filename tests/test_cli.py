@@ -938,3 +938,18 @@ def test_output_names_in_verify_text_are_escaped(tmp_path):
     assert result.exit_code == 0, result.output
     assert "y\\x1b]0;title\\x07\\r\\n| [red]_out" in result.stdout
     assert not any(c in result.output for c in "\x1b\x07\r")
+
+
+def test_in_place_is_the_flag_that_lets_output_be_input(tmp_path):
+    """--overwrite only ever meant "OUTPUT may be INPUT": its name is --in-place now (--overwrite still works);
+    any other existing OUTPUT is replaced, as a build step's output is."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(SAMPLE.read_bytes())
+    result = invoke("optimize", model, model, "--no-verify")
+    assert result.exit_code == 2 and "pass --in-place to replace the input" in result.output
+    assert model.read_bytes() == SAMPLE.read_bytes()
+    assert invoke("optimize", model, model, "--in-place").exit_code == 0
+    assert model.read_bytes() != SAMPLE.read_bytes()
+    out = tmp_path / "o.onnx"
+    out.write_bytes(b"an older output")
+    assert invoke("optimize", SAMPLE, out).exit_code == 0 and onnx.load(str(out)).graph.node
