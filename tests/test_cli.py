@@ -148,7 +148,7 @@ def test_output_same_as_input_is_refused_without_overwrite(tmp_path):
     model.write_bytes(SAMPLE.read_bytes())
     before = digest(model)
     result = invoke("optimize", model, model)
-    assert result.exit_code == 2 and "--overwrite" in result.output
+    assert result.exit_code == 2 and "--in-place" in result.output
     assert digest(model) == before
     link = tmp_path / "link.onnx"
     link.symlink_to(model)
