@@ -14,7 +14,9 @@ caller's ``ModelProto`` or file, and raise :class:`~onnxfuse.errors.InputError` 
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -61,6 +63,33 @@ def _options(target: str, input_shapes, only, skip, constant_initializer_inputs:
                    ort_version=ort_version)
 
 
+#: The command's option names -> this API's keyword arguments, for messages raised by code the two share.
+_KEYWORDS = {"--input-shape": "input_shapes", "--input-value": "input_values", "--input-range": "input_ranges",
+             "--input-data": "input_data", "--input-sets": "input_sets", "--target": "target",
+             "--ort-level": "ort_level", "--ort-version": "ort_version", "--only": "only", "--skip": "skip",
+             "--rtol": "rtol", "--atol": "atol", "--require-verify": "require_verify",
+             "--verify-timeout": "verify_timeout", "--constant-initializer-inputs": "constant_initializer_inputs",
+             "--no-verify": "verify=False"}
+_OPTION = re.compile("|".join(re.escape(k) for k in sorted(_KEYWORDS, key=len, reverse=True)) + r"(?![\w-])")
+
+
+def _in_api_terms(fn):
+    """Re-raise the library's errors with the command's option names replaced by this API's keyword arguments
+    (``--input-shape`` -> ``input_shapes``): the same exception object, its message rewritten."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, VerificationError) as exc:
+            if exc.args and isinstance(exc.args[0], str):
+                exc.args = (_OPTION.sub(lambda m: _KEYWORDS[m.group(0)], exc.args[0]), *exc.args[1:])
+            raise
+
+    return wrapper
+
+
+@_in_api_terms
 def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DEFAULT_TARGET,
             input_shapes: Mapping[str, Iterable[int]] | None = None, only: Iterable[str] = (),
             skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
@@ -94,6 +123,7 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
     return pipeline.analyse(loaded.path, options, loaded).report
 
 
+@_in_api_terms
 def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DEFAULT_TARGET,
              input_shapes: Mapping[str, Iterable[int]] | None = None, verify: bool = True,
              require_verify: bool = False, input_data: str | os.PathLike[str] | None = None,
@@ -154,6 +184,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     return result
 
 
+@_in_api_terms
 def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.ModelProto | str | os.PathLike[str],
            *, input_shapes: Mapping[str, Iterable[int]] | None = None,
            input_data: str | os.PathLike[str] | None = None, input_values: Mapping[str, float] | None = None,

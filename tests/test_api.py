@@ -221,3 +221,14 @@ def test_saved_bytes_is_none_on_a_dynamic_model_without_shapes():
     x = b.input("x", ["N", 3, "H", "W"])
     report = onnxfuse.analyse(b.build(b.op("Relu", [b.conv(x, 3, 8)])), target="cpu")
     assert report.saved_bytes is None and "N" in report.totals["saved_bytes_expr"]
+
+
+def test_errors_name_the_api_arguments_not_the_command_options():
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, 8, 8])
+    model = b.build(b.op("Relu", [b.conv(x, 3, 4)]))
+    with pytest.raises(onnxfuse.InputError) as info:
+        onnxfuse.analyse(model, input_shapes={"image": (1, 3, 8, 8)})
+    assert "input_shapes image" in str(info.value) and "--input-shape" not in str(info.value)
+    with pytest.raises(onnxfuse.InputError, match="ort_version"):
+        onnxfuse.analyse(model, ort_version="1.14")
