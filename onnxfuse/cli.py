@@ -649,11 +649,14 @@ Exit codes:
 @click.option("--baseline", type=click.Path(dir_okay=False, path_type=Path), metavar="OLD.json",
               help="Compare with an earlier JSON report: print what changed, exit 1 if a fusion was lost or the "
                    "optimized traffic grew.")
+@click.option("--profile", is_flag=True,
+              help="Also run the original and the optimized model under onnxruntime's profiler at --ort-level "
+                   "(one thread): measured time and bytes per op and per fusion beside the counted ones.")
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
 def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_version, constant_initializer_inputs,
-           input_data, fmt, outputs, show_all, bandwidth, baseline):
+           input_data, fmt, outputs, show_all, bandwidth, baseline, profile):
     """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
 
     Bytes are expressions in the model's symbolic input dims; --input-shape also gives the numbers at one size.
@@ -690,6 +693,18 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
         result = pipeline.analyse(model_path, options)
     if bandwidth:
         result.report.set_bandwidth(bandwidth)
+    if profile and result.changed:
+        from onnxfuse import ort_profile
+        from onnxfuse.errors import one_line
+
+        with _progress(ctx, "running both models under onnxruntime's profiler"):
+            try:
+                result.report.profile = ort_profile.profile_models(
+                    result.loaded.ort_source(), result.model, result.report.to_dict()["fusions"], options.ort_level,
+                    {k: tuple(v) for k, v in result.report.input_shapes.items()})
+            except Exception as exc:  # onnxruntime cannot run a model on generated inputs: the report says so
+                result.report.warnings = [*(result.report.warnings or []),
+                                          f"--profile: onnxruntime could not run the models ({one_line(exc)})"]
     _diagnostics(result.report)
     for path, _ in files:
         _check_not_data_file(path, "-o", result.loaded)

@@ -173,3 +173,32 @@ def by_fusion(kernels: list[KernelTime], fusions: list[dict]) -> list[dict]:
                      "ms": None if k is None else k.ms, "total_bytes": None if k is None else k.total_bytes,
                      "counted_saved_bytes": f.get("saved_bytes")})
     return rows
+
+
+def profile_models(original: str | bytes, optimized: onnx.ModelProto, fusions: list[dict], level: str,
+                   input_shapes: dict[str, tuple[int, ...]], threads: int | None = 1, runs: int = 5) -> dict:
+    """The report's ``profile`` section: ``original`` (a path or serialized bytes) and ``optimized`` run under
+    onnxruntime's profiler at ``level`` on the same seeded inputs (``input_shapes`` where given; symbolic dims
+    otherwise at ``report.REPRESENTATIVE_BATCH`` / ``REPRESENTATIVE_SIZE``), per side ``by_op``, ``kernels``
+    (count), ``total_ms`` and ``total_bytes``, and ``by_fusion`` for the report's ``fusions`` rows.
+
+    Raises:
+        whatever onnxruntime raises for a model it cannot load or run (the caller reports it).
+    """
+    from onnxfuse import runtime
+    from onnxfuse.report import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
+
+    sess = runtime.session(original, "disable")
+    feeds = runtime.make_inputs(sess, dict(input_shapes), seed=0, sizes=(REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE))
+    del sess
+    out: dict = {"level": level, "threads": threads, "runs": runs,
+                 "input_shapes": {k: list(v.shape) for k, v in feeds.items()}}
+    measured = {}
+    with runtime.loadable(optimized, as_file=True) as source:
+        for key, model in (("original", original), ("optimized", source)):
+            kernels = profile(model, feeds, level=level, threads=threads, runs=runs, warmup=1)
+            measured[key] = kernels
+            out[key] = {"kernels": len(kernels), "by_op": by_op(kernels), "total_ms": sum(k.ms for k in kernels),
+                        "total_bytes": sum(k.total_bytes for k in kernels)}
+    out["by_fusion"] = by_fusion(measured["optimized"], fusions)
+    return out

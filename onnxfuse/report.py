@@ -82,6 +82,7 @@ class Report:
     bandwidth: dict | None = None
     onnxruntime: dict | None = None
     deployment: dict | None = None
+    profile: dict | None = None
     onnxfuse_version: str = __version__
 
     def to_html(self) -> str:
@@ -168,6 +169,7 @@ class Report:
             "bandwidth": self.bandwidth,
             **({"onnxruntime": self.onnxruntime} if self.onnxruntime is not None else {}),
             **({"deployment": self.deployment} if self.deployment is not None else {}),
+            **({"profile": self.profile} if self.profile is not None else {}),
         }
 
 
@@ -677,7 +679,23 @@ def headline(doc: dict, code: bool = False, hints: bool = True, plain=str) -> li
                      f"({plain(first)})")
     if (line := deployment_line(doc)) is not None:
         lines.append(line)
+    if (line := profile_line(doc, plain)) is not None:
+        lines.append(line)
     return lines
+
+
+def profile_line(doc: dict, plain=str) -> str | None:
+    """``measured by onnxruntime's profiler at level all: 400 -> 238 kernels, 812 ms -> 655 ms, 1.9 GiB -> 1.2 GiB
+    read and written (at x=1x3x640x640)``; None without a ``profile`` section (``report --profile``)."""
+    p = doc.get("profile")
+    if not p:
+        return None
+    o, a = p["original"], p["optimized"]
+    shapes = ", ".join(f"{plain(k)}={'x'.join(map(str, v)) or 'scalar'}" for k, v in p["input_shapes"].items())
+    return (f"measured by onnxruntime's profiler at level {p['level']}, {p['threads']} thread(s), median of "
+            f"{p['runs']} runs: {o['kernels']} -> {a['kernels']} kernels, {o['total_ms']:.3f} ms -> "
+            f"{a['total_ms']:.3f} ms, {human_bytes(o['total_bytes'])} -> {human_bytes(a['total_bytes'])} read and "
+            f"written (at {shapes})")
 
 
 #: The sizes a report's figures are given at when the model has symbolic dims and no value was given for them

@@ -625,6 +625,54 @@ def _notes_html(doc: dict, units: list[dict]) -> str:
     return "".join(notes)
 
 
+def _profile_html(doc: dict) -> str:
+    """The "Measured in onnxruntime" panel of a report made with ``--profile``: per op, the kernels, time and the
+    bytes onnxruntime's profiler records for the original and the optimized model, with bars to compare beside
+    the counted traffic; per fusion, the kernel that computes it. Empty without a ``profile`` section."""
+    p = doc.get("profile")
+    if not p:
+        return ""
+    o, a = p["original"], p["optimized"]
+
+    def total(row: dict | None) -> int:
+        return 0 if row is None else row["output_bytes"] + row["activation_bytes"] + row["parameter_bytes"]
+
+    ops = list(dict.fromkeys([*o["by_op"], *a["by_op"]]))
+    largest = max([total(side["by_op"].get(op)) for side in (o, a) for op in ops] + [1])
+    rows = []
+    for op in ops:
+        before, after = o["by_op"].get(op), a["by_op"].get(op)
+        bars = "".join(f'<div class="mbar {cls}" style="width:{100 * total(row) / largest:.1f}%"></div>'
+                       for cls, row in (("before", before), ("after", after)))
+        rows.append(f"<tr><td><code>{_e(op)}</code></td><td class=\"num\">{before['kernels'] if before else 0} / "
+                    f"{after['kernels'] if after else 0}</td><td class=\"num\">"
+                    f"{before['ms'] if before else 0:.3f} / {after['ms'] if after else 0:.3f}</td>"
+                    f"<td class=\"num\">{_e(human_bytes(total(before)))} / {_e(human_bytes(total(after)))}</td>"
+                    f'<td class="bars">{bars}</td></tr>')
+    fusion_rows = [f"<tr><td><code>{_e(f['node'])}</code></td><td>{_e(f['replaced'])}</td>"
+                   f"<td><code>{_e(f['kernel'] or '-')}</code></td><td class=\"num\">"
+                   f"{'-' if f['ms'] is None else format(f['ms'], '.3f')}</td><td class=\"num\">"
+                   f"{_e(human_bytes(f['total_bytes']))}</td><td class=\"num\">"
+                   f"{_e(human_bytes(f['counted_saved_bytes']))}</td></tr>" for f in p["by_fusion"]]
+    shapes = ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in p["input_shapes"].items())
+    return (
+        '<section id="profile"><h2>Measured in onnxruntime</h2>'
+        f"<p>Both models run under onnxruntime's profiler at level <code>{_e(p['level'])}</code>, "
+        f"{_e(p['threads'])} thread(s), on the same inputs ({_e(shapes)}); time is the median of {p['runs']} runs "
+        f"per kernel, bytes are what the profiler records per kernel (outputs written, activations and parameters "
+        f"read): original {o['kernels']} kernels, {o['total_ms']:.3f} ms, {_e(human_bytes(o['total_bytes']))}; "
+        f"optimized {a['kernels']} kernels, {a['total_ms']:.3f} ms, {_e(human_bytes(a['total_bytes']))}. They "
+        "differ from the counted traffic above where onnxruntime changes the layout (NCHWc reorders) or fuses "
+        "more itself.</p>"
+        '<div class="scroll"><table id="profile-ops"><thead><tr><th>op</th><th>kernels (original / optimized)'
+        "</th><th>ms</th><th>measured bytes</th><th>original (light) / optimized (dark)</th></tr></thead><tbody>"
+        + "".join(rows) + "</tbody></table></div>"
+        + ('<div class="scroll"><table id="profile-fusions"><thead><tr><th>fusion</th><th>replaced</th>'
+           "<th>kernel that computes it</th><th>ms</th><th>measured bytes</th><th>saved (counted)</th></tr></thead>"
+           "<tbody>" + "".join(fusion_rows) + "</tbody></table></div>" if fusion_rows else "")
+        + "</section>")
+
+
 def to_html(doc: dict) -> str:
     """The self-contained HTML page (UTF-8 text, about 2 MB) for the report ``doc``: the dict of
     ``Report.to_dict()``, schema_version 1 or 2.
@@ -678,6 +726,7 @@ def to_html(doc: dict) -> str:
         '<div id="traffic-chart" class="chart" role="img" aria-label="bar chart of bytes moved per layer, before '
         'and after fusion"></div><p class="nochart" hidden>The chart needs a browser with DecompressionStream '
         "(Chromium 80, Firefox 113, Safari 16.4 or later); the tables below hold the same figures.</p></section>"
+        f"{_profile_html(doc)}"
         f'<section id="fusions-section"><h2>Fusions applied ({len(doc["fusions"])})</h2>{fusion_table}</section>'
         f'<section id="unfused-section"><h2>Left unfused ({len(doc["unfused"])})</h2>'
         "<p>Each pattern a pass found but declined, with the reason, the bytes one fused node would save, and what "
@@ -725,6 +774,8 @@ th[aria-sort="none"] .arrow::after { content: " ↕"; color: #777; }
 .status-skipped::before { content: "\\2013  "; } .status-failed { background: #fdd; }
 .warning { border-left: 4px solid #000; padding-left: 0.5rem; }
 .scroll { overflow-x: auto; } .chart { width: 100%; }
+td.bars { min-width: 12rem; } .mbar { height: 0.45rem; margin: 0.1rem 0; }
+.mbar.before { background: #c8c8c8; } .mbar.after { background: #4d4d4d; }
 td.shape { white-space: nowrap; font-family: ui-monospace, monospace; font-size: 0.85em; }
 table.sortable td { min-width: 4ch; } td.expr { min-width: 14ch; }
 @media (max-width: 900px) { body { padding: 0 0.5rem; } table { font-size: 0.82rem; } }

@@ -50,3 +50,31 @@ def test_profile_finds_the_kernel_of_each_fusion(model_path, level):
     [row] = ort_profile.by_fusion(kernels, result.report.to_dict()["fusions"])
     assert row["kernel"] is not None and row["kernel_op"] in ("FusedConv", "Conv")
     assert row["replaced"] == "Conv -> BatchNormalization -> Relu" and row["total_bytes"] > 0
+
+
+def test_report_profile_puts_measured_beside_counted_in_every_format(tmp_path):
+    """report --profile: the profile section in JSON (valid against the schema), a line in the text and the
+    'Measured in onnxruntime' panel with its bars in the HTML page."""
+    import json
+
+    import jsonschema
+    from click.testing import CliRunner
+
+    from onnxfuse.cli import main
+    from tests.conftest import REPO
+
+    sample = str(REPO / "sample_models" / "resnet_block.onnx")
+    result = CliRunner().invoke(main, ["report", sample, "--target", "cpu", "--ort-level", "disable", "--profile",
+                                       "-o", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.html"),
+                                       "-o", str(tmp_path / "r.txt")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    schema = json.loads((REPO / "onnxfuse" / "report.schema.json").read_text())
+    jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)
+    prof = doc["profile"]
+    assert prof["level"] == "disable" and prof["original"]["kernels"] == 7 and prof["optimized"]["kernels"] == 2
+    assert prof["original"]["total_bytes"] > prof["optimized"]["total_bytes"] > 0
+    assert {f["kernel_op"] for f in prof["by_fusion"]} == {"FusedConv"}
+    html = (tmp_path / "r.html").read_text()
+    assert '<section id="profile">' in html and html.count('class="mbar ') >= 2
+    assert "measured by onnxruntime's profiler at level disable" in " ".join((tmp_path / "r.txt").read_text().split())
