@@ -556,19 +556,6 @@ def _np(dtype) -> np.dtype | None:
         return None
 
 
-def onnx_dtype(tensor: gs.Tensor) -> int | None:
-    """ONNX ``TensorProto.DataType`` of ``tensor``, or None if unknown."""
-    dtype = tensor.dtype
-    if dtype is None:
-        return None
-    if isinstance(dtype, int):
-        return dtype
-    try:
-        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    except (KeyError, TypeError):
-        return None
-
-
 class Namer:
     """Hands out tensor and node names that no tensor or node in any graph of the model uses yet."""
 

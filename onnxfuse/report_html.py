@@ -588,9 +588,6 @@ def _notes_html(doc: dict, units: list[dict]) -> str:
         notes.append('<p class="warning"><b>Unknown shapes:</b> give <code>--input-shape</code> for '
                      + ", ".join(f"<code>{_e(u['input'])}</code>" for u in doc["unknown_shapes"])
                      + " to count every byte.</p>")
-    if doc.get("shapes_measured"):
-        notes.append("<p>Some tensor sizes were measured in one onnxruntime run on random inputs (onnx shape "
-                     "inference could not resolve them).</p>")
     if doc.get("subgraph_nodes"):
         notes.append(f"<p>{_e(doc['subgraph_nodes'])} nodes inside If/Loop/Scan bodies are counted once each.</p>")
     b = doc.get("bandwidth")
@@ -675,7 +672,7 @@ def _profile_html(doc: dict) -> str:
 
 def to_html(doc: dict) -> str:
     """The self-contained HTML page (UTF-8 text, about 2 MB) for the report ``doc``: the dict of
-    ``Report.to_dict()``, schema_version 1 or 2.
+    ``Report.to_dict()``, schema_version 2.
 
     Raises:
         KeyError: ``doc`` lacks a field that ``report.schema.json`` requires.

@@ -940,8 +940,3 @@ def weights_moved_by_one_ulp(model: onnx.ModelProto, seed: int = 0) -> onnx.Mode
 
 def _sig_text(sig: list[tuple[str, str]]) -> str:
     return "[" + ", ".join(f"{n}: {t}" for n, t in sig) + "]"
-
-
-def verify(original: Model, optimized: Model, opts: VerifyOptions | None = None) -> Verification:
-    """Same as :func:`verify_models` (the name the pipeline has always called)."""
-    return verify_models(original, optimized, opts)

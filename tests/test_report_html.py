@@ -87,8 +87,14 @@ def embedded(page_html: str, element_id: str) -> dict:
 
 
 def test_every_reason_says_what_would_allow_it():
-    missing = [r for r in reason_values() if r not in remedies.REMEDIES]
-    assert not missing, f"add these reasons to onnxfuse/remedies.py REMEDIES: {missing}"
+    """Each reason's row in onnxfuse/reasons.py carries its remedy: a sentence (an option, a target, an export
+    change, or "none: " and why), and the HTML page's last column shows it."""
+    from onnxfuse.reasons import Reason
+
+    for r in Reason:
+        assert len(r.remedy) > 20 and not r.remedy[0].isupper() and not r.remedy.endswith("."), r
+        assert r.remedy.startswith(("none", "no target", "--", "a target", "export", "let ", "fix ", "deploy")), r
+    assert set(remedies.REMEDIES) == set(reason_values())
 
 
 def test_remedy_for_an_activation_names_the_targets_that_accept_it():

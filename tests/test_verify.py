@@ -118,7 +118,7 @@ def test_verification_runs_with_optimizations_disabled(tmp_path):
     wrong.CopyFrom(model)
     bn = wrong.graph.node[-1]
     bn.attribute.append(onnx.helper.make_attribute("epsilon", 0.5))  # a different model
-    result = verify.verify(path, wrong, verify.VerifyOptions())
+    result = verify.verify_models(path, wrong, verify.VerifyOptions())
     assert result.status == "failed"
     sess = runtime.session(str(path))
     assert sess.get_session_options().graph_optimization_level.name == "ORT_DISABLE_ALL"
@@ -274,7 +274,7 @@ def test_float16_min_floor_uses_float16_eps(tmp_path):
     b = GraphBuilder(dtype=np.float16)
     x = b.input("x", [1, 8, 16, 16])
     model = b.build(b.op("Relu", [b.bn(b.conv(x, 8, 8), 8)]))
-    result = verify.verify(save(tmp_path, model), model, verify.VerifyOptions())
+    result = verify.verify_models(save(tmp_path, model), model, verify.VerifyOptions())
     assert result.status == "passed"
     o = result.outputs[0]
     assert o.dtype == "float16"

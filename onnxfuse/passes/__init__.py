@@ -1,9 +1,10 @@
 """The passes, in the order they run: the canonicalization stage (:data:`CANONICALIZE`), then the fusion passes
 (:data:`DEFAULT_PASSES`); ``onnxfuse.pipeline`` repeats each stage to a fixpoint.
 
-To add a pass: one module here (its docstring: before => after, the math, "Skipped when:"), one test module
-``tests/passes/test_<name>.py`` with a test named after each of its ``reasons``, one line in one of the tuples.
-The contract is in :mod:`onnxfuse.passes.base`; shared checks in ``_checks.py``, shared fold math in ``_fold.py``.
+To add a pass (CONTRIBUTING.md): one module here (its docstring: before => after, the math, "Skipped when:"), one
+test module ``tests/passes/test_<name>.py`` with a test named after each of its ``reasons``, one line in one of
+the tuples; a new refusal code is one row in ``onnxfuse/reasons.py`` with its remedy. The contract is in
+:mod:`onnxfuse.passes.base`; shared checks in ``_checks.py``, shared fold math in ``_fold.py``.
 """
 
 from __future__ import annotations

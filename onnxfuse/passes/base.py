@@ -8,7 +8,6 @@ name them. A pass anchors on the *last* node of its chain (its producer chain is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
@@ -16,68 +15,10 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.providers import Target
+from onnxfuse.reasons import Reason
 
 if TYPE_CHECKING:
     from onnxfuse.symbolic import SymbolicShapes
-
-
-class Reason(str, Enum):
-    """Named reasons for declining a pattern (the ``reason`` of a :class:`Skip`).
-
-    The value is the kebab-case code that reports, JSON and tests show; it compares equal to that string.
-    Each pass lists the reasons it can give in ``Pass.reasons``; ``onnxfuse passes`` prints them.
-    """
-
-    NOT_PRIVATE = "intermediate-has-other-consumers"
-    GRAPH_OUTPUT = "intermediate-is-graph-output"
-    WEIGHTS_NOT_CONSTANT = "weights-not-constant"
-    PARAMS_NOT_CONSTANT = "parameters-not-constant"
-    INITIALIZER_IS_INPUT = "initializer-is-graph-input"
-    TRAINING_MODE = "batchnorm-training-mode"
-    PARAM_SHAPE = "parameter-shape-mismatch"
-    NOT_PER_CHANNEL = "constant-not-per-channel"
-    CONV_IS_DIVISOR = "conv-output-is-divisor"
-    ZERO_DIVISOR = "zero-in-divisor"
-    ACTIVATION_UNSUPPORTED = "activation-not-supported-by-target"
-    NO_CONTRIB_OPS = "target-allows-no-contrib-ops"
-    DTYPE_NO_KERNEL = "dtype-has-no-fusedconv-kernel"
-    DTYPE_NOT_FOLDABLE = "dtype-not-foldable"
-    CLIP_BOUNDS_NOT_CONSTANT = "clip-bounds-not-constant"
-    RESIDUAL_SHAPE = "residual-shape-mismatch"
-    QDQ = "quantized-conv"
-    FOLD_NOT_FINITE = "fold-not-finite"
-    MATMUL_NOT_2D = "matmul-input-not-2d"
-    NOT_PER_FEATURE = "constant-not-per-feature"
-    GEMM_IS_DIVISOR = "gemm-output-is-divisor"
-    GEMM_TRANS_A = "gemm-input-transposed"
-    FLATTEN_REORDERS = "flatten-reorders-features"
-    DTYPE_NO_FUSED_GEMM = "dtype-has-no-fusedgemm-kernel"
-    BN_SPATIAL = "batchnorm-spatial-0"
-    CONSTANT_NOT_FOLDED = "constant-not-folded"
-    NO_FUSEDCONV_FORM = "op-has-no-fusedconv-form"
-    CHAIN_BROKEN = "chain-broken-by-op"
-    # canonicalization (onnxfuse.passes.CANONICALIZE)
-    FOLD_GROWS = "fold-grows-model"
-    FOLD_SIZE_UNKNOWN = "fold-size-unknown"
-    RANDOM_OP = "random-op"
-    QDQ_NODE = "quantize-dequantize-node"
-    EVALUATION_FAILED = "evaluation-failed"
-    DROPOUT_TRAINING = "dropout-training-mode"
-    DROPOUT_MASK = "dropout-mask-used"
-    PAD_MODE = "pad-mode-not-constant"
-    PAD_VALUE = "pad-value-not-zero"
-    PAD_AXES = "pad-on-batch-or-channel"
-    PAD_NEGATIVE = "negative-pads"
-    PAD_AXES_INVALID = "pad-axes-invalid"
-    AUTO_PAD = "conv-auto-pad-set"
-    SLOWER_AT_ORT_LEVEL = "slower-than-unfused-at-ort-level"
-    NEEDS_NEWER_ORT = "form-needs-newer-onnxruntime"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 @dataclass

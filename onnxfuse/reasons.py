@@ -1,0 +1,111 @@
+"""Every reason a pass gives for leaving a pattern unfused, with what would let it be fused: one row per reason.
+
+Plain data (no pass, no onnx-graphsurgeon): the passes give these codes in their :class:`~onnxfuse.passes.base.Skip`
+results, and every report format reads the codes and their remedies from here (``onnxfuse.remedies``). A new refusal
+code is one row below: its ``NAME = ("kebab-case-code", "what would let the pattern be fused")``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Reason(str, Enum):
+    """Named reasons for declining a pattern (the ``reason`` of a ``Skip``).
+
+    The value is the kebab-case code that reports, JSON and tests show; it compares equal to that string.
+    :attr:`remedy` says what option, target or export change would let the pattern be fused ("none: ..." when
+    nothing would). Each pass lists the reasons it can give in ``Pass.reasons``; ``onnxfuse passes`` prints them.
+    """
+
+    remedy: str
+
+    def __new__(cls, code: str, remedy: str) -> Reason:
+        member = str.__new__(cls, code)
+        member._value_ = code
+        member.remedy = remedy
+        return member
+
+    NOT_PRIVATE = (
+        "intermediate-has-other-consumers",
+        "none: another node reads the intermediate tensor, so fusing would compute it twice")
+    GRAPH_OUTPUT = (
+        "intermediate-is-graph-output",
+        "none while the intermediate tensor is a graph output (remove that output from the model to allow it)")
+    WEIGHTS_NOT_CONSTANT = (
+        "weights-not-constant",
+        "export the weights as initializers or Constant nodes (e.g. with constant folding on)")
+    PARAMS_NOT_CONSTANT = (
+        "parameters-not-constant",
+        "export the parameters as initializers or Constant nodes (e.g. with constant folding on)")
+    INITIALIZER_IS_INPUT = (
+        "initializer-is-graph-input",
+        "--constant-initializer-inputs (only if nobody feeds those inputs at run time)")
+    TRAINING_MODE = (
+        "batchnorm-training-mode",
+        "export the model in inference mode (BatchNormalization training_mode=0)")
+    PARAM_SHAPE = ("parameter-shape-mismatch", "none: the parameter does not have one value per output channel")
+    NOT_PER_CHANNEL = ("constant-not-per-channel", "none: the constant varies along more than the channel axis")
+    CONV_IS_DIVISOR = ("conv-output-is-divisor", "none: the conv output is the divisor, which no fold can express")
+    ZERO_DIVISOR = ("zero-in-divisor", "none: the divisor holds a zero")
+    ACTIVATION_UNSUPPORTED = (
+        "activation-not-supported-by-target",
+        "a target whose FusedConv or FusedGemm accepts the activation")
+    NO_CONTRIB_OPS = (
+        "target-allows-no-contrib-ops",
+        "a target with FusedConv or FusedGemm (onnx emits standard ONNX ops only)")
+    DTYPE_NO_KERNEL = ("dtype-has-no-fusedconv-kernel", "no target: onnxruntime has FusedConv kernels for float32 only")
+    DTYPE_NOT_FOLDABLE = ("dtype-not-foldable", "none: onnxfuse folds floating-point weights only")
+    CLIP_BOUNDS_NOT_CONSTANT = ("clip-bounds-not-constant", "export Clip's min and max as constants")
+    RESIDUAL_SHAPE = ("residual-shape-mismatch", "none: FusedConv's Z input must have exactly the conv output's shape")
+    QDQ = ("quantized-conv", "none: quantized convs are left to onnxruntime's QDQ fusions")
+    FOLD_NOT_FINITE = ("fold-not-finite", "none: the folded weights would overflow the dtype")
+    MATMUL_NOT_2D = ("matmul-input-not-2d", "none: Gemm takes 2-D inputs only")
+    NOT_PER_FEATURE = ("constant-not-per-feature", "none: the constant varies along more than the feature axis")
+    GEMM_IS_DIVISOR = ("gemm-output-is-divisor", "none: the Gemm output is the divisor, which no fold can express")
+    GEMM_TRANS_A = ("gemm-input-transposed", "none: with transA=1 the BatchNormalization channels are Gemm's rows")
+    FLATTEN_REORDERS = (
+        "flatten-reorders-features",
+        "none: the Flatten or Reshape before the Gemm does not keep one sample's features per row")
+    DTYPE_NO_FUSED_GEMM = (
+        "dtype-has-no-fusedgemm-kernel",
+        "no target: onnxruntime has FusedGemm kernels for float32 only")
+    BN_SPATIAL = (
+        "batchnorm-spatial-0",
+        "none: BatchNormalization with spatial=0 has statistics per element, not per channel")
+    CONSTANT_NOT_FOLDED = (
+        "constant-not-folded",
+        "let constant_fold fold the constant (do not --skip it); its own row says why it did not")
+    NO_FUSEDCONV_FORM = ("op-has-no-fusedconv-form", "none: onnxruntime's FusedConv has no form for this op")
+    CHAIN_BROKEN = ("chain-broken-by-op", "none: no pass removes the op in between")
+    # canonicalization (onnxfuse.passes.CANONICALIZE)
+    FOLD_GROWS = ("fold-grows-model", "none: the folded constant would grow the model past onnxfuse's limit")
+    FOLD_SIZE_UNKNOWN = (
+        "fold-size-unknown",
+        "none: the size of the folded constant cannot be known without computing it")
+    RANDOM_OP = ("random-op", "none: the op draws new values on every run")
+    QDQ_NODE = ("quantize-dequantize-node", "none: left for onnxruntime's QDQ fusions")
+    EVALUATION_FAILED = ("evaluation-failed", "none: onnxruntime could not evaluate the node")
+    DROPOUT_TRAINING = ("dropout-training-mode", "export the model in inference mode (Dropout training_mode false)")
+    DROPOUT_MASK = ("dropout-mask-used", "none while another node reads the Dropout mask")
+    PAD_MODE = ("pad-mode-not-constant", "none: only a constant-mode Pad folds into the Conv's pads")
+    PAD_VALUE = ("pad-value-not-zero", "none: Conv pads with zeros")
+    PAD_AXES = ("pad-on-batch-or-channel", "none: Conv pads the spatial axes only")
+    PAD_NEGATIVE = ("negative-pads", "none: negative pads crop, which Conv's pads cannot")
+    PAD_AXES_INVALID = (
+        "pad-axes-invalid",
+        "fix the model: the Pad's axes or pads do not fit its input (onnxruntime refuses it)")
+    AUTO_PAD = ("conv-auto-pad-set", "export the Conv with explicit pads (auto_pad NOTSET)")
+    SLOWER_AT_ORT_LEVEL = (
+        "slower-than-unfused-at-ort-level",
+        "--ort-level extended (or basic, disable) if your onnxruntime sessions run below ORT_ENABLE_ALL; at all, "
+        "onnxruntime's NCHWc layout runs the unfused chain faster")
+    NEEDS_NEWER_ORT = (
+        "form-needs-newer-onnxruntime",
+        "deploy on the onnxruntime release the detail names (or newer) and give it as --ort-version")
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
