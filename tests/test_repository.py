@@ -27,3 +27,20 @@ def test_no_absolute_machine_paths_in_committed_files():
             if MACHINE_PATH.search(line):
                 found.append(f"{name}:{number}: {line.strip()[:100]}")
     assert not found, "absolute paths of this machine:\n" + "\n".join(found)
+
+
+def test_banned_imports_keep_onnxruntime_and_graphsurgeon_in_their_modules():
+    """ruff's banned-api rule (pyproject.toml) refuses onnxruntime and onnx-graphsurgeon imports, lazy ones too,
+    outside the modules allowed them: a module of the package that imports either fails ``ruff check``."""
+    import shutil
+
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e '.[test]')")
+    code = "def f():\n    import onnxruntime\n    import onnx_graphsurgeon\n    return onnxruntime, onnx_graphsurgeon\n"
+    for name, banned in (("onnxfuse/report.py", 2), ("onnxfuse/cli.py", 2), ("onnxfuse/runtime.py", 0),
+                         ("onnxfuse/passes/x.py", 0)):
+        out = subprocess.run([ruff, "check", "--no-cache", "--select", "TID251", "--stdin-filename", name, "-"],
+                             input=code,
+                             capture_output=True, text=True, cwd=REPO)
+        assert out.stdout.count("TID251") == banned, (name, out.stdout)
