@@ -169,15 +169,11 @@ def emitted_forms(model: onnx.ModelProto) -> Counter:
     """FusedConv / FusedGemm form name (``providers.form_name``, ``gemm_form_name``) -> node count, over every
     graph of ``model``."""
     forms: Counter = Counter()
-    for graph, _ in g.proto_graphs(model.graph):
-        for node in graph.node:
-            if node.domain != g.MS_DOMAIN or node.op_type not in ("FusedConv", "FusedGemm"):
-                continue
-            act = next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
-            if node.op_type == "FusedGemm":
-                forms[gemm_form_name(act or "")] += 1
-            else:
-                forms[form_name(act, len(node.input) > 3 and bool(node.input[3]))] += 1
+    for node, act in _fused_nodes(model):
+        if node.op_type == "FusedGemm":
+            forms[gemm_form_name(act or "")] += 1
+        else:
+            forms[form_name(act, len(node.input) > 3 and bool(node.input[3]))] += 1
     return forms
 
 
@@ -460,22 +456,27 @@ def _cross_check(sym: symbolic.SymbolicShapes, concrete: dict, values: dict) -> 
             f"tensor(s), e.g. {'; '.join(bad[:3])}; the counts follow onnxruntime's symbolic inference"]
 
 
+def _fused_nodes(model: onnx.ModelProto):
+    """``(node, activation or None)`` for every ``com.microsoft`` FusedConv and FusedGemm node of every graph of
+    ``model``."""
+    for graph, _ in g.proto_graphs(model.graph):
+        for node in graph.node:
+            if node.domain == g.MS_DOMAIN and node.op_type in ("FusedConv", "FusedGemm"):
+                yield node, next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
+
+
 def _target_warnings(model: onnx.ModelProto, target_name: str) -> list[str]:
     """FusedConv and FusedGemm nodes in ``model`` (already in the input, or made for another target) that
     ``target_name`` cannot run."""
     target = get_target(target_name)
     bad: Counter = Counter()
-    for graph, _ in g.proto_graphs(model.graph):
-        for node in graph.node:
-            if node.domain != g.MS_DOMAIN or node.op_type not in ("FusedConv", "FusedGemm"):
-                continue
-            act = next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
-            if node.op_type == "FusedConv":
-                runs = target.fused_conv and (target.plain_fused_conv if act is None else act in target.activations)
-            else:
-                runs = act in target.fused_gemm
-            if not runs:
-                bad[(node.op_type, act or "no activation")] += 1
+    for node, act in _fused_nodes(model):
+        if node.op_type == "FusedConv":
+            runs = target.fused_conv and (target.plain_fused_conv if act is None else act in target.activations)
+        else:
+            runs = act in target.fused_gemm
+        if not runs:
+            bad[(node.op_type, act or "no activation")] += 1
     return [f"the model holds {n} {op} node(s) with {act} that target {target_name} cannot run "
             "(they were in the input; onnxfuse does not unfuse)" for (op, act), n in sorted(bad.items())]
 

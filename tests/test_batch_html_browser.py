@@ -8,33 +8,17 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from click.testing import CliRunner
 
 from onnxfuse import batch as b
 from onnxfuse.cli import main
 from tests.conftest import REPO
-from tests.test_report_html_browser import MISSING, _chromium
+from tests.test_report_html_browser import browser  # noqa: F401 - the module's browser fixture, shared
 
 SAMPLES = REPO / "sample_models"
 
 
-@pytest.fixture(scope="module")
-def browser():
-    if MISSING:
-        pytest.fail(f"browser tests are required when CI is set: {MISSING}", pytrace=False)
-    import os
-
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        args = ["--no-sandbox"] if os.geteuid() == 0 else []
-        chromium = playwright.chromium.launch(executable_path=_chromium(), args=args)
-        yield chromium
-        chromium.close()
-
-
-def test_batch_index_page_rows_equal_the_summary_and_sort(browser, tmp_path):
+def test_batch_index_page_rows_equal_the_summary_and_sort(browser, tmp_path):  # noqa: F811 - the fixture
     zoo = tmp_path / "zoo"
     zoo.mkdir()
     for name in ("conv_relu", "mlp_head", "resnet_block", "conv_tanh"):
