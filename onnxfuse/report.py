@@ -1042,9 +1042,10 @@ def to_markdown(report: Report, show_all: bool = False) -> str:
     if doc["fusions"]:
         rows, hidden = _top(doc["fusions"], "saved_bytes", show_all)
         out += [f"#### Fusions applied ({len(doc['fusions'])}: {_kinds(doc)})", "",
-                _md_row(["node", "replaced", "activation", "saved"]), _md_row(["---"] * 4)]
+                _md_row(["node", "replaced", "activation", "saved", "onnxruntime makes it too"]), _md_row(["---"] * 5)]
         out += [_md_row([code(r["node"]), md(_chain(r["replaced"])), md(r["activation"] or ""),
-                         _cell(r["saved_bytes"], r["saved_bytes_expr"], doc, True)]) for r in rows]
+                         _cell(r["saved_bytes"], r["saved_bytes_expr"], doc, True),
+                         {True: "yes", False: "no"}.get(r.get("made_by_onnxruntime"), "")]) for r in rows]
         if hidden:
             out.append(f"\n_{hidden} more rows not shown (onnxfuse report --all shows every row; JSON and HTML always "
                        "do)._")

@@ -372,8 +372,13 @@ def _shapes_html(doc: dict) -> str:
 
 def _verification_html(doc: dict) -> str:
     """Status, its summary (or the reason it was skipped), and each output's errors against its tolerance."""
+    from onnxfuse.report import REPORT_DOES_NOT_VERIFY
+
     v = doc["verification"] or {}
     status = v.get("status", "unknown")
+    if v.get("reason") == REPORT_DOES_NOT_VERIFY:  # onnxfuse report: nothing was run, nothing failed
+        return ('<span class="status" id="verification-status">not run</span> (onnxfuse report only analyses; '
+                "onnxfuse optimize verifies what it writes)")
     out = [f'<span class="status status-{_e(status)}" id="verification-status">{_e(status)}</span>']
     if v.get("reason"):
         out.append(f" ({_e(v['reason'])})")
@@ -473,6 +478,21 @@ def _dim_text(dim: int | str | None, doc: dict) -> str:
     return _short_dim(dim, _display_names(doc))
 
 
+def _made_by_onnxruntime(row: dict) -> str:
+    """``yes`` when onnxruntime makes this fusion itself at load (the report's level), ``no`` when it does not,
+    empty when the report did not compare."""
+    made = row.get("made_by_onnxruntime")
+    return "" if made is None else ("yes" if made else "no")
+
+
+def _passes_text(passes: list[str]) -> str:
+    """``conv_affine x2, conv_hardswish``: the passes that built a node, each once with how often it applied."""
+    counts: dict[str, int] = {}
+    for p in passes:
+        counts[p] = counts.get(p, 0) + 1
+    return ", ".join(f"{p} x{n}" if n > 1 else p for p, n in counts.items())
+
+
 def _fusion_rows(doc: dict) -> list[str]:
     rows = []
     for f in doc["fusions"]:
@@ -486,9 +506,9 @@ def _fusion_rows(doc: dict) -> list[str]:
             saved = saved.replace("<td ", f'<td title="{_e(f["unknown_reason"])}" ', 1)
         rows.append(f"<tr><td><code>{_e(f['node'])}</code></td><td>{_e(f['op'])}</td>"
                     f'<td title="{_e(names)}">{_e(_chain(f["replaced"]))}</td><td>{_e(f.get("activation") or "")}'
-                    f"</td><td>{_e(', '.join(f.get('passes') or []))}</td><td class=\"shape\">{_e(output)}"
+                    f"</td><td>{_e(_passes_text(f.get('passes') or []))}</td><td class=\"shape\">{_e(output)}"
                     f"</td>{_bytes_cell(f, 'bytes_before', doc)}{_bytes_cell(f, 'bytes_after', doc)}"
-                    f"{saved}</tr>")
+                    f"{saved}<td>{_made_by_onnxruntime(f)}</td></tr>")
     return rows
 
 
@@ -703,7 +723,8 @@ def to_html(doc: dict) -> str:
     fusion_table = _sortable(
         "fusions", [("node", "text"), ("op", "text"), ("replaced", "text"), ("activation", "text"),
                     ("passes", "text"), ("output", "text"), ("bytes before", "num"), ("bytes after", "num"),
-                    ("saved", "num")], _fusion_rows(doc), "No pattern was fused.")
+                    ("saved", "num"), ("onnxruntime makes it too", "text")], _fusion_rows(doc),
+        "No pattern was fused.")
     unfused_table = _sortable(
         "unfused", [("first node", "text"), ("pattern", "text"), ("pass", "text"), ("reason", "text"),
                     ("detail", "text"), ("would save", "num"), ("what would allow it", "text")],

@@ -123,3 +123,15 @@ def test_every_format_leads_with_the_runtime_figure(fmt):
     text = " ".join(rep.render(report, fmt).split())  # the text format wraps long lines
     assert "go beyond what onnxruntime makes itself at load" in text
     assert text.index("go beyond what onnxruntime") < text.index("vs the graph as exported")
+
+
+def test_fusion_tables_say_which_fusions_onnxruntime_makes_too():
+    """Markdown and HTML fusion tables carry made_by_onnxruntime as a column: a user sees which fusions go beyond."""
+    from onnxfuse import report_html
+
+    beyond = pipeline.analyse(None, pipeline.Options(target="cpu"), loaded=_loaded(_written_out_hardswish())).report
+    made = pipeline.analyse(None, pipeline.Options(target="cpu"), loaded=_loaded(_conv_bn_relu())).report
+    assert "| onnxruntime makes it too |" in rep.to_markdown(beyond)
+    assert rep.to_markdown(beyond).rstrip().count("| no |") == 1 and "| yes |" in rep.to_markdown(made)
+    assert "<td>no</td></tr>" in report_html.to_html(beyond.to_dict())
+    assert "<td>yes</td></tr>" in report_html.to_html(made.to_dict())
