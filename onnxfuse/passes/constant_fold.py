@@ -32,7 +32,9 @@ Skipped when:
     fold-grows-model               the outputs would exceed the constant inputs by more than
                                    FOLD_GROWTH_LIMIT_BYTES (Expand, Tile, ConstantOfShape of a large shape), or
                                    the constant inputs that this node alone reads (the others stay) by more than
-                                   SHARED_COPY_LIMIT_BYTES; checked before the node runs
+                                   SHARED_COPY_LIMIT_BYTES; checked before the node runs. A compact weight read
+                                   by one node (int8 weights Cast to float32, then scaled) stays compact: the
+                                   conv folds work on its computation (``_fold.compact_weight``)
     fold-size-unknown              an output's size is not known before running the node (onnx shape inference
                                    has no answer), so running it might need any amount of memory
     dtype-not-foldable             an input has a dtype numpy cannot hold (bfloat16, float8, string); outputs of
@@ -414,9 +416,15 @@ class ConstantFold(Pass[FoldMatch]):
         if out_bytes > in_bytes + FOLD_GROWTH_LIMIT_BYTES:
             return skip(Reason.FOLD_GROWS, f"the folded value would hold {out_bytes} bytes from {in_bytes} bytes "
                         f"of constant inputs (limit: inputs + {FOLD_GROWTH_LIMIT_BYTES})", nodes, out)
-        if out_bytes > freed + SHARED_COPY_LIMIT_BYTES:
+        if out_bytes > freed + SHARED_COPY_LIMIT_BYTES and freed < in_bytes:
             return skip(Reason.FOLD_GROWS, f"the folded value ({out_bytes} bytes) would be a copy: its constant "
                         f"inputs stay for their other readers (limit: {SHARED_COPY_LIMIT_BYTES} bytes)", nodes, out)
+        if out_bytes > freed + SHARED_COPY_LIMIT_BYTES:
+            return skip(Reason.FOLD_GROWS, f"the folded value ({out_bytes} bytes) would be larger than its compact "
+                        f"constant inputs ({in_bytes} bytes, read by this node only; limit: inputs + "
+                        f"{SHARED_COPY_LIMIT_BYTES} bytes), so they stay compact: the conv folds scale the weight's "
+                        "per-channel scale or append a per-channel Mul to it instead, and onnxruntime computes the "
+                        "value when it loads the model", nodes, out)
         return None
 
     def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:

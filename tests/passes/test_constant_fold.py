@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from onnxfuse import pipeline
 from onnxfuse.passes import Reason
 from onnxfuse.passes.constant_fold import FOLD_GROWTH_LIMIT_BYTES
-from tests.builders import GraphBuilder, skip_of, subgraph, tensor
+from tests.builders import GraphBuilder, compact_weight, skip_of, subgraph, tensor
 from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, attr, op_counts, run
 
 PASS = "constant_fold"
@@ -189,6 +189,20 @@ def test_skip_fold_grows_model_copy_of_a_shared_constant(fuse):
     assert [s.reason for s in skips] == [Reason.FOLD_GROWS, Reason.FOLD_GROWS]
     assert "copy" in skips[0].detail
     assert op_counts(result.model) == op_counts(model)
+
+
+def test_skip_fold_grows_model_compact_weight_with_one_reader_stays_compact(fuse):
+    # int8 weights Cast to float32 (4x the bytes) and scaled per channel, read by one conv: the Cast stays, and
+    # the refusal says so instead of calling the float result a copy kept for other readers (there are none).
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 8, 8])
+    model = b.build(b.op("Relu", [b.bn(b.conv(x, 16, 16, weight=compact_weight(b, 16, 16)), 16)]), opset=13)
+    result = fuse(model)
+    s = skip_of(result, PASS)
+    assert s.reason == Reason.FOLD_GROWS and s.nodes[0][1] == "Cast"
+    assert "larger than its compact constant inputs (2304 bytes, read by this node only" in s.detail
+    assert "copy" not in s.detail and "other readers" not in s.detail
+    assert "Cast" in op_counts(result.model) and "BatchNormalization" not in op_counts(result.model)
 
 
 def test_skip_initializer_is_graph_input(fuse):
