@@ -164,11 +164,16 @@ def compact_weight(b: GraphBuilder, c_out: int, c_in: int, k: int = 3, form: str
     """A float32 conv weight [c_out, c_in, k, k] that the graph computes from compact constants, as weight-only
     quantized or size-optimized exports write it: ``cast_mul`` Mul(Cast(int8), per-channel scale [c_out, 1, 1,
     1]); ``dq_axis`` DequantizeLinear(int8, scale [c_out], zero point [c_out], axis 0); ``dq_tensor``
-    DequantizeLinear(int8, one scale, one zero point); ``constant_of_shape`` ConstantOfShape of one value."""
+    DequantizeLinear(int8, one scale, one zero point); ``constant_of_shape``, ``expand``, ``tile``: one value
+    broadcast by ConstantOfShape, Expand or Tile."""
     shape = (c_out, c_in, k, k)
     if form == "constant_of_shape":
         return b.op("ConstantOfShape", [b.const(np.array(shape, np.int64))],
                     value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.005]))
+    if form == "expand":
+        return b.op("Expand", [b.const(np.float32([0.005])), b.const(np.array(shape, np.int64))])
+    if form == "tile":
+        return b.op("Tile", [b.const(np.full((1, 1, 1, 1), 0.005, np.float32)), b.const(np.array(shape, np.int64))])
     q = b.const(b.rng.integers(-127, 128, shape).astype(np.int8))
     scale = b.rng.uniform(0.0005, 0.002, c_out).astype(np.float32)  # weights of about 0.07: outputs stay near 1
     if form == "cast_mul":

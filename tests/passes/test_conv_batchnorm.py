@@ -411,13 +411,14 @@ def test_scaled_weight_stores_the_float64_fold_and_refuses_what_fold_fits_refuse
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Weights computed from compact constants (int8 x scale, DequantizeLinear, ConstantOfShape)
+# Weights computed from compact constants (int8 x scale, DequantizeLinear, ConstantOfShape/Expand/Tile)
 
-COMPACT_FORMS = ["cast_mul", "dq_axis", "dq_tensor", "constant_of_shape"]
+COMPACT_FORMS = ["cast_mul", "dq_axis", "dq_tensor", "constant_of_shape", "expand", "tile"]
 #: What stays of each form's weight computation after the fold (cast_mul and dq_axis: the scale is replaced, no
-#: node added; dq_tensor and constant_of_shape: one Mul(W, s) appended).
+#: node added; the others: one Mul(W, s) appended).
 COMPACT_NODES = {"cast_mul": {"Cast": 1, "Mul": 1}, "dq_axis": {"DequantizeLinear": 1},
-                 "dq_tensor": {"DequantizeLinear": 1, "Mul": 1}, "constant_of_shape": {"ConstantOfShape": 1, "Mul": 1}}
+                 "dq_tensor": {"DequantizeLinear": 1, "Mul": 1}, "constant_of_shape": {"ConstantOfShape": 1, "Mul": 1},
+                 "expand": {"Expand": 1, "Mul": 1}, "tile": {"Tile": 1, "Mul": 1}}
 
 
 def int8_initializers(model):
@@ -426,8 +427,9 @@ def int8_initializers(model):
 
 @pytest.mark.parametrize("form", COMPACT_FORMS)
 def test_folds_into_compact_weight_which_stays_compact(fuse, form):
-    # 16x16x3x3 int8 weights: constant_fold refuses to Cast/dequantize them (float32 is 4x their bytes), so the BN
-    # folds into the weight's computation and the Relu fuses; the int8 tensor is kept byte for byte.
+    # 16x16x3x3 weights: constant_fold refuses to Cast/dequantize the int8 ones (float32 is 4x their bytes) and to
+    # broadcast one value into 9 KiB, so the BN folds into the weight's computation and the Relu fuses; any int8
+    # tensor is kept byte for byte.
     b = GraphBuilder()
     x = b.input("x", [1, 16, 8, 8])
     y = b.bn(b.conv(x, 16, 16, weight=compact_weight(b, 16, 16, form=form)), 16)
