@@ -458,9 +458,10 @@ class ConstantFold(Pass[FoldMatch]):
         if out_bytes > freed + SHARED_COPY_LIMIT_BYTES:
             return skip(Reason.FOLD_GROWS, f"the folded value ({out_bytes} bytes) would be larger than its compact "
                         f"constant inputs ({in_bytes} bytes, read by this node only; limit: inputs + "
-                        f"{SHARED_COPY_LIMIT_BYTES} bytes), so they stay compact: the conv folds scale the weight's "
-                        "per-channel scale or append a per-channel Mul to it instead, and onnxruntime computes the "
-                        "value when it loads the model", nodes, out)
+                        f"{SHARED_COPY_LIMIT_BYTES} bytes), so they stay compact and onnxruntime computes the value "
+                        "when it loads the model: the folds into a conv weight go into its per-channel scale or a "
+                        "per-channel Mul before the conv (--materialize-weights MIB stores such weights as plain "
+                        "floats)", nodes, out)
         return None
 
     def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
