@@ -182,3 +182,17 @@ def compact_weight(b: GraphBuilder, c_out: int, c_in: int, k: int = 3, form: str
         return b.op("DequantizeLinear", [q, b.const(scale), b.const(np.zeros(c_out, np.int8))], axis=0)
     assert form == "dq_tensor", form
     return b.op("DequantizeLinear", [q, b.const(np.float32(0.001)), b.const(np.int8(0))])
+
+
+def compact_gemm_weight(b: GraphBuilder, k: int, n: int, trans_b: bool = False, form: str = "cast_mul") -> str:
+    """A float32 Gemm B ([K, N], or [N, K] with ``trans_b``) computed from compact constants: ``cast_mul``
+    Mul(Cast(int8), per-output-feature scale [1, N] / [N, 1]); ``constant_of_shape`` ConstantOfShape of one
+    value."""
+    shape = (n, k) if trans_b else (k, n)
+    if form == "constant_of_shape":
+        return b.op("ConstantOfShape", [b.const(np.array(shape, np.int64))],
+                    value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.005]))
+    assert form == "cast_mul", form
+    q = b.const(b.rng.integers(-127, 128, shape).astype(np.int8))
+    scale = b.rng.uniform(0.0005, 0.002, n).astype(np.float32).reshape((n, 1) if trans_b else (1, n))
+    return b.op("Mul", [b.op("Cast", [q], to=TensorProto.FLOAT), b.const(scale)])

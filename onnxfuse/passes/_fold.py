@@ -231,15 +231,15 @@ class CompactWeight:
         return len(self.shape)
 
 
-def compact_weight(conv: gs.Node, ctx: Context) -> CompactWeight | None:
-    """W of ``conv`` as a :class:`CompactWeight` when it is computed only from constants (no graph input, no
-    overridable initializer: ``_checks.computed_from_constants``) and its shape and float dtype are known; None
-    otherwise."""
+def compact_weight(conv: gs.Node, ctx: Context, min_rank: int = 3) -> CompactWeight | None:
+    """Input 1 (the weight) of ``conv`` (or of a Gemm, with ``min_rank`` 2) as a :class:`CompactWeight` when it is
+    computed only from constants (no graph input, no overridable initializer: ``_checks.computed_from_constants``)
+    and its shape (of at least ``min_rank`` dims) and float dtype are known; None otherwise."""
     w = conv.inputs[1]
     if not computed_from_constants(w, ctx):
         return None
     shape, dtype = ctx.shape(w), ctx.dtype(w)
-    if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape) or len(shape) < 3:
+    if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape) or len(shape) < min_rank:
         return None
     if dtype is None or np.dtype(dtype) not in FOLDABLE_DTYPES:
         return None
@@ -287,14 +287,21 @@ def compact_scale(conv: gs.Node, cw: CompactWeight, scale: np.ndarray, ctx: Cont
     never touched. Skips with ``weights-not-constant`` for a grouped ConvTranspose (its output channels are not
     one axis of W) and with ``fold-not-finite`` when the new scale would not be finite in its dtype.
     """
-    m = out_channels(conv, cw.shape)
     if conv.op == "ConvTranspose" and int(conv.attrs.get("group", 1)) != 1:
         return None, skip(Reason.WEIGHTS_NOT_CONSTANT, f"weight {cw.tensor.name} is computed at load time and a "
                           "grouped ConvTranspose's output channels are not one axis of it", nodes, output)
-    axis, rank = _channel_axis(conv), cw.ndim
+    return compact_scale_axis(conv, cw, _channel_axis(conv), out_channels(conv, cw.shape), scale, ctx, nodes,
+                              output)
+
+
+def compact_scale_axis(reader: gs.Node, cw: CompactWeight, axis: int, m: int, scale: np.ndarray, ctx: Context,
+                       nodes: list[gs.Node], output: gs.Tensor) -> tuple[CompactScale | None, Skip | None]:
+    """:func:`compact_scale` for the weight ``cw`` of ``reader`` (a Conv/ConvTranspose, or a Gemm: axis 1 of B,
+    or 0 with ``transB``) whose ``m`` output channels lie along ``axis``."""
+    rank = cw.ndim
     s = np.broadcast_to(np.asarray(scale, dtype=np.float64).reshape(-1), (m,))
     channel_shape = tuple(m if a == axis else 1 for a in range(rank))
-    found = _scale_input(g.producer(cw.tensor), cw, ctx, axis, m) if _private(cw.tensor, conv, ctx) else None
+    found = _scale_input(g.producer(cw.tensor), cw, ctx, axis, m) if _private(cw.tensor, reader, ctx) else None
     if found is None:
         result = CompactScale(None, 0, s.reshape(channel_shape), cw.dtype, cw.shape)
     else:
@@ -337,7 +344,7 @@ def _scale_input(p: gs.Node | None, cw: CompactWeight, ctx: Context, axis: int, 
 
 
 def set_compact_scale(conv: gs.Node, ctx: Context, scale: CompactScale, slot: int) -> None:
-    """Apply ``scale`` (from :func:`compact_scale`) to ``conv``'s weight: replace the scale input of its
+    """Apply ``scale`` (from :func:`compact_scale`) to ``conv``'s (or a Gemm's) weight: replace the scale input of its
     producer by a fresh constant, or insert ``Mul(W, value)`` into ``ctx.order`` at ``slot`` (a free slot
     before the conv, after W's producer) and make the conv read its output. Never edits a tensor in place."""
     base = conv.name or conv.outputs[0].name
