@@ -390,12 +390,16 @@ def main(ctx: click.Context) -> None:
               help="Allow OUTPUT to be INPUT itself: the input model is replaced (atomically, after verification). "
                    "Any other existing OUTPUT is always replaced, as a build step's output is; --overwrite is the "
                    "old name of this flag.")
+@click.option("--materialize-weights", type=click.FloatRange(min=0), default=0, metavar="MIB",
+              help="Let the output grow by up to this many MiB (2^20 bytes) to store conv/Gemm weights that the model "
+                   "computes from compact constants (int8 x scale, ConstantOfShape) as plain floats. Default 0: "
+                   "they stay compact and folds go into their scale; onnxruntime computes them at load.")
 @verbosity_options
 @click.pass_context
 @_fail_cleanly
 def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_level, ort_version,
              constant_initializer_inputs, no_verify, require_verify, input_data, input_value, input_range, input_sets,
-             rtol, atol, verify_timeout, report_paths, report_format, bandwidth, overwrite):
+             rtol, atol, verify_timeout, report_paths, report_format, bandwidth, overwrite, materialize_weights):
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
     \b
@@ -429,6 +433,9 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
                              "removed with it when the model has external data or is over 2 GB); choose another name")
     options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = input_data  # real inputs fix the report's shapes too
+    if not math.isfinite(materialize_weights):
+        raise InputError("--materialize-weights must be a finite number of MiB")
+    options.materialize_weights_bytes = int(materialize_weights * 2**20)
     # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
     options.expressions = bool(reports)
     options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all

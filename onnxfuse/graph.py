@@ -608,6 +608,18 @@ class NodeOrder:
             if id(node) in self.position:
                 self.slots[self.position.pop(id(node))] = None
 
+    def place(self, node: gs.Node, slot: int) -> None:
+        """Put a new ``node`` into the empty ``slot`` (a slot a rewrite emptied, which :meth:`slot` returned
+        before)."""
+        if self.slots[slot] is not None:
+            raise ValueError(f"slot {slot} holds {self.slots[slot].name}")
+        self.slots[slot] = node
+        self.position[id(node)] = slot
+
+    def slot(self, node: gs.Node) -> int:
+        """The slot that ``node`` is in now."""
+        return self.position[id(node)]
+
     def compact(self) -> None:
         """Give the graph its node list back, in slot order."""
         self.graph.nodes = [n for n in self.slots if n is not None]

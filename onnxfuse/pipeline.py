@@ -80,6 +80,9 @@ class Options:
             session loads). False leaves the report's ``onnxruntime`` section out.
         ort_version: the onnxruntime release the model will run on (``--ort-version``, ``"1.20"``); forms that
             release cannot load are not emitted (``providers.FORM_MIN_ORT``). None: the installed onnxruntime.
+        materialize_weights_bytes: how many bytes the model may grow by where conv/Gemm weights computed from
+            compact constants (int8 x scale, ConstantOfShape) are stored as plain floats (``--materialize-weights``);
+            0 keeps them compact, the folds then working on their computation (``passes._fold.compact_scale``).
     """
 
     target: str = DEFAULT_TARGET
@@ -92,6 +95,7 @@ class Options:
     expressions: bool = True
     compare_with_onnxruntime: bool = True
     ort_version: str | None = None
+    materialize_weights_bytes: int = 0
 
 
 @dataclass
@@ -304,7 +308,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
             graph = g.to_graph(model)
             ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
                           info, namer=g.Namer(graph),
-                          symbolic=sym if options.expressions or not input_shapes else None)  # own shapes only
+                          symbolic=sym if options.expressions or not input_shapes else None,  # own shapes only
+                          materialize_bytes=options.materialize_weights_bytes)
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
             out = g.to_model(graph, model, reuse_original=True) if fusions else model

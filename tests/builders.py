@@ -158,3 +158,41 @@ def skip_of(result, pass_name: str):
     found = [s for s in result.skips if s.pass_name == pass_name]
     assert len(found) == 1, [(s.pass_name, s.reason, s.detail) for s in result.skips]
     return found[0]
+
+
+def compact_weight(b: GraphBuilder, c_out: int, c_in: int, k: int = 3, form: str = "cast_mul") -> str:
+    """A float32 conv weight [c_out, c_in, k, k] that the graph computes from compact constants, as weight-only
+    quantized or size-optimized exports write it: ``cast_mul`` Mul(Cast(int8), per-channel scale [c_out, 1, 1,
+    1]); ``dq_axis`` DequantizeLinear(int8, scale [c_out], zero point [c_out], axis 0); ``dq_tensor``
+    DequantizeLinear(int8, one scale, one zero point); ``constant_of_shape``, ``expand``, ``tile``: one value
+    broadcast by ConstantOfShape, Expand or Tile."""
+    shape = (c_out, c_in, k, k)
+    if form == "constant_of_shape":
+        return b.op("ConstantOfShape", [b.const(np.array(shape, np.int64))],
+                    value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.005]))
+    if form == "expand":
+        return b.op("Expand", [b.const(np.float32([0.005])), b.const(np.array(shape, np.int64))])
+    if form == "tile":
+        return b.op("Tile", [b.const(np.full((1, 1, 1, 1), 0.005, np.float32)), b.const(np.array(shape, np.int64))])
+    q = b.const(b.rng.integers(-127, 128, shape).astype(np.int8))
+    scale = b.rng.uniform(0.0005, 0.002, c_out).astype(np.float32)  # weights of about 0.07: outputs stay near 1
+    if form == "cast_mul":
+        return b.op("Mul", [b.op("Cast", [q], to=TensorProto.FLOAT), b.const(scale.reshape(c_out, 1, 1, 1))])
+    if form == "dq_axis":
+        return b.op("DequantizeLinear", [q, b.const(scale), b.const(np.zeros(c_out, np.int8))], axis=0)
+    assert form == "dq_tensor", form
+    return b.op("DequantizeLinear", [q, b.const(np.float32(0.001)), b.const(np.int8(0))])
+
+
+def compact_gemm_weight(b: GraphBuilder, k: int, n: int, trans_b: bool = False, form: str = "cast_mul") -> str:
+    """A float32 Gemm B ([K, N], or [N, K] with ``trans_b``) computed from compact constants: ``cast_mul``
+    Mul(Cast(int8), per-output-feature scale [1, N] / [N, 1]); ``constant_of_shape`` ConstantOfShape of one
+    value."""
+    shape = (n, k) if trans_b else (k, n)
+    if form == "constant_of_shape":
+        return b.op("ConstantOfShape", [b.const(np.array(shape, np.int64))],
+                    value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.005]))
+    assert form == "cast_mul", form
+    q = b.const(b.rng.integers(-127, 128, shape).astype(np.int8))
+    scale = b.rng.uniform(0.0005, 0.002, n).astype(np.float32).reshape((n, 1) if trans_b else (1, n))
+    return b.op("Mul", [b.op("Cast", [q], to=TensorProto.FLOAT), b.const(scale)])

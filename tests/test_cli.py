@@ -953,3 +953,31 @@ def test_in_place_is_the_flag_that_lets_output_be_input(tmp_path):
     out = tmp_path / "o.onnx"
     out.write_bytes(b"an older output")
     assert invoke("optimize", SAMPLE, out).exit_code == 0 and onnx.load(str(out)).graph.node
+
+
+def test_optimize_keeps_compact_weights_unless_materialize_weights_allows_it(tmp_path):
+    """A weight-only int8 model: by default the written file keeps its int8 weights (no larger than the input);
+    --materialize-weights 1 (MiB) stores them as float32 (the file grows by about 3 x the int8 bytes); a
+    negative budget is a usage error (exit 2)."""
+    from tests.builders import compact_weight
+
+    b = GraphBuilder()
+    y = b.input("x", [1, 16, 8, 8])
+    for _ in range(2):
+        y = b.op("Relu", [b.bn(b.conv(y, 16, 16, weight=compact_weight(b, 16, 16)), 16)])
+    src = tmp_path / "in.onnx"
+    onnx.save(b.build(y, opset=13), str(src))
+
+    def int8_bytes(path):
+        return sum(len(t.raw_data) for t in onnx.load(str(path)).graph.initializer
+                   if t.data_type == onnx.TensorProto.INT8)
+
+    compact, wide = tmp_path / "compact.onnx", tmp_path / "wide.onnx"
+    assert invoke("optimize", src, compact).exit_code == 0
+    assert int8_bytes(compact) == int8_bytes(src) == 2 * 2304
+    assert compact.stat().st_size <= src.stat().st_size
+    assert invoke("optimize", src, wide, "--materialize-weights", "1").exit_code == 0
+    assert int8_bytes(wide) == 0
+    assert wide.stat().st_size >= src.stat().st_size + 2 * 3 * 2304 - 1024
+    bad = CliRunner().invoke(main, ["optimize", str(src), str(tmp_path / "x.onnx"), "--materialize-weights", "-1"])
+    assert bad.exit_code == 2 and "--materialize-weights" in bad.output

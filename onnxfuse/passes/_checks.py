@@ -75,8 +75,11 @@ def computed_from_constants(tensor: gs.Tensor, ctx: Context, limit: int = 64) ->
 
 def qdq_check(conv: gs.Node, output: gs.Tensor, nodes: list[gs.Node]) -> Skip | None:
     """Skip patterns that sit inside a QuantizeLinear/DequantizeLinear pair, which onnxruntime's QDQ fusions need
-    to see as a plain Conv."""
-    fed = any(is_op(g.producer(t), "DequantizeLinear") for t in conv.inputs if t.name)
+    to see as a plain Conv: the conv's data input comes from a DequantizeLinear, or its output feeds a
+    QuantizeLinear. A weight or bias alone computed by DequantizeLinear (a weight-only int8 model, whose compute
+    stays float) is no QDQ pattern: onnxruntime's QDQ node groups are DequantizeLinear -> op -> QuantizeLinear
+    on the activations (``core/optimizer/qdq_transformer/selectors_actions/qdq_selectors.h``, NodeGroup)."""
+    fed = bool(conv.inputs) and is_op(g.producer(conv.inputs[0]), "DequantizeLinear")
     feeds = any(is_op(c, "QuantizeLinear") for c in g.consumers(output))
     if fed or feeds:
         return skip(Reason.QDQ, "the conv is part of a QuantizeLinear/DequantizeLinear pattern", nodes, output)

@@ -12,7 +12,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
-from onnxfuse.passes._checks import private_check, qdq_check, skip
+from onnxfuse.passes._checks import computed_from_constants, is_op, private_check, qdq_check, skip
 from onnxfuse.passes.base import Context, Match, Reason, Skip
 
 
@@ -22,6 +22,8 @@ class FoldMatch(Match):
 
     Attributes:
         weight: W', the conv weight's shape, in float64 or already in ``dtype``; None keeps W.
+        scale: for a weight computed from compact constants (:class:`CompactWeight`), the per-output-channel
+            scale that makes W' from W without materializing W; None otherwise.
         bias: B' in float64, shape [M]; None keeps B (or no bias).
         dtype: the conv weight's dtype, which W' and B' are stored in.
     """
@@ -29,6 +31,7 @@ class FoldMatch(Match):
     weight: np.ndarray | None
     bias: np.ndarray | None
     dtype: np.dtype
+    scale: CompactScale | None = None
 
 
 def out_channels(conv: gs.Node, weight_shape: tuple) -> int:
@@ -98,9 +101,13 @@ def fold_inputs(conv: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[gs.Nod
 def conv_parts(conv: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):
     """``(W, B or None, None)`` as constant arrays for a fold, or ``(None, None, Skip)``.
 
-    B is None when the conv has no bias. Folds need float16/float32/float64 weights.
+    B is None when the conv has no bias. Folds need float16/float32/float64 weights. W is a
+    :class:`CompactWeight` instead of an array when it is computed from compact constants (see
+    :func:`compact_weight`); B is an array either way.
     """
     w, why = ctx.constant(conv.inputs[1])
+    if w is None and why != Reason.INITIALIZER_IS_INPUT:
+        w = compact_weight(conv, ctx)
     if w is None:
         detail = (f"weight {conv.inputs[1].name} is an initializer listed as a graph input (overridable); pass "
                   "--constant-initializer-inputs if it never changes" if why == Reason.INITIALIZER_IS_INPUT
@@ -194,3 +201,160 @@ def batchnorm_mode_check(bn: gs.Node, ctx: Context, nodes: list[gs.Node], output
     if int(bn.attrs.get("training_mode", 0)) or any(t.outputs or g.is_graph_output(t, ctx.graph) for t in extra):
         return skip(Reason.TRAINING_MODE, "BatchNormalization is in training mode", nodes, output)
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Weights computed from compact constants
+
+
+@dataclass(frozen=True)
+class CompactWeight:
+    """A conv weight W that the model computes from constants when it loads rather than storing it as floats:
+    int8 values times a scale (``Mul(Cast(int8), scale)``), ``DequantizeLinear`` of an int8 weight (outside an
+    activation QDQ pattern), ``ConstantOfShape``/``Expand``/``Tile`` of one value. ``constant_fold`` leaves such
+    a computation in place when its float result would be larger than its compact inputs (``fold-grows-model``);
+    the folds then scale W through its computation (:func:`compact_scale`) and onnxruntime computes W' at load.
+
+    Attributes:
+        tensor: W, the conv's weight input (a computed tensor, no constant).
+        shape: W's static shape (ints), from onnx shape inference (``Context.shape``).
+        dtype: W's dtype (float16/float32/float64).
+    """
+
+    tensor: gs.Tensor
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        """W's rank."""
+        return len(self.shape)
+
+
+def compact_weight(conv: gs.Node, ctx: Context, min_rank: int = 3) -> CompactWeight | None:
+    """Input 1 (the weight) of ``conv`` (or of a Gemm, with ``min_rank`` 2) as a :class:`CompactWeight` when it is
+    computed only from constants (no graph input, no overridable initializer: ``_checks.computed_from_constants``)
+    and its shape (of at least ``min_rank`` dims) and float dtype are known; None otherwise."""
+    w = conv.inputs[1]
+    if not computed_from_constants(w, ctx):
+        return None
+    shape, dtype = ctx.shape(w), ctx.dtype(w)
+    if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape) or len(shape) < min_rank:
+        return None
+    if dtype is None or np.dtype(dtype) not in FOLDABLE_DTYPES:
+        return None
+    return CompactWeight(w, tuple(shape), np.dtype(dtype))
+
+
+@dataclass(frozen=True)
+class CompactScale:
+    """How W' = W * s[m] (s per output channel m) is written without materializing W (see
+    :func:`compact_scale`).
+
+    Attributes:
+        node: the Mul or DequantizeLinear that computes W, whose constant scale input ``index`` is replaced by
+            ``value``; None when a ``Mul(W, value)`` is appended before the conv instead.
+        index: the replaced input of ``node`` (unused when ``node`` is None).
+        value: the new scale constant in float64: the old scale times s, in a shape that broadcasts the same way
+            (a DequantizeLinear's per-axis [M]; a Mul's constant aligned to W's rank with M on the channel axis),
+            or s shaped [M, 1, ...] (Conv) / [1, M, 1, ...] (ConvTranspose) for an appended Mul.
+        dtype: the dtype ``value`` is stored in (the replaced scale's, or W's for an appended Mul).
+        shape: W's shape (the appended Mul's output shape).
+    """
+
+    node: gs.Node | None
+    index: int
+    value: np.ndarray
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
+def _channel_axis(conv: gs.Node) -> int:
+    """The axis of W that holds output channels: 0 for Conv, 1 for ConvTranspose (group 1)."""
+    return 1 if conv.op == "ConvTranspose" else 0
+
+
+def compact_scale(conv: gs.Node, cw: CompactWeight, scale: np.ndarray, ctx: Context, nodes: list[gs.Node],
+                  output: gs.Tensor) -> tuple[CompactScale | None, Skip | None]:
+    """``(CompactScale, None)`` that multiplies output channel m of the compact weight ``cw`` by ``scale[m]``
+    (float64, [M] or one value), or ``(None, Skip)``.
+
+    When W is read by ``conv`` alone and computed by a ``Mul`` with a constant operand that varies along the
+    output-channel axis only (int8 x per-channel scale), that operand is replaced by operand x scale; when it is
+    computed by a ``DequantizeLinear`` with a per-axis scale on that axis (no ``block_size``), its scale is
+    replaced by scale x s (ONNX Operators.md, DequantizeLinear: y = (x - zero_point) * x_scale, so scaling
+    x_scale scales y). Otherwise a ``Mul(W, s)`` is appended before the conv. The int8/compact constants are
+    never touched. Skips with ``weights-not-constant`` for a grouped ConvTranspose (its output channels are not
+    one axis of W) and with ``fold-not-finite`` when the new scale would not be finite in its dtype.
+    """
+    if conv.op == "ConvTranspose" and int(conv.attrs.get("group", 1)) != 1:
+        return None, skip(Reason.WEIGHTS_NOT_CONSTANT, f"weight {cw.tensor.name} is computed at load time and a "
+                          "grouped ConvTranspose's output channels are not one axis of it", nodes, output)
+    return compact_scale_axis(conv, cw, _channel_axis(conv), out_channels(conv, cw.shape), scale, ctx, nodes,
+                              output)
+
+
+def compact_scale_axis(reader: gs.Node, cw: CompactWeight, axis: int, m: int, scale: np.ndarray, ctx: Context,
+                       nodes: list[gs.Node], output: gs.Tensor) -> tuple[CompactScale | None, Skip | None]:
+    """:func:`compact_scale` for the weight ``cw`` of ``reader`` (a Conv/ConvTranspose, or a Gemm: axis 1 of B,
+    or 0 with ``transB``) whose ``m`` output channels lie along ``axis``."""
+    rank = cw.ndim
+    s = np.broadcast_to(np.asarray(scale, dtype=np.float64).reshape(-1), (m,))
+    channel_shape = tuple(m if a == axis else 1 for a in range(rank))
+    found = _scale_input(g.producer(cw.tensor), cw, ctx, axis, m) if _private(cw.tensor, reader, ctx) else None
+    if found is None:
+        result = CompactScale(None, 0, s.reshape(channel_shape), cw.dtype, cw.shape)
+    else:
+        node, index, old = found
+        with np.errstate(all="ignore"):
+            if node.op == "DequantizeLinear":
+                value = old.astype(np.float64) * s
+            else:
+                aligned = (1,) * (rank - old.ndim) + tuple(old.shape)
+                value = old.astype(np.float64).reshape(aligned) * s.reshape(channel_shape)
+        result = CompactScale(node, index, value, old.dtype, cw.shape)
+    return (None, bad) if (bad := fold_fits(result.dtype, result.value, None, nodes, output)) else (result, None)
+
+
+def _private(w: gs.Tensor, conv: gs.Node, ctx: Context) -> bool:
+    """True when ``w`` is read by ``conv`` only and is no graph output (its producer may then be edited)."""
+    return all(r is conv for r in g.consumers(w)) and not g.is_graph_output(w, ctx.graph)
+
+
+def _scale_input(p: gs.Node | None, cw: CompactWeight, ctx: Context, axis: int, m: int):
+    """``(node, input index, scale value)`` of the per-output-channel constant scale of W's producer ``p`` (see
+    :func:`compact_scale`), or None."""
+    if is_op(p, "Mul") and len(p.inputs) == 2:
+        for i in (0, 1):
+            c, _ = ctx.constant(p.inputs[i])
+            other, _ = ctx.constant(p.inputs[1 - i])
+            if c is None or other is not None or c.dtype != cw.dtype or c.ndim > cw.ndim:
+                continue
+            aligned = (1,) * (cw.ndim - c.ndim) + tuple(c.shape)
+            if all(d == 1 or (a == axis and d == m) for a, d in enumerate(aligned)):
+                return p, i, c
+        return None
+    if is_op(p, "DequantizeLinear") and len(p.inputs) > 1 and not int(p.attrs.get("block_size", 0)):
+        c, _ = ctx.constant(p.inputs[1])
+        dq_axis = int(p.attrs.get("axis", 1))
+        if c is not None and c.ndim == 1 and c.shape[0] == m and m > 1 and c.dtype == cw.dtype \
+                and dq_axis % cw.ndim == axis:
+            return p, 1, c
+    return None
+
+
+def set_compact_scale(conv: gs.Node, ctx: Context, scale: CompactScale, slot: int) -> None:
+    """Apply ``scale`` (from :func:`compact_scale`) to ``conv``'s (or a Gemm's) weight: replace the scale input of its
+    producer by a fresh constant, or insert ``Mul(W, value)`` into ``ctx.order`` at ``slot`` (a free slot
+    before the conv, after W's producer) and make the conv read its output. Never edits a tensor in place."""
+    base = conv.name or conv.outputs[0].name
+    const = g.new_constant(ctx.namer, f"{base}.weight_scale_folded", scale.value.astype(scale.dtype))
+    if scale.node is not None:
+        scale.node.inputs[scale.index] = const
+        return
+    w = conv.inputs[1]
+    out = gs.Variable(ctx.namer.fresh(f"{base}.weight_scaled"), dtype=scale.dtype, shape=list(scale.shape))
+    mul = gs.Node("Mul", name=ctx.namer.fresh(f"{base}.weight_scale"), inputs=[w, const], outputs=[out])
+    conv.inputs[1] = out
+    ctx.order.place(mul, slot)
+    ctx.members.add(id(mul))

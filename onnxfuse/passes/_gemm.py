@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.passes._checks import is_op, private_check, skip
-from onnxfuse.passes._fold import FOLDABLE_DTYPES
+from onnxfuse.passes._fold import FOLDABLE_DTYPES, CompactScale, compact_weight
 from onnxfuse.passes.base import Context, Match, Reason, Skip
 
 
@@ -38,11 +38,14 @@ class GemmAttrs:
 
 @dataclass
 class GemmFoldMatch(Match):
-    """A fold into a Gemm: its new B and C in float64 (None: keep that input) and the dtype to store them in."""
+    """A fold into a Gemm: its new B and C in float64 (None: keep that input) and the dtype to store them in;
+    ``scale``: for a B computed from compact constants, how its output features are scaled (``b`` is then None).
+    """
 
     b: np.ndarray | None
     c: np.ndarray | None
     dtype: np.dtype
+    scale: CompactScale | None = None
 
 
 def has_c(gemm: gs.Node) -> bool:
@@ -93,14 +96,19 @@ def c_matrix(c: np.ndarray | None, n: int) -> np.ndarray:
     return np.broadcast_to(c64, (c64.shape[0], n)).copy()
 
 
-def gemm_parts(gemm: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):
+def gemm_parts(gemm: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor, compact: bool = False):
     """``(B, C or None, None)`` as constant arrays for a fold into ``gemm``, or ``(None, None, Skip)``.
+
+    With ``compact``, a B computed from compact constants (int8 x scale...) is returned as a
+    ``_fold.CompactWeight`` (for folds that scale output features only: ``_fold.compact_scale_axis``).
 
     Skips: weights-not-constant (B or C computed at run time), initializer-is-graph-input, dtype-not-foldable (B
     is not float16/float32/float64), parameter-shape-mismatch (B is not 2-D, or C cannot broadcast to [M, N]:
     invalid models that onnx.checker without shape inference lets through).
     """
     b, why = ctx.constant(gemm.inputs[1])
+    if b is None and compact and why != Reason.INITIALIZER_IS_INPUT:
+        b = compact_weight(gemm, ctx, min_rank=2)
     if b is None:
         reason = why if why == Reason.INITIALIZER_IS_INPUT else Reason.WEIGHTS_NOT_CONSTANT
         return None, None, skip(reason, f"Gemm weight {gemm.inputs[1].name} is not a constant", nodes, output)
@@ -123,14 +131,15 @@ def gemm_parts(gemm: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Ten
     return b, c, None
 
 
-def gemm_fold_inputs(gemm: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):
+def gemm_fold_inputs(gemm: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor,
+                     compact: bool = False):
     """What every fold after a Gemm checks first (the Gemm counterpart of ``_fold.fold_inputs``): the Gemm's
     output is read only by ``anchor`` and is no graph output, no QDQ, constant weights. Returns
     ``(B, C or None, None)`` or ``(None, None, Skip)`` (see :func:`gemm_parts`)."""
     bad = private_check([gemm.outputs[0]], [anchor], ctx, nodes, output) or gemm_qdq_check(gemm, output, nodes)
     if bad:
         return None, None, bad
-    return gemm_parts(gemm, ctx, nodes, output)
+    return gemm_parts(gemm, ctx, nodes, output, compact)
 
 
 def gemm_qdq_check(gemm: gs.Node, output: gs.Tensor, nodes: list[gs.Node]) -> Skip | None:

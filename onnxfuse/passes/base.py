@@ -89,6 +89,9 @@ class Context:
         order: the node slots of ``graph`` that rewrites edit (see ``graph.NodeOrder``).
         symbolic: the model's own symbolic shapes (``onnxfuse.symbolic.SymbolicShapes``: every dim a sympy
             expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed.
+        materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
+            computed from compact constants (int8 x scale) as plain floats (``Options.materialize_weights_bytes``;
+            each such fold spends its growth). 0: weights stay compact.
     """
 
     target: Target
@@ -99,6 +102,7 @@ class Context:
     members: set[int] = field(default_factory=set)
     order: g.NodeOrder | None = None
     symbolic: SymbolicShapes | None = None
+    materialize_bytes: int = 0
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.

@@ -32,7 +32,11 @@ Skipped when:
     fold-grows-model               the outputs would exceed the constant inputs by more than
                                    FOLD_GROWTH_LIMIT_BYTES (Expand, Tile, ConstantOfShape of a large shape), or
                                    the constant inputs that this node alone reads (the others stay) by more than
-                                   SHARED_COPY_LIMIT_BYTES; checked before the node runs
+                                   SHARED_COPY_LIMIT_BYTES; checked before the node runs. A compact weight read
+                                   by one node (int8 weights Cast to float32, then scaled) stays compact: the
+                                   conv folds work on its computation (``_fold.compact_weight``), unless
+                                   the growth fits ``--materialize-weights`` (Context.materialize_bytes) and
+                                   the value only feeds conv/Gemm weights (:func:`_weight_only`)
     fold-size-unknown              an output's size is not known before running the node (onnx shape inference
                                    has no answer), so running it might need any amount of memory
     dtype-not-foldable             an input has a dtype numpy cannot hold (bfloat16, float8, string); outputs of
@@ -89,6 +93,7 @@ class FoldMatch(Match):
     """A node to replace by its outputs' values (one array per output; None for an unnamed output)."""
 
     values: list[np.ndarray | None] = field(default_factory=list)
+    growth: int = 0  # bytes of Context.materialize_bytes this fold spends (a weight materialized past the limits)
 
 
 def _has_subgraph(node: gs.Node) -> bool:
@@ -339,6 +344,32 @@ def _dropout_training(node: gs.Node, inputs: list[np.ndarray | None]) -> bool:
             and bool(np.asarray(inputs[2]).reshape(-1)[0]))
 
 
+#: Ops whose input 1 (the weight) and 2 (the bias) a weight-only value feeds (:func:`_weight_only`).
+WEIGHT_READERS = ("Conv", "ConvTranspose", "Gemm")
+
+
+def _weight_only(node: gs.Node, graph: gs.Graph, depth: int = 8) -> bool:
+    """True when every named output of ``node`` is read, through at most ``depth`` single-output default-domain
+    nodes (Cast, Mul by a scale, Reshape...), only as input 1 or 2 (weight, bias) of a Conv, ConvTranspose or
+    Gemm, and none is an output of ``graph``: a weight computed from compact constants, which
+    ``--materialize-weights`` lets grow."""
+    outputs = [t for t in node.outputs if t.name]
+    if not outputs:
+        return False
+    for t in outputs:
+        readers = g.consumers(t)
+        if not readers or g.is_graph_output(t, graph):
+            return False
+        for r in readers:
+            if r.domain not in ONNX_DOMAINS:
+                return False
+            if r.op in WEIGHT_READERS and any(x is t for x in r.inputs[1:3]) and t is not r.inputs[0]:
+                continue
+            if depth <= 0 or len(r.outputs) != 1 or not _weight_only(r, graph, depth - 1):
+                return False
+    return True
+
+
 class ConstantFold(Pass[FoldMatch]):
     """Node with constant inputs => the constant it computes (onnxruntime evaluates it)."""
 
@@ -391,7 +422,8 @@ class ConstantFold(Pass[FoldMatch]):
         if predicted is None:
             return skip(Reason.FOLD_SIZE_UNKNOWN, f"the size of {node.op}'s output is not known before running it "
                         "(onnx shape inference cannot tell it), so it may be any size", nodes, out)
-        grows = self._grows(predicted, in_bytes, freed, nodes, out)
+        materialize = ctx.materialize_bytes if ctx.materialize_bytes and _weight_only(node, ctx.graph) else 0
+        grows = self._grows(predicted, in_bytes, freed, nodes, out, materialize)
         if grows:
             return grows
         try:
@@ -401,26 +433,40 @@ class ConstantFold(Pass[FoldMatch]):
                         f"{' '.join(str(exc).split())[:200]}", nodes, out)
         if any(t.name and not isinstance(r, np.ndarray) for t, r in zip(node.outputs, results, strict=True)):
             return skip(Reason.EVALUATION_FAILED, f"an output of {node.op} is not a tensor", nodes, out)
-        grows = self._grows(sum(r.nbytes for r in results if r is not None), in_bytes, freed, nodes, out)
-        return grows or FoldMatch(nodes, values=results)
+        out_bytes = sum(r.nbytes for r in results if r is not None)
+        grows = self._grows(out_bytes, in_bytes, freed, nodes, out, materialize)
+        if grows:
+            return grows
+        over = out_bytes > freed + SHARED_COPY_LIMIT_BYTES or out_bytes > in_bytes + FOLD_GROWTH_LIMIT_BYTES
+        return FoldMatch(nodes, values=results, growth=out_bytes - freed if over else 0)
 
     @staticmethod
-    def _grows(out_bytes: int | None, in_bytes: int, freed: int, nodes: list[gs.Node], out: gs.Tensor
-               ) -> Skip | None:
+    def _grows(out_bytes: int | None, in_bytes: int, freed: int, nodes: list[gs.Node], out: gs.Tensor,
+               materialize: int = 0) -> Skip | None:
         """Skip when the fold would grow the model too much (bytes: ``in_bytes`` of distinct constant inputs, of
-        which ``freed`` are read by this node only and leave the model with it)."""
-        if out_bytes is None:
+        which ``freed`` are read by this node only and leave the model with it), unless the growth
+        ``out_bytes - freed`` fits ``materialize`` (the bytes left of ``--materialize-weights`` for a value that
+        only conv/Gemm weights are computed from)."""
+        if out_bytes is None or out_bytes - freed <= materialize:
             return None
         if out_bytes > in_bytes + FOLD_GROWTH_LIMIT_BYTES:
             return skip(Reason.FOLD_GROWS, f"the folded value would hold {out_bytes} bytes from {in_bytes} bytes "
                         f"of constant inputs (limit: inputs + {FOLD_GROWTH_LIMIT_BYTES})", nodes, out)
-        if out_bytes > freed + SHARED_COPY_LIMIT_BYTES:
+        if out_bytes > freed + SHARED_COPY_LIMIT_BYTES and freed < in_bytes:
             return skip(Reason.FOLD_GROWS, f"the folded value ({out_bytes} bytes) would be a copy: its constant "
                         f"inputs stay for their other readers (limit: {SHARED_COPY_LIMIT_BYTES} bytes)", nodes, out)
+        if out_bytes > freed + SHARED_COPY_LIMIT_BYTES:
+            return skip(Reason.FOLD_GROWS, f"the folded value ({out_bytes} bytes) would be larger than its compact "
+                        f"constant inputs ({in_bytes} bytes, read by this node only; limit: inputs + "
+                        f"{SHARED_COPY_LIMIT_BYTES} bytes), so they stay compact and onnxruntime computes the value "
+                        "when it loads the model: the folds into a conv weight go into its per-channel scale or a "
+                        "per-channel Mul before the conv (--materialize-weights MIB stores such weights as plain "
+                        "floats)", nodes, out)
         return None
 
     def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
         node = match.nodes[0]
         original = replaced(match.nodes)
+        ctx.materialize_bytes -= match.growth
         g.fold_to_constants(ctx.order, node, match.values)
         return Fusion(self.name, "", "", original, None, original[0][2])  # node and op: nothing computes it now

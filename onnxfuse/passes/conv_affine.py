@@ -13,10 +13,16 @@ math runs in float64 and is stored in the weight's dtype. Broadcasting follows O
 in ONNX" (numpy rules, shapes right-aligned), so a constant shaped [M] lines up with the *last* axis, not the
 channels, and is refused. B = 0 when the conv has none.
 
+A weight computed from compact constants (int8 x scale, DequantizeLinear, ConstantOfShape...; see
+``_fold.compact_weight``) stays compact: Add and Sub(conv, c) change only B; the factor of W (c, 1/c, -1) goes
+into its per-channel scale or into a small ``Mul(W, factor)`` before the conv, and onnxruntime computes W' when
+it loads the model.
+
 Skipped when:
     intermediate-has-other-consumers   the conv output is read by another node too
     intermediate-is-graph-output       the conv output is a graph output
-    weights-not-constant               W or B is computed at run time; also when c is a graph input shaped per
+    weights-not-constant               W or B is computed at run time (W computed from constants only folds,
+                                       except a grouped ConvTranspose's); also when c is a graph input shaped per
                                        channel ([1, M, 1, 1]...): an export that feeds every parameter at run
                                        time (with constant weights such a c stays conv_residual's refusal)
     initializer-is-graph-input         W, B or c is an overridable initializer (IR < 4 style)
@@ -36,7 +42,17 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced, skip
-from onnxfuse.passes._fold import FoldMatch, fold_fits, fold_inputs, out_channels, scale_output_channels, set_weights
+from onnxfuse.passes._fold import (
+    CompactWeight,
+    FoldMatch,
+    compact_scale,
+    fold_fits,
+    fold_inputs,
+    out_channels,
+    scale_output_channels,
+    set_compact_scale,
+    set_weights,
+)
 from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
 
 
@@ -96,10 +112,35 @@ class ConvAffine(Pass[FoldMatch]):
                             f"of a rank-{w.ndim} output with {m} channels", nodes, out)
             if node.op == "Div" and not np.all(vec):
                 return skip(Reason.ZERO_DIVISOR, f"{c_tensor.name} contains a zero", nodes, out)
+            if isinstance(w, CompactWeight):
+                return self._compact(conv, node.op, side == 0, w, b, vec, ctx, nodes, out)
             new_w, new_b = self._fold(conv, node.op, side == 0, w, b, vec)
             bad = fold_fits(w.dtype, new_w, new_b, nodes, out)
             return bad or FoldMatch(nodes, new_w, new_b, w.dtype)
         return None
+
+    def _compact(self, conv: gs.Node, op: str, conv_first: bool, w: CompactWeight, b: np.ndarray | None,
+                 c: np.ndarray, ctx: Context, nodes: list[gs.Node], out: gs.Tensor) -> FoldMatch | Skip:
+        """The fold for a weight computed from compact constants: W's factor per output channel (1 for Add and
+        Sub(conv, c): bias only, W untouched; -1, c, 1/c otherwise) goes into its computation
+        (``_fold.compact_scale``), B' is computed as for constant weights."""
+        with np.errstate(all="ignore"):
+            b64 = np.zeros_like(c) if b is None else np.broadcast_to(b.astype(np.float64).reshape(-1), c.shape)
+            if op == "Add":
+                factor, new_b = None, b64 + c
+            elif op == "Sub":
+                factor, new_b = (None, b64 - c) if conv_first else (np.full_like(c, -1.0), c - b64)
+            elif op == "Mul":
+                factor, new_b = c, (None if b is None else b64 * c)
+            else:  # Div(conv, c)
+                factor, new_b = 1.0 / c, (None if b is None else b64 / c)
+        compact = None
+        if factor is not None:
+            compact, bad = compact_scale(conv, w, factor, ctx, nodes, out)
+            if bad:
+                return bad
+        bad = fold_fits(w.dtype, None, new_b, nodes, out)
+        return bad or FoldMatch(nodes, None, new_b, w.dtype, compact)
 
     @staticmethod
     def _per_channel_input(conv: gs.Node, c: gs.Tensor, ctx: Context) -> bool:
@@ -131,6 +172,9 @@ class ConvAffine(Pass[FoldMatch]):
     def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
         conv, op_node = match.nodes
         original = replaced(match.nodes)
+        slot = ctx.order.slot(conv)
         set_weights(conv, ctx, match.weight, match.bias, match.dtype)
         g.replace_chain(ctx.order, conv, op_node, [op_node])
+        if match.scale is not None:
+            set_compact_scale(conv, ctx, match.scale, slot)
         return describe(self.name, conv, original)

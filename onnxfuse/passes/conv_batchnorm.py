@@ -13,10 +13,15 @@ Math (ONNX Operators.md, BatchNormalization: Y = (X - mean) / sqrt(var + epsilon
 Computed in float64 (in ``match``, so that a fold that overflows is refused) and stored in the conv weight's dtype
 (BN-15 parameters may be another dtype).
 
+A weight computed from compact constants (int8 x scale, DequantizeLinear, ConstantOfShape...; see
+``_fold.compact_weight``) stays compact: s goes into its per-channel scale, or into a small ``Mul(W, s)`` before
+the conv, and onnxruntime computes W' when it loads the model; only B' is stored.
+
 Skipped when:
     intermediate-has-other-consumers   the conv output is read by another node too
     intermediate-is-graph-output       the conv output is a graph output
-    weights-not-constant               W or B is computed at run time
+    weights-not-constant               W or B is computed at run time (W computed from constants only folds;
+                                       not the W of a grouped ConvTranspose)
     initializer-is-graph-input         W, B or a BN parameter is an overridable initializer (IR < 4 style)
     parameters-not-constant            a BN parameter is computed at run time
     batchnorm-training-mode            training_mode=1, or the running-statistics outputs are used
@@ -35,13 +40,16 @@ import onnx_graphsurgeon as gs
 from onnxfuse import graph as g
 from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced
 from onnxfuse.passes._fold import (
+    CompactWeight,
     FoldMatch,
     batchnorm_mode_check,
     batchnorm_scale_shift,
+    compact_scale,
     fold_fits,
     fold_inputs,
     out_channels,
     scaled_weight,
+    set_compact_scale,
     set_weights,
 )
 from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
@@ -73,18 +81,24 @@ class ConvBatchNorm(Pass[FoldMatch]):
         s, t, bad = batchnorm_scale_shift(node, ctx, nodes, out, out_channels(conv, w.shape))
         if bad:
             return bad
-        new_w, bad = scaled_weight(conv, w, s, nodes, out)
+        if isinstance(w, CompactWeight):
+            new_w, compact, bad = None, *compact_scale(conv, w, s, ctx, nodes, out)
+        else:
+            (new_w, bad), compact = scaled_weight(conv, w, s, nodes, out), None
         if bad:
             return bad
         with np.errstate(all="ignore"):
             b64 = np.zeros_like(s) if b is None else b.astype(np.float64).reshape(-1)
             new_b = b64 * s + t
         bad = fold_fits(w.dtype, None, new_b, nodes, out)
-        return bad or FoldMatch(nodes, new_w, new_b, w.dtype)
+        return bad or FoldMatch(nodes, new_w, new_b, w.dtype, compact)
 
     def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
         conv, bn = match.nodes
         original = replaced(match.nodes)
+        slot = ctx.order.slot(conv)
         set_weights(conv, ctx, match.weight, match.bias, match.dtype)
         g.replace_chain(ctx.order, conv, bn, [bn])
+        if match.scale is not None:
+            set_compact_scale(conv, ctx, match.scale, slot)
         return describe(self.name, conv, original)

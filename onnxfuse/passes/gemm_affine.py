@@ -13,6 +13,10 @@ feature n scales column n of B' (row n of B when transB = 1). alpha, transA and 
 ``beta * C`` so beta becomes 1 (C = 0 when absent). Computed in float64 in ``match``, stored in B's dtype.
 Broadcasting follows ONNX Operators.md, "Broadcasting in ONNX" (numpy rules, right-aligned).
 
+A B computed from compact constants (int8 x scale, ConstantOfShape...; ``_fold.compact_weight``) stays compact:
+Add and Sub(gemm, c) change only C; B's factor (c, 1/c, -1) goes into its per-feature scale or a small
+``Mul(B, factor)`` before the Gemm, and onnxruntime computes B' at load.
+
 Skipped when:
     intermediate-has-other-consumers   the Gemm output is read by another node too
     intermediate-is-graph-output       the Gemm output is a graph output
@@ -34,7 +38,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.passes._checks import describe, is_op, replaced, skip
-from onnxfuse.passes._fold import fold_fits
+from onnxfuse.passes._fold import CompactWeight, compact_scale_axis, fold_fits, set_compact_scale
 from onnxfuse.passes._gemm import (
     GemmAttrs,
     GemmFoldMatch,
@@ -75,7 +79,7 @@ class GemmAffine(Pass[GemmFoldMatch]):
                             nodes, out)
             if node.op == "Div" and side == 1:
                 return skip(Reason.GEMM_IS_DIVISOR, f"{c_tensor.name} / Gemm output is not linear", nodes, out)
-            b, c, bad = gemm_fold_inputs(gemm, node, ctx, nodes, out)
+            b, c, bad = gemm_fold_inputs(gemm, node, ctx, nodes, out, compact=True)
             if bad:
                 return bad
             attrs = GemmAttrs.of(gemm)
@@ -86,10 +90,33 @@ class GemmAffine(Pass[GemmFoldMatch]):
                             f"along the last axis of a [M, {n}] Gemm output only", nodes, out)
             if node.op == "Div" and not np.all(vec):
                 return skip(Reason.ZERO_DIVISOR, f"{c_tensor.name} contains a zero", nodes, out)
-            new_b, new_c = self._fold(node.op, side == 0, attrs, b, c, vec)
+            compact = None
+            if isinstance(b, CompactWeight):
+                factor, new_c = self._compact_fold(node.op, side == 0, attrs, c, vec)
+                new_b = None
+                if factor is not None:
+                    axis = 0 if attrs.trans_b else 1
+                    compact, bad = compact_scale_axis(gemm, b, axis, n, factor, ctx, nodes, out)
+                    if bad:
+                        return bad
+            else:
+                new_b, new_c = self._fold(node.op, side == 0, attrs, b, c, vec)
             bad = fold_fits(b.dtype, new_b, new_c, nodes, out)
-            return bad or GemmFoldMatch(nodes, b=new_b, c=new_c, dtype=b.dtype)
+            return bad or GemmFoldMatch(nodes, b=new_b, c=new_c, dtype=b.dtype, scale=compact)
         return None
+
+    @staticmethod
+    def _compact_fold(op: str, gemm_first: bool, attrs: GemmAttrs, c: np.ndarray | None, vec: np.ndarray):
+        """``(factor per output feature or None, C')`` in float64 for a B computed from compact constants: the
+        factor goes into B's computation (``_fold.compact_scale_axis``), None leaves B as it is."""
+        with np.errstate(all="ignore"):
+            c_eff = attrs.beta * c_matrix(c, vec.size)
+            if op == "Add":
+                return None, c_eff + vec
+            if op == "Sub":
+                return (None, c_eff - vec) if gemm_first else (np.full_like(vec, -1.0), vec - c_eff)
+            scale = vec if op == "Mul" else 1.0 / vec
+            return scale, (None if c is None else c_eff * scale)
 
     @staticmethod
     def _fold(op: str, gemm_first: bool, attrs: GemmAttrs, b: np.ndarray, c: np.ndarray | None, vec: np.ndarray):
@@ -107,6 +134,9 @@ class GemmAffine(Pass[GemmFoldMatch]):
     def rewrite(self, match: GemmFoldMatch, ctx: Context) -> Fusion:
         gemm, op_node = match.nodes
         original = replaced(match.nodes)
+        slot = ctx.order.slot(gemm)
         set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
         g.replace_chain(ctx.order, gemm, op_node, [op_node])
+        if match.scale is not None:
+            set_compact_scale(gemm, ctx, match.scale, slot)
         return describe(self.name, gemm, original)

@@ -14,6 +14,10 @@ Math (ONNX Operators.md, BatchNormalization: ``Z = (Y - mean) / sqrt(var + epsil
 
 alpha, transA and transB are kept. Computed in float64 in ``match`` and stored in B's dtype.
 
+A B computed from compact constants (int8 x scale, ConstantOfShape...; ``_fold.compact_weight``) stays compact: s
+goes into its per-feature scale or a small ``Mul(B, s)`` before the Gemm, and onnxruntime computes B' at load. A B
+from DequantizeLinear stays a QDQ refusal (``_gemm.gemm_qdq_check``).
+
 Skipped when:
     intermediate-has-other-consumers   the Gemm output is read by another node too
     intermediate-is-graph-output       the Gemm output is a graph output
@@ -36,7 +40,13 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse import graph as g
 from onnxfuse.passes._checks import describe, is_op, replaced
-from onnxfuse.passes._fold import batchnorm_scale_shift, fold_fits
+from onnxfuse.passes._fold import (
+    CompactWeight,
+    batchnorm_scale_shift,
+    compact_scale_axis,
+    fold_fits,
+    set_compact_scale,
+)
 from onnxfuse.passes._gemm import (
     GemmAttrs,
     GemmFoldMatch,
@@ -66,7 +76,7 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
         if not is_op(gemm, "Gemm"):
             return None
         nodes, out = [gemm, node], node.outputs[0]
-        b, c, bad = gemm_fold_inputs(gemm, node, ctx, nodes, out)
+        b, c, bad = gemm_fold_inputs(gemm, node, ctx, nodes, out, compact=True)
         if bad:
             return bad
         attrs = GemmAttrs.of(gemm)
@@ -74,14 +84,25 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
         s, t, bad = batchnorm_scale_shift(node, ctx, nodes, out, n)
         if bad:
             return bad
+        compact = None
         with np.errstate(all="ignore"):
-            new_b = scale_out_features(b, attrs.trans_b, s)
+            if isinstance(b, CompactWeight):
+                new_b = None
+                compact, bad = compact_scale_axis(gemm, b, 0 if attrs.trans_b else 1, n, s, ctx, nodes, out)
+                if bad:
+                    return bad
+            else:
+                new_b = scale_out_features(b, attrs.trans_b, s)
             new_c = attrs.beta * c_matrix(c, n) * s + t
-        return fold_fits(b.dtype, new_b, new_c, nodes, out) or GemmFoldMatch(nodes, b=new_b, c=new_c, dtype=b.dtype)
+        return fold_fits(b.dtype, new_b, new_c, nodes, out) or GemmFoldMatch(nodes, b=new_b, c=new_c, dtype=b.dtype,
+                                                                             scale=compact)
 
     def rewrite(self, match: GemmFoldMatch, ctx: Context) -> Fusion:
         gemm, bn = match.nodes
         original = replaced(match.nodes)
+        slot = ctx.order.slot(gemm)
         set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
         g.replace_chain(ctx.order, gemm, bn, [bn])
+        if match.scale is not None:
+            set_compact_scale(gemm, ctx, match.scale, slot)
         return describe(self.name, gemm, original)

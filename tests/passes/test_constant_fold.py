@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from onnxfuse import pipeline
 from onnxfuse.passes import Reason
 from onnxfuse.passes.constant_fold import FOLD_GROWTH_LIMIT_BYTES
-from tests.builders import GraphBuilder, skip_of, subgraph, tensor
+from tests.builders import GraphBuilder, compact_weight, skip_of, subgraph, tensor
 from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, attr, op_counts, run
 
 PASS = "constant_fold"
@@ -189,6 +189,55 @@ def test_skip_fold_grows_model_copy_of_a_shared_constant(fuse):
     assert [s.reason for s in skips] == [Reason.FOLD_GROWS, Reason.FOLD_GROWS]
     assert "copy" in skips[0].detail
     assert op_counts(result.model) == op_counts(model)
+
+
+def test_skip_fold_grows_model_compact_weight_with_one_reader_stays_compact(fuse):
+    # int8 weights Cast to float32 (4x the bytes) and scaled per channel, read by one conv: the Cast stays, and
+    # the refusal says so instead of calling the float result a copy kept for other readers (there are none).
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 8, 8])
+    model = b.build(b.op("Relu", [b.bn(b.conv(x, 16, 16, weight=compact_weight(b, 16, 16)), 16)]), opset=13)
+    result = fuse(model)
+    s = skip_of(result, PASS)
+    assert s.reason == Reason.FOLD_GROWS and s.nodes[0][1] == "Cast"
+    assert "larger than its compact constant inputs (2304 bytes, read by this node only" in s.detail
+    assert "copy" not in s.detail and "other readers" not in s.detail
+    assert "Cast" in op_counts(result.model) and "BatchNormalization" not in op_counts(result.model)
+
+
+def two_compact_convs():
+    """x -> (Conv(int8 x scale weight [16, 16, 3, 3]) -> BN -> Relu) x 2: each Cast would add 6912 bytes."""
+    b = GraphBuilder()
+    y = b.input("x", [1, 16, 8, 8])
+    for _ in range(2):
+        y = b.op("Relu", [b.bn(b.conv(y, 16, 16, weight=compact_weight(b, 16, 16)), 16)])
+    return b.build(y, opset=13)
+
+
+def int8_bytes(model):
+    return sum(len(t.raw_data) for t in model.graph.initializer if t.data_type == TensorProto.INT8)
+
+
+@pytest.mark.parametrize("budget, materialized", [(0, 0), (6912, 1), (13824, 2)])
+def test_materialize_weights_within_the_budget(fuse, budget, materialized):
+    # Options.materialize_weights_bytes (--materialize-weights): a Cast of an int8 weight grows the model by 3 x
+    # 2304 bytes; the budget lets that many weights become float32 constants, the others stay int8 and compact.
+    model = two_compact_convs()
+    result = fuse(model, materialize_weights_bytes=budget)
+    counts = op_counts(result.model)
+    assert counts["FusedConv"] == 2 and "BatchNormalization" not in counts
+    assert counts["Cast"] == 2 - materialized
+    assert int8_bytes(result.model) == 2304 * (2 - materialized)
+    grown = result.model.ByteSize() - model.ByteSize()
+    assert 6912 * materialized - 1024 <= grown <= 6912 * materialized + 1024  # the float weights, give or take names
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_materialize_weights_never_grows_a_value_that_is_no_weight(fuse):
+    # ConstantOfShape of 4 MiB added to the data: no weight, so no budget lets it into the file.
+    model = big_value_model("ConstantOfShape")
+    s = assert_skipped(fuse(model, materialize_weights_bytes=1 << 30), model, Reason.FOLD_GROWS)
+    assert str(FOLD_GROWTH_LIMIT_BYTES) in s.detail
 
 
 def test_skip_initializer_is_graph_input(fuse):

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from onnxfuse.passes import Reason
-from tests.builders import GraphBuilder, skip_of, subgraph
+from tests.builders import GraphBuilder, compact_weight, skip_of, subgraph
 from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, attr, fused_nodes, op_counts
 from tests.conftest import assert_skipped as check_skipped
 
@@ -319,6 +319,17 @@ def test_skip_quantized_conv_fed_by_dequantize(fuse):
     dq = b.dequantized(x)
     model = b.build(b.op("Relu", [b.conv(dq, 3, 4)]))
     assert_skipped(fuse(model), model, Reason.QDQ)
+
+
+@pytest.mark.parametrize("form", ["dq_axis", "dq_tensor", "cast_mul"])
+def test_weight_only_int8_conv_fuses(fuse, form):
+    # A weight alone from DequantizeLinear (or int8 x scale) is no QDQ pattern: the compute stays float32.
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 8, 8])
+    model = b.build(b.op("Relu", [b.conv(x, 16, 16, weight=compact_weight(b, 16, 16, form=form))]), opset=13)
+    result = fuse(model)
+    assert op_counts(result.model)["FusedConv"] == 1 and "Relu" not in op_counts(result.model)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
 
 
 def test_skip_quantized_conv_feeding_quantize(fuse):

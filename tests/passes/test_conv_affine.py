@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxfuse.passes import Reason
-from tests.builders import GraphBuilder, tensor, with_output_shapes
+from tests.builders import GraphBuilder, compact_weight, tensor, with_output_shapes
 from tests.conftest import ATOL, RTOL, assert_same_outputs, op_counts
 from tests.conftest import assert_skipped as check_skipped
 
@@ -282,3 +282,31 @@ def test_pipeline_shows_the_reason_of_the_pass_nearest_to_fusing():
     assert _longest_per_conv([slower, weights]) == [weights]
     assert _longest_per_conv([short, shape]) == [shape]
     assert _longest_per_conv([short, Skip(Reason.QDQ, "", weights.nodes, "a_out", "conv_unfused")]) == [short]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Weights computed from compact constants (int8 x scale, DequantizeLinear, ConstantOfShape)
+
+
+@pytest.mark.parametrize("form", ["cast_mul", "dq_axis", "dq_tensor", "constant_of_shape"])
+@pytest.mark.parametrize("op, conv_first", [("Add", True), ("Add", False), ("Sub", True), ("Sub", False),
+                                            ("Mul", True), ("Mul", False), ("Div", True)])
+def test_folds_into_compact_weight_which_stays_compact(fuse, form, op, conv_first):
+    # Add and Sub(conv, c) change only the bias; Sub(c, conv), Mul and Div scale W through its computation. The
+    # int8 tensor is kept byte for byte, and the Relu after the fold fuses.
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 8, 8])
+    conv = b.conv(x, 16, 16, weight=compact_weight(b, 16, 16, form=form))
+    c = b.const(b.rng.uniform(0.5, 1.5, (1, 16, 1, 1)).astype(np.float32))
+    model = b.build(b.op("Relu", [b.op(op, [conv, c] if conv_first else [c, conv])]), opset=13)
+    result = fuse(model)
+    computation = {"cast_mul": {"Cast": 1, "Mul": 1}, "dq_axis": {"DequantizeLinear": 1},
+                   "dq_tensor": {"DequantizeLinear": 1}, "constant_of_shape": {"ConstantOfShape": 1}}[form]
+    if form in ("dq_tensor", "constant_of_shape") and not (op == "Add" or (op == "Sub" and conv_first)):
+        computation = {**computation, "Mul": 1}  # W's factor in an appended Mul(W, factor)
+    assert op_counts(result.model) == {"FusedConv": 1, **computation}
+    assert [f.pass_name for f in result.fusions] == [PASS, "conv_activation"]
+    ints = {t.name: t.raw_data for t in result.model.graph.initializer if t.data_type == TensorProto.INT8 and t.dims}
+    assert ints == {t.name: t.raw_data for t in model.graph.initializer if t.data_type == TensorProto.INT8 and t.dims}
+    assert result.model.ByteSize() < model.ByteSize() + 512  # names and a [16] scale; no float weight
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxfuse.passes import Reason
-from tests.builders import GraphBuilder, skip_of, subgraph, tensor, with_output_shapes
+from tests.builders import GraphBuilder, compact_weight, skip_of, subgraph, tensor, with_output_shapes
 from tests.conftest import ATOL, RTOL, analyse_unchecked, assert_if_branches_match, assert_same_outputs, attr, op_counts
 from tests.conftest import assert_skipped as check_skipped
 
@@ -408,3 +408,98 @@ def test_scaled_weight_stores_the_float64_fold_and_refuses_what_fold_fits_refuse
         refused += bad is not None
     assert 0 < refused < 120
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Weights computed from compact constants (int8 x scale, DequantizeLinear, ConstantOfShape/Expand/Tile)
+
+COMPACT_FORMS = ["cast_mul", "dq_axis", "dq_tensor", "constant_of_shape", "expand", "tile"]
+#: What stays of each form's weight computation after the fold (cast_mul and dq_axis: the scale is replaced, no
+#: node added; the others: one Mul(W, s) appended).
+COMPACT_NODES = {"cast_mul": {"Cast": 1, "Mul": 1}, "dq_axis": {"DequantizeLinear": 1},
+                 "dq_tensor": {"DequantizeLinear": 1, "Mul": 1}, "constant_of_shape": {"ConstantOfShape": 1, "Mul": 1},
+                 "expand": {"Expand": 1, "Mul": 1}, "tile": {"Tile": 1, "Mul": 1}}
+
+
+def int8_initializers(model):
+    return {t.name: t.raw_data for t in model.graph.initializer if t.data_type == TensorProto.INT8 and t.dims}
+
+
+@pytest.mark.parametrize("form", COMPACT_FORMS)
+def test_folds_into_compact_weight_which_stays_compact(fuse, form):
+    # 16x16x3x3 weights: constant_fold refuses to Cast/dequantize the int8 ones (float32 is 4x their bytes) and to
+    # broadcast one value into 9 KiB, so the BN folds into the weight's computation and the Relu fuses; any int8
+    # tensor is kept byte for byte.
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 8, 8])
+    y = b.bn(b.conv(x, 16, 16, weight=compact_weight(b, 16, 16, form=form)), 16)
+    model = b.build(b.op("Relu", [y]), opset=13)
+    result = fuse(model)
+    assert op_counts(result.model) == {"FusedConv": 1, **COMPACT_NODES[form]}
+    assert [f.pass_name for f in result.fusions] == [PASS, "conv_activation"]
+    assert int8_initializers(result.model) == int8_initializers(model)
+    assert result.model.ByteSize() < model.ByteSize() + 512  # names and a [16] scale; no float weight
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_weight_only_int8_model_keeps_int8_weights_and_its_file_size(tmp_path):
+    """A weight-only int8 model (every conv weight int8 x per-channel scale, compute float32) with Conv -> BN ->
+    Relu blocks: optimize (verified in onnxruntime) folds every BN and fuses every Relu, and the written file
+    keeps the int8 weights, at most 3% larger than the input."""
+    from onnxfuse import api
+
+    b = GraphBuilder()
+    y = b.input("x", [1, 32, 16, 16])
+    for _ in range(3):
+        y = b.op("Relu", [b.bn(b.conv(y, 32, 32, weight=compact_weight(b, 32, 32)), 32)])
+    model = b.build(y, opset=13)
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(model, str(src))
+    result = api.optimize(str(src), require_verify=True)
+    result.save(dst)
+    out = onnx.load(str(dst))
+    assert op_counts(out) == {"FusedConv": 3, "Cast": 3, "Mul": 3}
+    assert int8_initializers(out) == int8_initializers(model)
+    # no larger than 3% over the input (it shrinks: the BN parameters leave); float32 weights would add 3 x 27 KiB
+    assert dst.stat().st_size <= 1.03 * src.stat().st_size
+    assert result.report.verification.status == "passed"
+    assert_same_outputs(model, out, rtol=RTOL, atol=ATOL)
+
+
+def test_compact_weight_shared_by_two_convs_gets_a_mul_each(fuse):
+    # W = Mul(Cast(int8), scale) read by two convs: its scale must not change, so each conv gets a Mul(W, s).
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 8, 8])
+    w = compact_weight(b, 16, 16)
+    y = b.op("Add", [b.bn(b.conv(x, 16, 16, weight=w), 16), b.bn(b.conv(x, 16, 16, weight=w), 16)])
+    model = b.build(y, opset=13)
+    result = fuse(model, only=(PASS,))
+    assert op_counts(result.model) == {"Conv": 2, "Cast": 1, "Mul": 3, "Add": 1}
+    assert int8_initializers(result.model) == int8_initializers(model)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_skip_weights_not_constant_compact_weight_of_grouped_conv_transpose(fuse):
+    # A grouped ConvTranspose's output channels are not one axis of W: no broadcast scale can fold them.
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 5, 5])
+    w = b.op("ConstantOfShape", [b.const(np.array([4, 2, 2, 2], np.int64))],
+             value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.05]))
+    y = b.op("ConvTranspose", [x, w, b.const(b.rand(4))], group=2, strides=[2, 2])
+    model = b.build(b.bn(y, 4), opset=13)
+    result = fuse(model, only=(PASS,))
+    s = skip_of(result, PASS)
+    assert s.reason == Reason.WEIGHTS_NOT_CONSTANT and "grouped ConvTranspose" in s.detail
+    assert op_counts(result.model) == op_counts(model)
+
+
+def test_compact_weight_of_conv_transpose_is_scaled_along_axis_1(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 5, 5])
+    w = compact_weight(b, 16, 16)  # [C_in 16, M 16, 3, 3] for a ConvTranspose; scale on axis 0 is per input
+    y = b.op("ConvTranspose", [x, w, b.const(b.rand(16))], strides=[2, 2])
+    model = b.build(b.bn(y, 16), opset=13)
+    result = fuse(model)
+    assert "BatchNormalization" not in op_counts(result.model)
+    assert int8_initializers(result.model) == int8_initializers(model)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxfuse.passes import Reason
-from tests.builders import GraphBuilder, tensor, with_output_shapes
+from tests.builders import GraphBuilder, compact_gemm_weight, tensor, with_output_shapes
 from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, op_counts
 from tests.conftest import assert_skipped as check_skipped
 
@@ -212,3 +212,31 @@ def test_skip_quantized_conv(fuse):
     g = b.gemm(b.dequantized(b.input("x", [M, K])), K, N)
     model = b.build(b.op("Mul", [g, b.const(np.ones(N, np.float32))]))
     assert_skipped(fuse(model), model, Reason.QDQ)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# B computed from compact constants (int8 x scale, ConstantOfShape)
+
+
+@pytest.mark.parametrize("form", ["cast_mul", "constant_of_shape"])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("op, gemm_first", [("Add", True), ("Sub", True), ("Sub", False), ("Mul", True),
+                                            ("Div", True)])
+def test_folds_into_compact_weight_which_stays_compact(fuse, form, trans_b, op, gemm_first):
+    # B is 64x64: constant_fold refuses to Cast the int8 values (float32 is 4x their bytes) or to broadcast one
+    # value into 16 KiB, so the fold goes into B's computation; the int8 tensor is kept byte for byte.
+    b = GraphBuilder()
+    x = b.input("x", [3, 64])
+    y = b.gemm(x, 64, 64, trans_b=trans_b, weight=compact_gemm_weight(b, 64, 64, trans_b, form))
+    c = b.const(b.rng.uniform(0.5, 1.5, (64,)).astype(np.float32))
+    model = b.build(b.op(op, [y, c] if gemm_first else [c, y]), opset=13)
+    result = fuse(model, only=(PASS,))
+    computation = {"Cast": 1, "Mul": 1} if form == "cast_mul" else {"ConstantOfShape": 1}
+    if form == "constant_of_shape" and not (op == "Add" or (op == "Sub" and gemm_first)):
+        computation["Mul"] = 1  # B's factor in an appended Mul(B, factor)
+    assert op_counts(result.model) == {"Gemm": 1, **computation}
+    assert [f.pass_name for f in result.fusions] == [PASS]
+    ints = {t.name: t.raw_data for t in result.model.graph.initializer if t.data_type == TensorProto.INT8}
+    assert ints == {t.name: t.raw_data for t in model.graph.initializer if t.data_type == TensorProto.INT8}
+    assert result.model.ByteSize() < model.ByteSize() + 1024  # names, a [64] scale and C; no float B
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxfuse.passes import Reason
-from tests.builders import GraphBuilder, tensor, with_output_shapes
+from tests.builders import GraphBuilder, compact_gemm_weight, tensor, with_output_shapes
 from tests.conftest import ATOL, RTOL, analyse_unchecked, assert_same_outputs, attr, op_counts
 from tests.conftest import assert_skipped as check_skipped
 
@@ -228,3 +228,20 @@ def test_skip_batchnorm_spatial_0(fuse):
     model = b.build(y, opset=7)
     s = assert_skipped(fuse(model), model, Reason.BN_SPATIAL)
     assert "spatial=0" in s.detail
+
+
+@pytest.mark.parametrize("form", ["cast_mul", "constant_of_shape"])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_folds_into_compact_weight_which_stays_compact(fuse, form, trans_b):
+    # a 64x64 B computed from int8 x scale (or ConstantOfShape): the BN goes into B's per-feature scale (or a
+    # Mul(B, s) before the Gemm) and C; the int8 tensor is kept byte for byte
+    b = GraphBuilder()
+    x = b.input("x", [3, 64])
+    y = b.gemm(x, 64, 64, trans_b=trans_b, weight=compact_gemm_weight(b, 64, 64, trans_b, form))
+    model = b.build(b.bn(y, 64), opset=13)
+    result = fuse(model, only=(PASS,))
+    computation = {"Cast": 1, "Mul": 1} if form == "cast_mul" else {"ConstantOfShape": 1, "Mul": 1}
+    assert op_counts(result.model) == {"Gemm": 1, **computation}
+    ints = {t.name: t.raw_data for t in result.model.graph.initializer if t.data_type == TensorProto.INT8}
+    assert ints == {t.name: t.raw_data for t in model.graph.initializer if t.data_type == TensorProto.INT8}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
