@@ -341,6 +341,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     )
     release = deployment_release(options)
     report.deployment = rep.deployment_section(release, forms, min_release)
+    report.model["optimized_bytes"] = _serialized_bytes(out)
     if release > PROBED_ORT_RELEASES[-1]:
         mismatches = [*mismatches, f"onnxruntime {release_text(release)} is newer than the newest release probed "
                       f"({release_text(PROBED_ORT_RELEASES[-1])}): onnxfuse assumes it loads every form "
@@ -459,6 +460,15 @@ def _cross_check(sym: symbolic.SymbolicShapes, concrete: dict, values: dict) -> 
         return []
     return [f"symbolic shapes at the given input shapes disagree with onnx shape inference for {len(bad)} "
             f"tensor(s), e.g. {'; '.join(bad[:3])}; the counts follow onnxruntime's symbolic inference"]
+
+
+def _serialized_bytes(model: onnx.ModelProto) -> int | None:
+    """Bytes of ``model`` serialized (``model_io.serialized_parts``, which sizes a model over protobuf's 2 GiB limit
+    too), or None when protobuf cannot size it."""
+    try:
+        return model_io.serialized_parts(model)[1]
+    except Exception:  # a part over protobuf's limit that it refuses to size: the size is unknown
+        return None
 
 
 def _fused_nodes(model: onnx.ModelProto):

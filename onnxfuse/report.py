@@ -679,9 +679,22 @@ def headline(doc: dict, code: bool = False, hints: bool = True, plain=str) -> li
                      f"({plain(first)})")
     if (line := deployment_line(doc)) is not None:
         lines.append(line)
+    if (line := file_line(doc)) is not None:
+        lines.append(line)
     if (line := profile_line(doc, plain)) is not None:
         lines.append(line)
     return lines
+
+
+def file_line(doc: dict) -> str | None:
+    """``model file: 11.1 MiB -> 11.1 MiB``: the input file (with its external data) and the optimized model's
+    serialized size (weights computed from compact constants, int8 x scale and the like, stay compact unless
+    ``--materialize-weights`` allows floats); None when a size is unknown."""
+    m = doc["model"]
+    after = m.get("optimized_bytes")
+    if after is None or not m.get("file_bytes"):
+        return None
+    return f"model file: {human_bytes(m['file_bytes'])} -> {human_bytes(after)}"
 
 
 def profile_line(doc: dict, plain=str) -> str | None:

@@ -488,7 +488,7 @@ def test_results_go_to_stdout_and_diagnostics_to_stderr(tmp_path):
     result = run_cli("optimize", SAMPLE, out, "--target", "cpu")
     assert [line.split(":")[0].split(" at level")[0] for line in result.stdout.splitlines()] == [
         f"vs onnxruntime {ort_graph.installed_version()} (installed, CPU provider)", "vs the graph as exported",
-        "runs on", "fusions",
+        "runs on", "model file", "fusions",
         "left unfused", "verification"]
     assert result.stderr == f"wrote {out}\n"
 

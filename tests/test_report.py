@@ -443,3 +443,18 @@ def test_reports_carry_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
         "sample_models/resnet_block.onnx"
     doc = pipeline.analyse(model, pipeline.Options(compare_with_onnxruntime=False)).report.to_dict()
     assert doc["model"]["path"] == "m.onnx"
+
+
+def test_the_summary_says_what_the_model_file_became(monkeypatch):
+    """The input file's bytes and the optimized model's serialized bytes (compact weights stay compact)."""
+    report = sample_report("resnet_block.onnx", monkeypatch)
+    m = report.to_dict()["model"]
+    assert m["optimized_bytes"] == report_model_bytes(monkeypatch)
+    assert f"model file: {rep.human_bytes(m['file_bytes'])} -> {rep.human_bytes(m['optimized_bytes'])}" in \
+        rep.summary_lines(report)
+
+
+def report_model_bytes(monkeypatch) -> int:
+    monkeypatch.chdir(REPO)
+    return len(pipeline.analyse(Path("sample_models") / "resnet_block.onnx", pipeline.Options(target="cpu"))
+               .model.SerializeToString())
