@@ -136,6 +136,10 @@ def _fail_cleanly(fn):
         except OnnxFuseError as exc:
             click.echo(f"error: {escape.text(exc)}", err=True)  # one line: a name in it adds none
             sys.exit(exc.exit_code)
+        except OSError as exc:  # the file system refused (a name too long, a permission): not a bug of onnxfuse
+            where = f"{escape.text(exc.filename)}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or escape.text(exc)}", err=True)
+            sys.exit(InputError.exit_code)
         except UnicodeDecodeError:  # protobuf hands invalid UTF-8 in a string field to Python as it is
             click.echo("error: the model holds a name or string that is not valid UTF-8", err=True)
             sys.exit(InputError.exit_code)
@@ -471,9 +475,10 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if verification.status == "skipped" and require_verify:
         raise VerificationError(f"{input_path}: verification was skipped ({verification.reason}) and "
                                 f"--require-verify was given; {output_path} was not written")
-    replacing_input = output_path.exists() and model_io.same_file(input_path, output_path)  # --in-place
+    # the input's data files are never replaced or removed, also with --in-place: another copy of the model (or
+    # another model of the same export) may read them
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
-                                  protected=() if replacing_input else result.loaded.data_files)
+                                  protected=result.loaded.data_files)
     _chart_note(report, [fmt for _, fmt in reports])
     for report_path, report_text in report_texts:  # after the model: a model not written leaves no report either
         try:

@@ -88,6 +88,10 @@ class _Builder:
         if isinstance(node, ast.BinOp):
             left = self.build(node.left)
             if isinstance(node.op, ast.Pow):
+                # onnxfuse writes powers of dims only (H**2): a power of a number or of a power would let a short
+                # text build a number of millions of digits ((9**16)**16...)
+                if left.is_number or (isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.Pow)):
+                    raise ExpressionError("a power of a number or of a power is not a byte expression")
                 return left ** self._exponent(node.right)
             right = self.build(node.right)
             if isinstance(node.op, ast.Add):

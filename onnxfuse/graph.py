@@ -38,9 +38,18 @@ _GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 def rewrite_blocker(model: onnx.ModelProto) -> str | None:
     """Why onnxfuse must not rewrite ``model`` (it is then written unchanged), or None.
 
-    onnx-graphsurgeon (0.5/0.6) reads sparse initializers as zeros and merges a subgraph tensor with an outer
-    one of the same name; either would silently change the model's results.
+    onnx-graphsurgeon (0.5/0.6) reads sparse initializers as zeros, merges a subgraph tensor with an outer one of
+    the same name, drops node attributes of type TYPE_PROTO(S) and SPARSE_TENSOR(S) (``Optional``'s ``type``, a
+    ``Constant``'s ``sparse_value``: it logs "Attribute of type ... is currently unsupported. Skipping attribute")
+    and cannot export an empty list attribute (it has no element to take the type from); each would silently change
+    the model or fail its export.
     """
+    dropped = {onnx.AttributeProto.TYPE_PROTO: "TYPE_PROTO", onnx.AttributeProto.TYPE_PROTOS: "TYPE_PROTOS",
+               onnx.AttributeProto.SPARSE_TENSOR: "SPARSE_TENSOR", onnx.AttributeProto.SPARSE_TENSORS: "SPARSE_TENSORS"}
+    lists = {onnx.AttributeProto.INTS: "ints", onnx.AttributeProto.FLOATS: "floats",
+             onnx.AttributeProto.STRINGS: "strings", onnx.AttributeProto.TENSORS: "tensors",
+             onnx.AttributeProto.GRAPHS: "graphs"}
+
     def walk(graph: onnx.GraphProto, outer: set[str]) -> str | None:
         if graph.sparse_initializer:
             return "it has sparse initializers, which onnx-graphsurgeon reads as zeros"
@@ -52,6 +61,12 @@ def rewrite_blocker(model: onnx.ModelProto) -> str | None:
                     "onnx-graphsurgeon merges")
         for node in graph.node:
             for attr in node.attribute:
+                if attr.type in dropped:
+                    return (f"node {node.name or node.op_type!r} has a {dropped[attr.type]} attribute "
+                            f"{attr.name!r}, which onnx-graphsurgeon drops")
+                if attr.type in lists and not getattr(attr, lists[attr.type]):
+                    return (f"node {node.name or node.op_type!r} has an empty list attribute {attr.name!r}, which "
+                            "onnx-graphsurgeon cannot export")
                 for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
                     why = walk(sub, outer | defined)
                     if why:

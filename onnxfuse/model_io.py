@@ -605,6 +605,9 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
         with contextlib.suppress(Exception):  # a part over 2 GiB: protobuf raises instead of sizing it
             parts, size = serialized_parts(model)
     use_external = external_data or size > PROTOBUF_LIMIT_BYTES
+    if use_external and given.is_symlink() and Path(os.path.abspath(given)).parent.resolve() != folder:
+        raise InputError(f"{given}: is a symbolic link into another folder ({folder}), and the model has external "
+                         "data, which onnx and onnxruntime look for beside the path they open: give the real path")
     old_locations = referenced_data_files(target)
     try:  # a short name: OUTPUT names up to NAME_MAX must not fail on the temporary one
         tmpdir = Path(tempfile.mkdtemp(prefix=".onnxfuse-", suffix=".tmp", dir=folder))
@@ -706,10 +709,13 @@ def _remove_stale_data(folder: Path, model_name: str, locations: set[str], prote
     """Remove the data files that the replaced model referenced and the new one does not, where they are
     onnxfuse's own names for ``model_name`` (``<name>.data``, :func:`data_file_name`) and not ``protected``. A
     failure leaves the file: the new model is already complete."""
-    own = re.compile(re.escape(model_name) + r"(\.[0-9a-f]{16})?\.data")
+    def own(location: str) -> bool:  # data_file_name shortens the model name from its end to fit NAME_MAX
+        hashed = re.fullmatch(r"(.+)\.[0-9a-f]{16}\.data", location)
+        return location == f"{model_name}.data" or (hashed is not None and model_name.startswith(hashed.group(1)))
+
     for location in sorted(locations):
         candidate = folder / location
-        if "/" in location or "\\" in location or not own.fullmatch(location):
+        if "/" in location or "\\" in location or not own(location):
             continue
         if any(same_file(candidate, p) for p in protected):
             continue

@@ -128,11 +128,21 @@ class Result:
         own data files never replaced (``model_io.save_model``). Returns the files written (the model first).
 
         Raises:
-            InputError: ``path`` cannot be written (a folder, a missing or read-only folder, disk full), or its
-                data file would replace the input's.
+            InputError: ``path`` is not a path, is the input model or one of its external data files, cannot be
+                written (a folder, a missing or read-only folder, a name too long, disk full), or its data file
+                would replace the input's.
         """
-        return model_io.save_model(self.model, path, external_data=self.loaded.external_data,
-                                   protected=self.loaded.data_files)
+        if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
+            raise InputError(f"save: expected a path, got {type(path).__name__}")
+        try:
+            for other, what in ((self.loaded.path, "the input model"),
+                                *((f, "an external data file of the input") for f in self.loaded.data_files)):
+                if other is not None and model_io.same_file(path, other):
+                    raise InputError(f"{path}: is {what}; save to another path")
+            return model_io.save_model(self.model, path, external_data=self.loaded.external_data,
+                                       protected=self.loaded.data_files)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot write the model ({exc.strerror or exc})") from None
 
 
 def _check_options(options: Options) -> tuple[Pass, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import sys
 import tempfile
@@ -260,6 +261,8 @@ def parse_input_range(text: str) -> tuple[str, tuple[float, float]]:
     low, high = (_number(p, f"--input-range {name}") for p in parts)
     if low > high:
         raise InputError(f"--input-range {text!r}: LOW is greater than HIGH")
+    if not math.isfinite(high - low):
+        raise InputError(f"--input-range {text!r}: HIGH - LOW is not a finite number")
     return name, (low, high)
 
 

@@ -232,3 +232,21 @@ def test_errors_name_the_api_arguments_not_the_command_options():
     assert "input_shapes image" in str(info.value) and "--input-shape" not in str(info.value)
     with pytest.raises(onnxfuse.InputError, match="ort_version"):
         onnxfuse.analyse(model, ort_version="1.14")
+
+
+def test_result_save_refuses_the_input_and_its_data(tmp_path):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 16, 16])
+    src = tmp_path / "big.onnx"
+    onnx.save(b.build(b.op("Relu", [b.conv(x, 3, 32)])), str(src), save_as_external_data=True,
+              location="big.onnx.data", size_threshold=0)
+    data = (tmp_path / "big.onnx.data").read_bytes()
+    result = onnxfuse.optimize(str(src), target="cpu")
+    for path in (tmp_path / "big.onnx.data", src):
+        with pytest.raises(onnxfuse.InputError, match="save to another path"):
+            result.save(path)
+    with pytest.raises(onnxfuse.InputError, match="expected a path"):
+        result.save(b"out.onnx")
+    with pytest.raises(onnxfuse.InputError, match="cannot write the model"):
+        result.save(tmp_path / ("n" * 300 + ".onnx"))
+    assert (tmp_path / "big.onnx.data").read_bytes() == data

@@ -981,3 +981,42 @@ def test_optimize_keeps_compact_weights_unless_materialize_weights_allows_it(tmp
     assert wide.stat().st_size >= src.stat().st_size + 2 * 3 * 2304 - 1024
     bad = CliRunner().invoke(main, ["optimize", str(src), str(tmp_path / "x.onnx"), "--materialize-weights", "-1"])
     assert bad.exit_code == 2 and "--materialize-weights" in bad.output
+
+
+@pytest.mark.parametrize("kind", ["optional_type", "sparse_constant", "empty_ints"])
+def test_attributes_graphsurgeon_drops_keep_the_model_unchanged(tmp_path, kind):
+    """onnx-graphsurgeon drops TYPE_PROTO and SPARSE_TENSOR attributes (Optional's type, a Constant's
+    sparse_value) and cannot export an empty list attribute: such a model is written unchanged with a warning,
+    never broken (it loaded before; with --no-verify nothing would have caught it)."""
+    from onnx import TensorProto, helper
+
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    y = b.op("Relu", [b.conv(x, 4, 4)])
+    model = b.build(y)
+    if kind == "optional_type":
+        model.graph.node.append(helper.make_node("Optional", [], ["opt"], type=helper.make_tensor_type_proto(
+            TensorProto.FLOAT, [1])))
+        model.graph.output.append(helper.make_value_info("opt", helper.make_optional_type_proto(
+            helper.make_tensor_type_proto(TensorProto.FLOAT, [1]))))
+    elif kind == "sparse_constant":
+        sparse = helper.make_sparse_tensor(helper.make_tensor("v", TensorProto.FLOAT, [1], [2.0]),
+                                           helper.make_tensor("i", TensorProto.INT64, [1], [1]), [3])
+        model.graph.node.append(helper.make_node("Constant", [], ["k"], sparse_value=sparse))
+        model.graph.output.append(helper.make_tensor_value_info("k", TensorProto.FLOAT, [3]))
+    else:
+        node = helper.make_node("ReduceMean", [y], ["m"])
+        node.attribute.append(helper.make_attribute("axes", [], attr_type=onnx.AttributeProto.INTS))
+        model.graph.node.append(node)
+        model.graph.output.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 1, 1, 1]))
+    model.opset_import[0].version = 17
+    path, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, str(path))
+    result = invoke("optimize", path, out, "--target", "cpu", "--no-verify")
+    assert result.exit_code == 0, result.output
+    assert "the model was not rewritten" in result.output and "onnx-graphsurgeon" in result.output
+    written = onnx.load(str(out))
+    assert [n.op_type for n in written.graph.node] == [n.op_type for n in model.graph.node]
+    from onnxfuse.runtime import session
+
+    session(str(out))  # it loads, as the input does

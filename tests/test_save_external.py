@@ -134,3 +134,26 @@ def test_data_file_name_fits_name_max():
     digest = "0123456789abcdef" * 4
     assert model_io.data_file_name("m.onnx", digest) == "m.onnx.0123456789abcdef.data"
     assert len(model_io.data_file_name("é" * 200, digest).encode()) <= 255
+
+
+def test_a_symlink_into_another_folder_is_refused_for_external_data(tmp_path):
+    """The data file would go beside the link's target, where onnx and onnxruntime opening the link do not look."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "links").mkdir()
+    (tmp_path / "real" / "target.onnx").write_bytes(b"")
+    link = tmp_path / "links" / "out.onnx"
+    link.symlink_to("../real/target.onnx")
+    with pytest.raises(InputError, match="symbolic link into another folder"):
+        model_io.save_model(_model(1.0), link, external_data=True)
+    assert (tmp_path / "real" / "target.onnx").read_bytes() == b""
+    model_io.save_model(_model(1.0), link)  # inline: the link is written through
+    np.testing.assert_allclose(_run(link), _expected(1.0), rtol=1e-5)
+
+
+def test_replacing_a_long_named_output_removes_its_old_weights(tmp_path):
+    """The data file's name shortens the model name to fit NAME_MAX; the clean-up still knows it as its own."""
+    out = tmp_path / ("a" * 250 + ".onnx")
+    model_io.save_model(_model(1.0), out, external_data=True)
+    model_io.save_model(_model(2.0), out, external_data=True)
+    assert len(_data_files(tmp_path)) == 1
+    np.testing.assert_allclose(_run(out), _expected(2.0), rtol=1e-5)
