@@ -657,12 +657,56 @@ def _session(src, level: str = "disable"):
     return runtime.session(src, level, spinning=False) if level != "disable" else runtime.session(src, spinning=False)
 
 
+#: Ops whose outputs differ from run to run (ONNX Operators.md: the Random* ops draw anew on every run without a
+#: seed; Multinomial, Bernoulli; Dropout in training mode masks at random).
+RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                        "Bernoulli"})
+
+
+def _graph_only(model: Model) -> onnx.ModelProto:
+    """``model`` as a ModelProto to look at its graph: itself, parsed bytes, or a file read without its external
+    data (an unreadable one: an empty model, the runs report it)."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        if isinstance(model, bytes):
+            return onnx.load_model_from_string(model)
+        return onnx.load_model(str(model), load_external_data=False)
+    except Exception:  # the sessions below say why the model cannot be read
+        return onnx.ModelProto()
+
+
+def random_ops(model: onnx.ModelProto) -> list[str]:
+    """The ops of ``model`` (every graph) that draw random numbers on each run: :data:`RANDOM_OPS` without a
+    ``seed`` attribute, and Dropout whose ``training_mode`` input is present and not a constant false. Sorted,
+    each once."""
+    from onnxfuse.graph import proto_graphs
+
+    found = set()
+    for graph, _ in proto_graphs(model.graph):
+        constants = {t.name: t for t in graph.initializer}
+        constants.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                          if a.name == "value"})
+        for node in graph.node:
+            if node.op_type in RANDOM_OPS and not any(a.name == "seed" for a in node.attribute):
+                found.add(node.op_type)
+            elif node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
+                mode = constants.get(node.input[2])
+                if mode is None or bool(onnx.numpy_helper.to_array(mode).any()):
+                    found.add("Dropout in training mode")
+    return sorted(found)
+
+
 def verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None) -> Verification:
     """:func:`_verify_models` within ``options.timeout`` seconds (DEFAULT_TIMEOUT_S): when they run out (an
     onnxruntime run is stopped, or no time is left to make the next session) the result is ``skipped`` with
     ``cause`` ``time``, whatever was compared so far. See :func:`onnxfuse.runtime.run` for how a run is stopped
     (onnxruntime's ``RunOptions.terminate``, in this process). Raises as :func:`_verify_models`."""
     opts = options or VerifyOptions()
+    random = random_ops(_graph_only(candidate))
+    if random:
+        return Verification("skipped", f"the model draws random numbers ({', '.join(random)}): its outputs differ "
+                            "from run to run, so no comparison is evidence of a correct rewrite", cause="random")
     token = _BUDGET.set(_Budget(opts.timeout))
     try:
         return _verify_models(original, candidate, opts)

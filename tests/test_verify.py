@@ -842,3 +842,25 @@ def test_issue_26_integer_outputs_through_a_truncating_cast_are_calibrated_by_on
     assert with_atol.status == "passed"  # --atol applies to integer outputs too
     assert verify.verify_models(original, truncating_cast_model(shift=0.01),
                                 verify.VerifyOptions(atol=1)).status == "failed"
+
+
+@pytest.mark.parametrize("op", ["dropout_training", "random_normal_like"])
+def test_a_model_that_draws_random_numbers_is_not_verified(tmp_path, op):
+    """A Dropout in training mode after the fused chain let a wrong candidate pass (its noise floor was the
+    dropout's own randomness); an unseeded RandomNormalLike made a correct one fail. Neither comparison is evidence:
+    verification is skipped with cause "random"."""
+    import onnxfuse
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    y = b.op("Relu", [b.bn(b.conv(x, 3, 4), 4)])
+    if op == "dropout_training":
+        out = b.op("Dropout", [y, b.const(np.array(0.5, np.float32)), b.const(np.array(True))])
+    else:
+        out = b.op("Add", [y, b.op("RandomNormalLike", [y])])
+    result = onnxfuse.optimize(b.build(out), target="cpu")
+    v = result.verification
+    assert v.status == "skipped" and v.cause == "random" and "draws random numbers" in v.reason
+    with pytest.raises(onnxfuse.VerificationError):
+        onnxfuse.optimize(b.build(out), target="cpu", require_verify=True)
