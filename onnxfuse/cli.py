@@ -791,7 +791,7 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
     from onnxfuse import model_io, pipeline
 
     if optimized is not None:
-        ignored = [f"--{name.replace('_', '-')}" for name in ("target", "only", "skip", "ort_level",
+        ignored = [f"--{name.replace('_', '-')}" for name in ("target", "only", "skip", "ort_level", "ort_version",
                                                                "constant_initializer_inputs")
                    if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT]
         if ignored:

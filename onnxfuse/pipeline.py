@@ -162,7 +162,8 @@ def deployment_release(options: Options) -> tuple[int, int]:
 
     Raises:
         InputError: ``ort_version`` is not a release number, or older than the oldest release whose forms were
-            probed (``providers.PROBED_ORT_RELEASES``): onnxfuse cannot say what such a release loads.
+            probed (``providers.PROBED_ORT_RELEASES``) for a target with contrib ops: onnxfuse cannot say what such
+            a release loads.
     """
     from onnxfuse.ort_graph import installed_version
 
@@ -172,7 +173,7 @@ def deployment_release(options: Options) -> tuple[int, int]:
     except ValueError as exc:
         raise InputError(f"--ort-version: {exc}") from None
     oldest, newest = PROBED_ORT_RELEASES[0], PROBED_ORT_RELEASES[-1]
-    if release < oldest:
+    if release < oldest and options.target != "onnx":  # target onnx emits no onnxruntime-specific form
         raise InputError(f"--ort-version {text}: onnxfuse knows which forms onnxruntime loads from "
                          f"{release_text(oldest)} to {release_text(newest)} (probed); for an older release use "
                          "--target onnx (standard ONNX only)")
@@ -352,6 +353,10 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     release = deployment_release(options)
     report.deployment = rep.deployment_section(release, forms, min_release)
     report.model["optimized_bytes"] = _serialized_bytes(out)
+    if min_release > release:
+        mismatches = [*mismatches, f"the model needs onnxruntime {release_text(min_release)} or newer for forms it "
+                      f"already held ({', '.join(sorted(f for f in forms if form_min_release(f) > release))}), "
+                      f"above --ort-version {release_text(release)}; onnxfuse does not unfuse them"]
     if release > PROBED_ORT_RELEASES[-1]:
         mismatches = [*mismatches, f"onnxruntime {release_text(release)} is newer than the newest release probed "
                       f"({release_text(PROBED_ORT_RELEASES[-1])}): onnxfuse assumes it loads every form "

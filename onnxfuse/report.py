@@ -391,8 +391,8 @@ def deployment_line(doc: dict) -> str | None:
         return "runs on: any onnxruntime that runs the original (no onnxruntime-specific op was written)"
     newer = [f for f in d["forms"] if f["min_onnxruntime"] != oldest]
     if not newer:
-        return (f"runs on: onnxruntime >= {oldest} (every release probed, {oldest} to {newest}, loads each form "
-                "written)")
+        return (f"runs on: onnxruntime >= {oldest} for what onnxfuse wrote (every release probed, {oldest} to "
+                f"{newest}, loads each form; the model's other ops need what the original needs)")
     needs = ", ".join(f"{f['form']} x{f['count']} needs {f['min_onnxruntime']}" for f in newer)
     return (f"runs on: onnxruntime >= {d['min_onnxruntime']} ({needs}; an older --ort-version leaves "
             f"{'it' if len(newer) == 1 and newer[0]['count'] == 1 else 'them'} unfused)")

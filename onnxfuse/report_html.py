@@ -409,9 +409,11 @@ def _num(x: float | None) -> str:
 def _headline_html(doc: dict) -> str:
     """The summary lines of the text report (``report.headline``): the traffic and saved expressions, the share
     as the dims grow, the figures at the shapes used, unknowns and why."""
+    from onnxfuse import escape
     from onnxfuse.report import headline
 
-    return '<ul class="headline">' + "".join(f"<li>{_e(line)}</li>" for line in headline(doc)) + "</ul>"
+    return ('<ul class="headline">' + "".join(f"<li>{_e(line)}</li>" for line in headline(doc, plain=escape.text))
+            + "</ul>")
 
 
 def _totals_html(doc: dict) -> str:

@@ -114,3 +114,27 @@ def test_a_release_newer_than_the_probe_is_accepted_with_a_warning(paths):
                                                               compare_with_onnxruntime=False)).report
     assert report.to_dict()["deployment"]["ort_version"] == "1.99"
     assert any("newer than the newest release probed" in w for w in report.warnings)
+
+
+def test_an_old_release_is_fine_for_target_onnx(paths, tmp_path):
+    result = CliRunner().invoke(main, ["optimize", str(paths["Relu"]), str(tmp_path / "o.onnx"), "--target", "onnx",
+                                       "--ort-version", "1.14"])
+    assert result.exit_code == 0, result.output
+
+
+def test_forms_already_in_the_input_above_ort_version_are_warned_about(paths, tmp_path):
+    """A model that already holds FusedConv(HardSwish) stays so (onnxfuse does not unfuse): for --ort-version 1.20
+    the warning says it needs a newer release, and the metadata says which."""
+    fused = tmp_path / "fused.onnx"
+    assert CliRunner().invoke(main, ["optimize", str(paths["HardSwish"]), str(fused), "--target", "cpu"]).exit_code == 0
+    out = tmp_path / "again.onnx"
+    result = CliRunner().invoke(main, ["optimize", str(fused), str(out), "--target", "cpu", "--ort-version", "1.20"])
+    assert result.exit_code == 0, result.output
+    needed = providers.release_text(providers.FORM_MIN_ORT["FusedConv(HardSwish)"])
+    assert f"the model needs onnxruntime {needed} or newer for forms it already held" in result.output
+    assert _metadata(out)["onnxfuse.min_onnxruntime"] == needed
+
+
+def test_bench_refuses_ort_version_with_an_optimized_file(paths, tmp_path):
+    result = CliRunner().invoke(main, ["bench", str(paths["Relu"]), str(paths["Relu"]), "--ort-version", "1.20"])
+    assert result.exit_code == 2 and "--ort-version" in result.output
