@@ -39,10 +39,36 @@ def _load(model, name: str | None = None) -> LoadedModel:
     return loaded
 
 
+def _check_inputs(input_values, input_ranges, input_sets) -> None:
+    """The verification inputs of the API, checked as the command checks its options.
+
+    Raises:
+        InputError: ``input_sets`` not an int >= 1; a value not a finite number; a range not two finite numbers,
+            low <= high, with a finite span.
+    """
+    import math
+
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if isinstance(input_sets, bool) or not isinstance(input_sets, int) or input_sets < 1:
+        raise InputError(f"input_sets: expected an integer >= 1, got {input_sets!r}")
+    for name, value in (input_values or {}).items():
+        if not number(value):
+            raise InputError(f"input_values[{name!r}]: expected a finite number, got {value!r}")
+    for name, pair in (input_ranges or {}).items():
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(number(v) for v in pair)
+                and pair[0] <= pair[1] and math.isfinite(pair[1] - pair[0])):
+            raise InputError(f"input_ranges[{name!r}]: expected (low, high), finite numbers with low <= high, "
+                             f"got {pair!r}")
+
+
 def _shapes(input_shapes: Mapping[str, Iterable[int]] | None) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
     for name, dims in (input_shapes or {}).items():
         try:
+            if any(isinstance(d, float) and not float(d).is_integer() for d in dims):
+                raise ValueError("not an integer")
             shape = tuple(int(d) for d in dims)
         except (TypeError, ValueError):
             raise InputError(f"input_shapes[{name!r}]: expected a sequence of integers, got {dims!r}") from None
@@ -55,6 +81,9 @@ def _shapes(input_shapes: Mapping[str, Iterable[int]] | None) -> dict[str, tuple
 def _options(target: str, input_shapes, only, skip, constant_initializer_inputs: bool, ort_level: str,
              ort_version: str | None = None) -> Options:
     from onnxfuse.pipeline import Options
+
+    if ort_version is not None and not isinstance(ort_version, str):
+        raise InputError(f"ort_version: expected a release as a string such as '1.20', got {ort_version!r}")
 
     if isinstance(only, str) or isinstance(skip, str):
         raise InputError("only/skip take a sequence of pass names, not a string")
@@ -169,6 +198,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
     timeout = timeout_seconds(verify_timeout)
+    _check_inputs(input_values, input_ranges, input_sets)
     loaded = _load(model, name)
     verify_options = VerifyOptions(options.input_shapes, None if input_data is None else str(input_data),
                                    dict(input_values or {}), dict(input_ranges or {}), input_sets,
@@ -208,6 +238,7 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
     from onnxfuse.verification import VerifyOptions, timeout_seconds, verify_models
 
     timeout = timeout_seconds(verify_timeout)
+    _check_inputs(input_values, input_ranges, input_sets)
     ref = _load(original)
     cand = _load(candidate)
     opts = VerifyOptions(_shapes(input_shapes), None if input_data is None else str(input_data),

@@ -286,7 +286,10 @@ def bench(original: str, optimized: str | dict[str, str], opts: BenchOptions) ->
                               "nodes_after_ort": None if graphs[key] is None else graphs[key].total()}
             if feeds is None:
                 check_names(sessions["original"], spec)
-                feeds = make_inputs(sessions["original"], spec, seed=0)
+                try:
+                    feeds = make_inputs(sessions["original"], spec, seed=0)
+                except ValueError as exc:  # an input type onnxfuse cannot generate (optional, sequence)
+                    raise RuntimeError(f"{exc}; give it with --input-data") from None
                 invented = invented_inputs(sessions["original"], spec.shapes, spec.data)
             for key, sess in sessions.items():
                 try:

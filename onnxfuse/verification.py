@@ -371,7 +371,7 @@ def timeout_seconds(value: float | None) -> float | None:
     """
     if value is None:
         return DEFAULT_TIMEOUT_S
-    if not math.isfinite(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise InputError(f"verify timeout: expected a number of seconds >= 0 (0: no limit), got {value!r}")
     return float(value) or None
 

@@ -250,3 +250,20 @@ def test_result_save_refuses_the_input_and_its_data(tmp_path):
     with pytest.raises(onnxfuse.InputError, match="cannot write the model"):
         result.save(tmp_path / ("n" * 300 + ".onnx"))
     assert (tmp_path / "big.onnx.data").read_bytes() == data
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ort_version": 1.2}, "ort_version"),
+    ({"input_sets": "2"}, "input_sets"),
+    ({"input_sets": 0}, "input_sets"),
+    ({"verify_timeout": "5"}, "verify timeout"),
+    ({"input_ranges": {"x": (float("nan"), 1)}}, "input_ranges"),
+    ({"input_ranges": {"x": (5, 1)}}, "input_ranges"),
+    ({"input_values": {"x": "abc"}}, "input_values"),
+    ({"input_shapes": {"x": (1, 3.7, 8, 8)}}, "input_shapes"),
+])
+def test_api_arguments_are_checked_as_the_command_checks_its_options(kwargs, message):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    with pytest.raises(onnxfuse.InputError, match=message):
+        onnxfuse.optimize(b.build(b.op("Relu", [b.conv(x, 3, 4)])), target="cpu", **kwargs)
