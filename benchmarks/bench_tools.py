@@ -663,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None, tools: list[str],
          skipped: dict[str, str], tmp_root: Path) -> int:
     python = args.python
-    workdir = Path(args.workdir) if args.workdir else tmp_root / "models"
+    workdir = Path(args.workdir).resolve() if args.workdir else tmp_root / "models"  # tools run in other folders
     workdir.mkdir(parents=True, exist_ok=True)
     scratch = tmp_root / "runs"
     scratch.mkdir()
