@@ -285,9 +285,16 @@ def cache_key(entry: Entry, versions: dict[str, str]) -> str:
 
 
 def make_job(entry: Entry, key: str, hooks: dict[str, str] | None = None) -> dict:
-    """The plain-data job of one model for :func:`run_task`."""
-    return {"path": str(entry.path.resolve()), "name": entry.name, "key": key, "options": entry.options.to_dict(),
-            "test_hook": (hooks or {}).get(entry.path.name)}
+    """The plain-data job of one model for :func:`run_task`: ``path`` resolved for the worker, ``shown`` how the
+    summary names the file (relative to the working folder when inside it, else its file name: no absolute path of
+    this machine in an artifact a CI job archives)."""
+    resolved = entry.path.resolve()
+    try:
+        shown = os.path.relpath(resolved) if resolved.is_relative_to(Path.cwd()) else resolved.name
+    except (OSError, ValueError):
+        shown = resolved.name
+    return {"path": str(resolved), "shown": shown, "name": entry.name, "key": key,
+            "options": entry.options.to_dict(), "test_hook": (hooks or {}).get(entry.path.name)}
 
 
 def read_test_hooks() -> dict[str, str]:
@@ -360,7 +367,7 @@ def _fusion_kinds(fusions: list[dict]) -> dict[str, int]:
 
 
 def _row(job: dict, status: str, reason: str | None, **extra) -> dict:
-    row = {"name": job["name"], "model": job["path"], "key": job["key"], "options": job["options"],
+    row = {"name": job["name"], "model": job.get("shown", job["path"]), "key": job["key"], "options": job["options"],
            "status": status, "reason": reason, "verification": None, "fusions": None,
            "fusions_made_by_onnxruntime": None, "fusion_kinds": {}, "saved_bytes": None, "saved_bytes_beyond": None,
            "before_bytes": None, "after_bytes": None, "after_bytes_expr": None, "saved_bytes_expr": None,

@@ -290,3 +290,11 @@ def test_sizes_and_default_jobs():
     cores = len(os.sched_getaffinity(0))
     assert b.default_jobs(max_memory=1) == cores  # memory does not bind: every core
     assert b.default_jobs(max_memory=2**50) == 1  # a petabyte a worker: memory binds, still one worker
+
+
+def test_the_summary_carries_no_absolute_path(first_run):
+    """summary.json, summary.md and index.html are CI artifacts: no path of this machine in them."""
+    zoo, out, _ = first_run
+    for name in ("summary.json", "summary.md", "index.html"):
+        text = (out / name).read_text(encoding="utf-8")
+        assert str(zoo) not in text and str(out) not in text, name
