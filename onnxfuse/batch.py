@@ -288,12 +288,10 @@ def make_job(entry: Entry, key: str, hooks: dict[str, str] | None = None) -> dic
     """The plain-data job of one model for :func:`run_task`: ``path`` resolved for the worker, ``shown`` how the
     summary names the file (relative to the working folder when inside it, else its file name: no absolute path of
     this machine in an artifact a CI job archives)."""
+    from onnxfuse.files import shown_path
+
     resolved = entry.path.resolve()
-    try:
-        shown = os.path.relpath(resolved) if resolved.is_relative_to(Path.cwd()) else resolved.name
-    except (OSError, ValueError):
-        shown = resolved.name
-    return {"path": str(resolved), "shown": shown, "name": entry.name, "key": key,
+    return {"path": str(resolved), "shown": shown_path(resolved), "name": entry.name, "key": key,
             "options": entry.options.to_dict(), "test_hook": (hooks or {}).get(entry.path.name)}
 
 

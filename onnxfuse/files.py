@@ -53,3 +53,16 @@ def read_option_file(path: str | os.PathLike, option: str, max_bytes: int) -> by
         raise InputError(f"{option} {given}: cannot read it ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """How an artifact (a report, a batch summary) names a file: as given when relative, relative to the working
+    folder when inside it, else by its file name alone, so that no absolute path of the machine that made the
+    artifact is in it."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(p)
+    try:
+        return os.path.relpath(p) if p.is_relative_to(Path.cwd()) else p.name
+    except (OSError, ValueError):
+        return p.name

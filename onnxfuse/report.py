@@ -353,18 +353,11 @@ def report_path_text(loaded) -> str:
     """How a report names the model: ``loaded.label`` (the API's ``name``, ``<ModelProto>``), or its path as given
     when relative, else relative to the working folder when inside it, else the file name alone, so that no
     report (an artifact a CI job archives) carries a machine's absolute paths."""
-    import os
-    from pathlib import Path
+    from onnxfuse.files import shown_path
 
     if loaded.name is not None or loaded.path is None:
         return loaded.label
-    path = Path(loaded.path)
-    if not path.is_absolute():
-        return str(path)
-    try:
-        return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else path.name
-    except (OSError, ValueError):
-        return path.name
+    return shown_path(loaded.path)
 
 
 def deployment_section(release: tuple[int, int], forms: dict[str, int], min_release: tuple[int, int]) -> dict:
