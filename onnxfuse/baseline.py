@@ -159,7 +159,7 @@ class Comparison:
         growth_expr: new - old optimized traffic, exact (None when it did not grow anywhere).
         worse_at: where the optimized traffic grew, ``"symbol=value, ...: +N MiB"`` strings (empty: it did
             not): at the new report's input shapes when it has them, else at the stated representative size
-            (:data:`REPRESENTATIVE_BATCH` for a batch dim, :data:`REPRESENTATIVE_SIZE` for the others) when it grew
+            (``report.representative_values``: batch 1, 224 for the other dims) when it grew
             there, else at the first of :data:`SAMPLE_SIZES` where it did.
         unknown_before / unknown_after: unknown node counts of the optimized models.
         symbols: the two reports' ``symbols``, to show long expressions by their leading terms in :meth:`lines`.
@@ -244,11 +244,6 @@ class Comparison:
 #: Where a lost fusion was, at most this many places per kind.
 WHERE_LIMIT = 3
 
-#: The stated representative size at which growth is shown when the new report has no input shapes: batch 1 (a
-#: symbol on axis 0 of an input) and 224 for every other symbolic dim (an image side, a sequence length).
-REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE = 1, 224
-
-
 def option_differences(old: dict, new: dict) -> list[str]:
     """The options that differ between the baseline and the new report (``target``, ``--ort-level``,
     ``--ort-version``, input shapes, passes), as ``"target cpu, now onnx"`` phrases: reports made with other
@@ -311,8 +306,8 @@ def compare(old: dict, new: dict) -> Comparison:
         return c
     free = sorted(diff.free_symbols, key=str)
     given = {make_symbol(k): sympy.Integer(v) for k, v in new.get("symbol_values", {}).items()}
-    representative = {s: sympy.Integer(REPRESENTATIVE_BATCH if symbols.get(s.name, {}).get("axis") == 0
-                                       else REPRESENTATIVE_SIZE) for s in free}
+    sizes = rep.representative_values({"symbols": {s.name: symbols.get(s.name, {"axis": None}) for s in free}})
+    representative = {s: sympy.Integer(sizes[s.name]) for s in free}
     points = [given] if given and all(s in given for s in free) else [representative]
     points += [{s: sympy.Integer(size) for s in free} for size in SAMPLE_SIZES]
     for point in points:  # the first stated size where it grew is enough to say so

@@ -553,16 +553,10 @@ def _unknown_html(doc: dict) -> str:
             f"<th>why</th></tr></thead><tbody>{rows}</tbody></table></section>")
 
 
-#: The sizes the chart is drawn at when a report has symbolic dims and no value for them and verification did not
-#: run (``onnxfuse report`` of an export with dynamic axes): batch 1 for a dim on axis 0, 224 for every other one
-#: (an image side or a sequence length of that order). Stated on the page and on the command line.
-REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE = 1, 224
-
-
 def chart_sizes(doc: dict) -> tuple[dict[str, int], str] | None:
     """``(symbol -> size, where the sizes come from)`` for a report with symbolic dims and no value for them: the
-    input sizes verification ran with when every symbol appears in them, else :data:`REPRESENTATIVE_BATCH` /
-    :data:`REPRESENTATIVE_SIZE`. None when the report has numbers (no symbols, or values for them)."""
+    input sizes verification ran with when every symbol appears in them, else the stated representative sizes
+    (``report.representative_values``). None when the report has numbers (no symbols, or values for them)."""
     if not doc.get("symbols") or doc.get("symbol_values"):
         return None
     shapes = (doc.get("verification") or {}).get("input_shapes") or {}
@@ -573,9 +567,10 @@ def chart_sizes(doc: dict) -> tuple[dict[str, int], str] | None:
             values[name] = int(dims[where["axis"]])
     if len(values) == len(doc["symbols"]):
         return values, "the input sizes verification ran with"
-    values = {name: REPRESENTATIVE_BATCH if where["axis"] == 0 else REPRESENTATIVE_SIZE
-              for name, where in doc["symbols"].items()}
-    return values, f"representative sizes: batch {REPRESENTATIVE_BATCH}, {REPRESENTATIVE_SIZE} for the other dims"
+    from onnxfuse.report import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE, representative_values
+
+    return (representative_values(doc),
+            f"representative sizes: batch {REPRESENTATIVE_BATCH}, {REPRESENTATIVE_SIZE} for the other dims")
 
 
 def _display(doc: dict, symbol: str) -> str:
