@@ -244,6 +244,7 @@ class Comparison:
 #: Where a lost fusion was, at most this many places per kind.
 WHERE_LIMIT = 3
 
+
 def option_differences(old: dict, new: dict) -> list[str]:
     """The options that differ between the baseline and the new report (``target``, ``--ort-level``,
     ``--ort-version``, input shapes, passes), as ``"target cpu, now onnx"`` phrases: reports made with other
