@@ -18,7 +18,7 @@ the two sessions then run the same kernels. A "slower" cell is timed again and s
 does not make a rule).
 
 The summary table gives, per form and level, how many cells were faster / same / slower and the worst ratio;
-the last lines print the ``CPU_SLOWER_AT`` data that ``onnxfuse/providers.py`` holds (a form is slower at a level
+the last lines print the ``CPU_SLOWER_AT`` data that ``onnxfuse/ort/providers.py`` holds (a form is slower at a level
 when any of its cells is). Raw numbers go to ``benchmarks/results/forms.json``.
 
     python benchmarks/bench_forms.py                        # default grid, about 10 minutes on 2 cores
@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from onnxfuse import pipeline  # noqa: E402
-from onnxfuse.providers import ORT_LEVELS  # noqa: E402
-from onnxfuse.runtime import session  # noqa: E402
+from onnxfuse.ort.providers import ORT_LEVELS  # noqa: E402
+from onnxfuse.ort.sessions import session  # noqa: E402
 
 OPSET = 17
 

@@ -9,7 +9,7 @@ rtol = atol = 1e-4, ``load`` when the session cannot be created, ``run`` when it
 when its outputs differ.
 
 Results: ``benchmarks/results/ort_releases.json`` (every release and form, with the error text) and
-``benchmarks/results/ort_releases.md`` (the table for the docs). ``onnxfuse/providers.py`` carries the minimum
+``benchmarks/results/ort_releases.md`` (the table for the docs). ``onnxfuse/ort/providers.py`` carries the minimum
 release of each form as data (``FORM_MIN_ORT``); ``tests/test_providers.py`` checks it against the JSON.
 
 Run from the repository root (needs network access to PyPI, a few minutes per release the first time; venvs are
@@ -38,7 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from onnxfuse.providers import ACTIVATION_PARAM_COUNTS, FUSED_GEMM_ACTIVATIONS, form_name  # noqa: E402
+from onnxfuse.ort.providers import ACTIVATION_PARAM_COUNTS, FUSED_GEMM_ACTIVATIONS, form_name  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out"
 RESULTS = ROOT / "benchmarks" / "results"

@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 STAGES = r"""
 import functools, json, sys, time
 T0 = time.process_time()
-from onnxfuse import cli
+from onnxfuse.cli import main as cli
 marks = {"imports": time.process_time() - T0}
 import importlib
 def wrap(modname, name, label):
@@ -72,11 +72,11 @@ marks["total"] = time.process_time() - T0
 import resource
 print(json.dumps({**marks, "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
-STAGE_FUNCS = ("onnxfuse.model_io:load_model:load,onnxfuse.shapes:skeleton:shapes,onnxfuse.shapes:infer:shapes,"
-               "onnxfuse.shapes:measure:shapes,onnxfuse.traffic:node_traffic:traffic,onnxfuse.graph:to_graph:import,"
-               "onnxfuse.pipeline:run_passes:passes,onnxfuse.graph:to_model:export,onnxfuse.report:build:report,"
-               "onnxfuse.verification:verify_models:verification,onnxfuse.symbolic:infer:symbolic,"
-               "onnxfuse.model_io:save_model:save")
+STAGE_FUNCS = ("onnxfuse.model.io:load_model:load,onnxfuse.analysis.shapes:skeleton:shapes,onnxfuse.analysis.shapes:infer:shapes,"
+               "onnxfuse.analysis.shapes:measure:shapes,onnxfuse.analysis.traffic:node_traffic:traffic,onnxfuse.ir.graph:to_graph:import,"
+               "onnxfuse.pipeline:run_passes:passes,onnxfuse.ir.graph:to_model:export,onnxfuse.report.build:build:report,"
+               "onnxfuse.verification.verify:verify_models:verification,onnxfuse.analysis.symbolic:infer:symbolic,"
+               "onnxfuse.model.io:save_model:save")
 
 
 def stages(model: str, rest: list[str], runs: int, src: Path) -> int:

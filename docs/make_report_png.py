@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 from onnxfuse import pipeline
-from onnxfuse import report as rep
-from onnxfuse.report_html import TRACE_FUSED
-from onnxfuse.shapes import parse_input_shape
+from onnxfuse.analysis.shapes import parse_input_shape
+from onnxfuse.report import build as rep
+from onnxfuse.report.html import TRACE_FUSED
 
 DEFAULT = ["../shared/models/rapidocr_det_ppocrv4.onnx", "x=1x3x640x640"]
 

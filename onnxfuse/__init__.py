@@ -1,6 +1,6 @@
 """onnxfuse: offline operator fusion for ONNX models, with a memory-traffic report and numerical verification.
 
-Public API (the library never prints; the ``onnxfuse`` command in ``onnxfuse.cli`` does)::
+Public API (the library never prints; the ``onnxfuse`` command in ``onnxfuse.cli.main`` does)::
 
     onnxfuse.optimize(model, target="cpu+cuda", input_shapes=None, verify=True, ...) -> Result
     onnxfuse.analyse(model, ...) -> Report
@@ -40,11 +40,11 @@ def __getattr__(name: str):
 
         return Result
     if name == "Report":
-        from onnxfuse.report import Report
+        from onnxfuse.report.build import Report
 
         return Report
     if name == "Verification":
-        from onnxfuse.verification import Verification
+        from onnxfuse.verification.verify import Verification
 
         return Verification
     raise AttributeError(f"module 'onnxfuse' has no attribute {name!r}")

@@ -67,7 +67,7 @@ def run() -> None:
 
     install_signal_handlers()
     try:
-        from onnxfuse.cli import main
+        from onnxfuse.cli.main import main
     except KeyboardInterrupt as exc:
         message, code = interrupted_exit(exc, working=False)
         sys.stderr.write(message + "\n")

@@ -21,18 +21,18 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from onnxfuse.errors import InputError, VerificationError
-from onnxfuse.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET
+from onnxfuse.ort.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET
 
 if TYPE_CHECKING:
     import onnx
 
-    from onnxfuse.model_io import LoadedModel
+    from onnxfuse.model.io import LoadedModel
     from onnxfuse.pipeline import Options, Result
-    from onnxfuse.report import Report
-    from onnxfuse.verification import Verification
+    from onnxfuse.report.build import Report
+    from onnxfuse.verification.verify import Verification
 
 def _load(model, name: str | None = None) -> LoadedModel:
-    from onnxfuse import model_io
+    from onnxfuse.model import io as model_io
 
     loaded = model_io.load_model(model) if isinstance(model, (str, os.PathLike)) else model_io.load_proto(model)
     loaded.name = name
@@ -128,13 +128,13 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
 
     Args:
         model: an ``onnx.ModelProto`` (external data loaded) or the path of a ``.onnx`` file.
-        target: ``cpu+cuda`` (default), ``cpu``, ``cuda`` or ``onnx`` (see ``onnxfuse.providers.TARGETS``).
+        target: ``cpu+cuda`` (default), ``cpu``, ``cuda`` or ``onnx`` (see ``onnxfuse.ort.providers.TARGETS``).
         input_shapes: graph input name -> concrete dims for symbolic dims, e.g. ``{"x": (1, 3, 640, 640)}``.
         only / skip: pass names to run exclusively / leave out (``onnxfuse passes`` lists them).
         constant_initializer_inputs: treat initializers that are also graph inputs as constants.
         ort_level: the onnxruntime graph optimization level your sessions run at (``disable``, ``basic``,
             ``extended``, ``all``; onnxruntime's default is ``all``): forms measured slower than the unfused
-            graph at that level are not emitted (``onnxfuse.providers``, BENCHMARKS.md).
+            graph at that level are not emitted (``onnxfuse.ort.providers``, BENCHMARKS.md).
         ort_version: the onnxruntime release the model will run on, ``"1.20"`` (default: the installed one):
             forms that release cannot load are not emitted (``providers.FORM_MIN_ORT``); the report's
             ``deployment`` section and the model's ``onnxfuse.min_onnxruntime`` metadata name the oldest release
@@ -180,12 +180,12 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             ``{"sr": 16000}``), and how many seeded input sets to compare on (see docs/reference.md, "Verification").
         rtol / atol: elementwise tolerances that replace the noise-floor rule (see docs/reference.md, "Verification").
         verify_timeout: seconds for every onnxruntime run of the verification together (None:
-            ``onnxfuse.verification.DEFAULT_TIMEOUT_S``, 300; 0: no limit); when they run out verification is
+            ``onnxfuse.verification.verify.DEFAULT_TIMEOUT_S``, 300; 0: no limit); when they run out verification is
             ``skipped`` with ``cause`` ``"time"`` (a :class:`VerificationError` with ``require_verify``).
 
     Returns:
         A :class:`onnxfuse.pipeline.Result`: ``model`` (the optimized ``ModelProto``), ``report`` (the
-        :class:`onnxfuse.report.Report`, its ``verification`` filled in), ``changed``, ``fusions``, ``skips``.
+        :class:`onnxfuse.report.build.Report`, its ``verification`` filled in), ``changed``, ``fusions``, ``skips``.
 
     Raises:
         InputError: as :func:`analyse`, or unreadable ``input_data``.
@@ -193,7 +193,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             (``.result`` holds the failing result and its report), or ``require_verify`` and it was skipped.
     """
     from onnxfuse import pipeline
-    from onnxfuse.verification import VerifyOptions, timeout_seconds
+    from onnxfuse.verification.verify import VerifyOptions, timeout_seconds
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
@@ -225,17 +225,17 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
 
     Arguments after ``candidate`` are as :func:`optimize`'s (``verify_timeout`` too: when it runs out the result
     is ``skipped`` with ``cause`` ``"time"``); the rule is docs/reference.md's "Verification"
-    (:func:`onnxfuse.verification.verify_models`).
+    (:func:`onnxfuse.verification.verify.verify_models`).
 
     Returns:
-        An ``onnxfuse.verification.Verification``: ``status`` is ``passed``, ``failed`` or ``skipped`` (with
+        An ``onnxfuse.verification.verify.Verification``: ``status`` is ``passed``, ``failed`` or ``skipped`` (with
         ``reason``); ``outputs`` has the error of each output, onnxruntime's noise floor and the tolerance
         applied. It does not raise on ``failed``: check ``status``.
 
     Raises:
         InputError: an unreadable or invalid model, unreadable ``input_data``, a negative ``verify_timeout``.
     """
-    from onnxfuse.verification import VerifyOptions, timeout_seconds, verify_models
+    from onnxfuse.verification.verify import VerifyOptions, timeout_seconds, verify_models
 
     timeout = timeout_seconds(verify_timeout)
     _check_inputs(input_values, input_ranges, input_sets)

@@ -102,7 +102,7 @@ class Entry:
 # ---------------------------------------------------------------------------------------------------- inputs
 
 def _parse_shapes(value, where: str) -> dict[str, list[int]]:
-    from onnxfuse.shape_text import parse_input_shape
+    from onnxfuse.model.shape_text import parse_input_shape
 
     if isinstance(value, dict):
         out = {}
@@ -117,7 +117,7 @@ def _parse_shapes(value, where: str) -> dict[str, list[int]]:
 
 
 def _parse_values(value, where: str) -> dict[str, float]:
-    from onnxfuse.runtime import parse_input_value
+    from onnxfuse.ort.sessions import parse_input_value
 
     if isinstance(value, dict):
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
@@ -132,7 +132,7 @@ MANIFEST_FIELDS = ("path", "input_shapes", "input_values", "target", "ort_level"
 
 
 def _options_from(row: dict, defaults: ModelOptions, where: str) -> ModelOptions:
-    from onnxfuse.providers import ORT_LEVELS, TARGETS
+    from onnxfuse.ort.providers import ORT_LEVELS, TARGETS
 
     unknown = set(row) - set(MANIFEST_FIELDS)
     if unknown:
@@ -164,7 +164,7 @@ def read_manifest(path: Path, defaults: ModelOptions) -> list[tuple[Path, ModelO
     Raises:
         InputError: unreadable file, bad JSON/CSV, an unknown field or value, a missing ``path``.
     """
-    from onnxfuse.files import read_option_file
+    from onnxfuse.model.files import read_option_file
 
     text = read_option_file(path, "manifest", 64 * 2**20).decode("utf-8", errors="replace")
     if path.suffix.lower() == ".csv":
@@ -265,7 +265,7 @@ def library_versions() -> dict[str, str]:
 
 def _content_hash(path: Path) -> str:
     """SHA-256 over the model file's bytes and those of the external data files it references (sorted by name)."""
-    from onnxfuse.model_io import referenced_data_files
+    from onnxfuse.model.io import referenced_data_files
 
     h = hashlib.sha256()
     for f in [path, *(path.parent / n for n in sorted(referenced_data_files(path)))]:
@@ -288,7 +288,7 @@ def make_job(entry: Entry, key: str, hooks: dict[str, str] | None = None) -> dic
     """The plain-data job of one model for :func:`run_task`: ``path`` resolved for the worker, ``shown`` how the
     summary names the file (relative to the working folder when inside it, else its file name: no absolute path of
     this machine in an artifact a CI job archives)."""
-    from onnxfuse.files import shown_path
+    from onnxfuse.model.files import shown_path
 
     resolved = entry.path.resolve()
     return {"path": str(resolved), "shown": shown_path(resolved), "name": entry.name, "key": key,
@@ -359,7 +359,7 @@ def _peak_rss() -> int | None:
 
 
 def _fusion_kinds(fusions: list[dict]) -> dict[str, int]:
-    from onnxfuse.baseline import _fusion_kind
+    from onnxfuse.report.baseline import _fusion_kind
 
     return dict(sorted(Counter(_fusion_kind(f) for f in fusions).items()))
 
@@ -422,10 +422,11 @@ def run_task(job: dict) -> dict:
 
 
 def _optimize_into(job: dict, stage: Path) -> dict:
-    from onnxfuse import model_io, pipeline
-    from onnxfuse import report as rep
-    from onnxfuse.report_html import to_html
-    from onnxfuse.verification import VerifyOptions
+    from onnxfuse import pipeline
+    from onnxfuse.model import io as model_io
+    from onnxfuse.report import build as rep
+    from onnxfuse.report.html import to_html
+    from onnxfuse.verification.verify import VerifyOptions
 
     o = job["options"]
     shapes = {k: tuple(v) for k, v in o["input_shapes"].items()}
@@ -565,8 +566,8 @@ def _preload() -> None:
     import onnxruntime  # noqa: F401
     import sympy  # noqa: F401
 
-    from onnxfuse import ort_graph, pipeline, report_html, verification  # noqa: F401
-    from onnxfuse.report_html import plotly_js_gzip_base64
+    from onnxfuse.report.html import plotly_js_gzip_base64
+    from onnxfuse.verification import verify as verification  # noqa: F401
 
     plotly_js_gzip_base64()
 
@@ -839,7 +840,7 @@ def load_summary(path: str | Path, option: str) -> dict:
     """
     import jsonschema
 
-    from onnxfuse.files import read_option_file
+    from onnxfuse.model.files import read_option_file
 
     data = read_option_file(path, option, 256 * 2**20)
     try:
@@ -870,7 +871,7 @@ def merge(summaries: list[dict]) -> dict:
 
 
 def _doc_for_compare(row: dict) -> dict:
-    """The parts of a report that :func:`onnxfuse.baseline.compare` reads, rebuilt from a summary row (fusion
+    """The parts of a report that :func:`onnxfuse.report.baseline.compare` reads, rebuilt from a summary row (fusion
     kinds are ``OP(ACTIVATION) from A -> B`` strings, ``baseline._fusion_kind``)."""
     fusions = []
     for kind, n in row["fusion_kinds"].items():
@@ -886,14 +887,14 @@ def _doc_for_compare(row: dict) -> dict:
 
 
 def compare_summaries(old: dict, new: dict) -> dict:
-    """The zoo-wide gate: per model present in both, what changed (``onnxfuse.baseline.compare`` on its fusions
+    """The zoo-wide gate: per model present in both, what changed (``onnxfuse.report.baseline.compare`` on its fusions
     and optimized traffic). A model regressed when it lost a fusion, its optimized traffic grew, or it was ``ok``
     and no longer is. Models added or removed are listed, never a regression.
 
     Returns:
         ``{"regressed": bool, "models": {name: {"regressed", "lines"}}, "added": [...], "removed": [...]}``.
     """
-    from onnxfuse import baseline
+    from onnxfuse.report import baseline
 
     old_rows, new_rows = {r["name"]: r for r in old["models"]}, {r["name"]: r for r in new["models"]}
     out: dict[str, Any] = {"added": sorted(set(new_rows) - set(old_rows)),
@@ -914,7 +915,7 @@ def compare_summaries(old: dict, new: dict) -> dict:
 
 
 def _human(n: int | None) -> str:
-    from onnxfuse.report import human_bytes
+    from onnxfuse.report.build import human_bytes
 
     return human_bytes(n) if n is not None else "-"
 
@@ -945,7 +946,7 @@ def to_markdown(summary: dict, gate: dict | None = None) -> str:
 
 def write_summary(outdir: Path, summary: dict, gate: dict | None = None) -> list[Path]:
     """Write ``summary.json``, ``summary.md`` and ``index.html`` into ``outdir``, each atomically."""
-    from onnxfuse.batch_html import to_html
+    from onnxfuse.report.batch_html import to_html
 
     out = []
     for name, text in (("summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n"),

@@ -66,8 +66,8 @@ class BenchOptions:
         levels: graph optimization levels, from :data:`LEVELS`.
         input_shapes: graph input name -> dims for symbolic dims.
         input_data: optional ``.npz`` of real inputs.
-        input_values / input_ranges: fill values and ranges per input (:class:`onnxfuse.runtime.InputSpec`).
-        profile: also run both models with onnxruntime's profiler (``onnxfuse.ort_profile``) at each level and
+        input_values / input_ranges: fill values and ranges per input (:class:`onnxfuse.ort.sessions.InputSpec`).
+        profile: also run both models with onnxruntime's profiler (``onnxfuse.ort.profile``) at each level and
             report per kernel, per op and per fusion.
         profile_runs: profiled runs per model and level (their median time per kernel).
         fusions: level -> the ``fusions[]`` rows of the report of the model optimized for that level (None when
@@ -222,7 +222,7 @@ def kernels(path: str) -> Counter:
 def invented_inputs(sess, input_shapes: dict[str, tuple[int, ...]], given: dict | None) -> list[str]:
     """Inputs of ``sess`` with a dim that is not a number, that neither ``input_shapes`` nor ``given`` sets
     (directly or through a named dim they fix): their sizes are onnxfuse's defaults, not the model's real ones."""
-    from onnxfuse.shapes import is_placeholder_dim
+    from onnxfuse.analysis.shapes import is_placeholder_dim
 
     given = given or {}
     bound = set()
@@ -256,7 +256,7 @@ def bench(original: str, optimized: str | dict[str, str], opts: BenchOptions) ->
     Raises:
         RuntimeError: onnxruntime cannot load or run one of the models (the message says which).
     """
-    from onnxfuse.runtime import InputSpec, check_names, load_npz, make_inputs, random_inputs_hint, session, short
+    from onnxfuse.ort.sessions import InputSpec, check_names, load_npz, make_inputs, random_inputs_hint, session, short
 
     spec = InputSpec(shapes=dict(opts.input_shapes), data=load_npz(opts.input_data) if opts.input_data else {},
                      values=dict(opts.input_values), ranges=dict(opts.input_ranges))
@@ -322,7 +322,7 @@ def bench(original: str, optimized: str | dict[str, str], opts: BenchOptions) ->
 def _profile(models: dict[str, str], feeds: dict, level: str, opts: BenchOptions) -> dict[str, Any]:
     """Both models under onnxruntime's profiler at ``level`` (``ort_profile.profile``): per side ``kernels``
     (every kernel: ms, bytes), ``by_op``, totals; ``by_fusion`` when the fusions are known."""
-    from onnxfuse import ort_profile
+    from onnxfuse.ort import profile as ort_profile
 
     out: dict[str, Any] = {"runs": opts.profile_runs}
     measured = {}
@@ -346,8 +346,8 @@ def profile_text(result: dict[str, Any], top: int = 12) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    from onnxfuse import escape
-    from onnxfuse.report import human_bytes
+    from onnxfuse.report import escape
+    from onnxfuse.report.build import human_bytes
 
     buf = io.StringIO()
     console = Console(file=buf, width=120, color_system=None, highlight=False, markup=False, emoji=False)
@@ -398,7 +398,7 @@ def to_text(result: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    from onnxfuse import escape
+    from onnxfuse.report import escape
 
     buf = io.StringIO()
     console = Console(file=buf, width=120, color_system=None, highlight=False, markup=False, emoji=False)

@@ -16,15 +16,13 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
-from onnxfuse import graph as g
-from onnxfuse import model_io, shapes, symbolic, traffic
 from onnxfuse import passes as passes_mod
-from onnxfuse import report as rep
 from onnxfuse._version import __version__
+from onnxfuse.analysis import shapes, symbolic, traffic
 from onnxfuse.errors import InputError
-from onnxfuse.passes import Context, Fusion, Match, Pass, Reason, Skip
-from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
-from onnxfuse.providers import (
+from onnxfuse.ir import graph as g
+from onnxfuse.model import io as model_io
+from onnxfuse.ort.providers import (
     DEFAULT_ORT_LEVEL,
     DEFAULT_TARGET,
     ORT_LEVELS,
@@ -37,6 +35,9 @@ from onnxfuse.providers import (
     parse_release,
     release_text,
 )
+from onnxfuse.passes import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
+from onnxfuse.report import build as rep
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class Result:
 
     @property
     def verification(self):
-        """The ``onnxfuse.verification.Verification`` of :func:`optimize` (``report.verification``)."""
+        """The ``onnxfuse.verification.verify.Verification`` of :func:`optimize` (``report.verification``)."""
         return self.report.verification
 
     def save(self, path: str | os.PathLike) -> list[os.PathLike]:
@@ -165,7 +166,7 @@ def deployment_release(options: Options) -> tuple[int, int]:
             probed (``providers.PROBED_ORT_RELEASES``) for a target with contrib ops: onnxfuse cannot say what such
             a release loads.
     """
-    from onnxfuse.ort_graph import installed_version
+    from onnxfuse.ort.optimized_graph import installed_version
 
     text = options.ort_version or installed_version()
     try:
@@ -286,8 +287,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     verification, no file).
 
     Raises:
-        InputError: unreadable or invalid model (:func:`onnxfuse.model_io.load_model`, and a Conv whose
-            attributes, weight or bias contradict each other or its input: :func:`onnxfuse.model_io.check_convs`),
+        InputError: unreadable or invalid model (:func:`onnxfuse.model.io.load_model`, and a Conv whose
+            attributes, weight or bias contradict each other or its input: :func:`onnxfuse.model.io.check_convs`),
             unknown target or pass name, bad ``input_shapes``, an ``input_data`` that is not a regular file.
     """
     selected = _check_options(options)
@@ -338,7 +339,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
 
     runtime = None
     if fusions and options.ort_level is not None and options.compare_with_onnxruntime:
-        from onnxfuse import ort_graph
+        from onnxfuse.ort import optimized_graph as ort_graph
 
         log.debug("asking onnxruntime which of these fusions it makes itself at level %s", options.ort_level)
         runtime = ort_graph.runtime_graphs(loaded.ort_source(), out, options.ort_level)
@@ -376,7 +377,7 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     An input that onnxruntime (CPU provider, optimizations disabled) cannot load is refused: verification's own
     session of the original is that load, so it costs nothing more. Without verification (``verify_options``
     None, or nothing rewritten) no session is made; the checks of :func:`analyse` still apply (onnx.checker
-    with full_check, unique node names, :func:`onnxfuse.model_io.check_convs`), which find what onnxruntime's
+    with full_check, unique node names, :func:`onnxfuse.model.io.check_convs`), which find what onnxruntime's
     load or first run finds in Conv attributes, weights and biases, node names and shapes, but not every defect
     it could (an operator it has no kernel for is found by onnxruntime only).
 
@@ -384,7 +385,7 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
         InputError: as :func:`analyse`; onnxruntime cannot load the original; given input shapes whose random
             inputs numpy cannot even size (more bytes than a pointer can count).
     """
-    from onnxfuse import verification as verify
+    from onnxfuse.verification import verify
 
     if verify_options is not None and verify_options.input_data and not options.input_data:
         options = replace(options, input_data=verify_options.input_data)  # real inputs fix the report's shapes

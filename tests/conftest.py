@@ -23,8 +23,8 @@ import onnx
 import pytest
 
 from onnxfuse import pipeline
-from onnxfuse.graph import proto_graphs
-from onnxfuse.runtime import session
+from onnxfuse.ir.graph import proto_graphs
+from onnxfuse.ort.sessions import session
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def analyse_unchecked(model: onnx.ModelProto, target: str = "cpu", **options) ->
     """Run the passes on ``model`` (no verification) without the checks of ``model_io.load_model``: for a pass's
     defence against an input that onnx.checker (full_check) or onnxruntime refuses, which no file reaches the
     passes with."""
-    from onnxfuse import model_io
+    from onnxfuse.model import io as model_io
 
     loaded = model_io.LoadedModel(model, None, "", 0, False)
     return pipeline.analyse(None, pipeline.Options(target=target, **options), loaded)

@@ -178,7 +178,7 @@ def test_package_exports_and_version():
     assert onnxfuse.__version__ == version("onnxfuse")
     for name in onnxfuse.__all__:
         assert getattr(onnxfuse, name) is not None
-    assert callable(onnxfuse.verify)  # the function, not the onnxfuse.verification module
+    assert callable(onnxfuse.verify)  # the function, not the onnxfuse.verification.verify module
     assert (REPO / "onnxfuse" / "py.typed").exists()
 
 

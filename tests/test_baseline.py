@@ -1,5 +1,5 @@
 """The CI gate: ``onnxfuse report MODEL --baseline OLD.json`` prints what changed and exits 1 when a fusion was
-lost or the optimized traffic grew, 0 otherwise (onnxfuse/baseline.py)."""
+lost or the optimized traffic grew, 0 otherwise (onnxfuse/report/baseline.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse import baseline
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
+from onnxfuse.report import baseline
 from tests.builders import GraphBuilder
 
 
@@ -154,7 +154,7 @@ def test_traffic_growth_is_judged_on_the_expression():
 def test_long_expressions_are_shown_by_their_leading_terms_and_kept_exact_in_json():
     """A deep net's saved-bytes expression nests dozens of floors; the text shows its leading terms (as the
     summary does), the comparison's JSON keeps it exact."""
-    from onnxfuse.baseline import Comparison
+    from onnxfuse.report.baseline import Comparison
 
     exact = "96*N_*(floor(floor(H/2 - 1/2)/2) + 1)*(floor(floor(W/2 - 1/2)/2) + 1) + 64*N_*H*W + 1472"
     c = Comparison(saved_before=exact, saved_after=exact,
@@ -185,7 +185,7 @@ def _baseline_with(model_path, tmp_path, edit) -> str:
 @pytest.mark.parametrize("field", ["totals", "fusion", "node"])
 def test_baseline_expression_is_never_evaluated(model_path, tmp_path, payload, field):
     """sympy.sympify runs eval: a crafted expression string in a baseline ran a shell command. Every expression
-    of the baseline is read with onnxfuse.expressions.parse; the marker file the payload would create never
+    of the baseline is read with onnxfuse.analysis.expressions.parse; the marker file the payload would create never
     appears, and a payload in the totals (which the gate needs) is exit 2 with one line."""
     marker = tmp_path / "pwned"
     code = payload.format(marker=marker)

@@ -11,7 +11,7 @@ import json
 from click.testing import CliRunner
 
 from onnxfuse import batch as b
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from tests.conftest import REPO
 from tests.test_report_html_browser import browser  # noqa: F401 - the module's browser fixture, shared
 

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from onnxfuse import batch as b
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from tests.conftest import REPO
 
 try:

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from onnxfuse import bench as bench_mod
 from onnxfuse.bench import CONFIDENCE, compare, kernels, look_confidence, measure, order_ranks
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from tests.builders import GraphBuilder
 from tests.conftest import REPO
 

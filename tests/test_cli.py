@@ -19,9 +19,11 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse import __version__, model_io, ort_graph
-from onnxfuse.cli import main
+from onnxfuse import __version__
+from onnxfuse.cli.main import main
 from onnxfuse.errors import internal_error_line
+from onnxfuse.model import io as model_io
+from onnxfuse.ort import optimized_graph as ort_graph
 from onnxfuse.passes import ALL_PASSES, PASS_NAMES
 from tests.builders import GraphBuilder
 from tests.conftest import REPO
@@ -535,7 +537,7 @@ def test_bench_results_go_to_stdout():
 def test_each_command_line_configures_logging_afresh_and_removes_it_after():
     import logging
 
-    from onnxfuse import cli
+    from onnxfuse.cli import main as cli
 
     sample = REPO / "sample_models" / "refuse_two_consumers.onnx"
     for args in (["-v", "report", sample], ["-q", "report", sample], ["report", sample, "-v"]):
@@ -811,12 +813,12 @@ def test_default_target_says_when_cpu_would_fuse_more(tmp_path):
 def test_ctrl_c_while_the_libraries_load_exits_130_with_one_line():
     """The console script's entry point (onnxfuse.__main__.run) imports the CLI, and with it onnx, numpy and
     onnx-graphsurgeon, inside its Ctrl-C handling; `import onnxfuse` itself loads none of them. The interrupt is
-    raised deterministically by an import hook on onnxfuse.cli."""
+    raised deterministically by an import hook on onnxfuse.cli.main."""
     code = """
 import sys
 class Interrupt:
     def find_spec(self, name, path=None, target=None):
-        if name == "onnxfuse.cli":
+        if name == "onnxfuse.cli.main":
             raise KeyboardInterrupt
 sys.meta_path.insert(0, Interrupt())
 import onnxfuse
@@ -851,7 +853,7 @@ def _leftovers(tmpdir: Path) -> list[str]:
 _SIGNAL_AT_WRITE = """
 import os, runpy, signal, sys
 from pathlib import Path
-from onnxfuse import model_io
+from onnxfuse.model import io as model_io
 
 write_parts = model_io.write_parts
 where, signum, marker = sys.argv[1], getattr(signal, sys.argv[2]), sys.argv[3]
@@ -1017,6 +1019,6 @@ def test_attributes_graphsurgeon_drops_keep_the_model_unchanged(tmp_path, kind):
     assert "the model was not rewritten" in result.output and "onnx-graphsurgeon" in result.output
     written = onnx.load(str(out))
     assert [n.op_type for n in written.graph.node] == [n.op_type for n in model.graph.node]
-    from onnxfuse.runtime import session
+    from onnxfuse.ort.sessions import session
 
     session(str(out))  # it loads, as the input does

@@ -1,13 +1,14 @@
-"""onnxfuse.expressions.parse: a report's byte expressions read back without eval (the --baseline gate's input)."""
+"""onnxfuse.analysis.expressions.parse: a report's byte expressions read back without eval (the --baseline gate's
+input)."""
 
 from __future__ import annotations
 
 import pytest
 import sympy
 
-from onnxfuse import expressions
-from onnxfuse.expressions import ExpressionError, parse
-from onnxfuse.symbolic import make_symbol
+from onnxfuse.analysis import expressions
+from onnxfuse.analysis.expressions import ExpressionError, parse
+from onnxfuse.analysis.symbolic import make_symbol
 
 H, W, N = (make_symbol(n) for n in ("H", "W", "N_"))
 

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper
 
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from tests.conftest import REPO
 
 SAMPLES = REPO / "sample_models"

@@ -12,8 +12,8 @@ import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto, helper
 
-from onnxfuse import graph as g
 from onnxfuse import pipeline
+from onnxfuse.ir import graph as g
 from tests.builders import GraphBuilder, subgraph
 
 
@@ -185,7 +185,7 @@ def _non_tensor_model() -> onnx.ModelProto:
 @pytest.mark.parametrize("reuse_original", [True, False], ids=["in-place", "graphsurgeon"])
 def test_optional_and_sequence_types_survive_the_export(tmp_path, reuse_original):
     # graphsurgeon failed on the optional input (UnboundLocalError): exit 2 for a valid model
-    from onnxfuse.runtime import session
+    from onnxfuse.ort.sessions import session
 
     model = _non_tensor_model()
     graph = g.to_graph(model)
@@ -210,7 +210,7 @@ def test_optional_and_sequence_types_survive_the_export(tmp_path, reuse_original
 
 
 def _context(graph):
+    from onnxfuse.ort.providers import get_target
     from onnxfuse.passes import Context
-    from onnxfuse.providers import get_target
 
     return Context(get_target("cpu"), frozenset(), {}, namer=g.Namer(graph))

@@ -1,4 +1,4 @@
-"""Input hygiene at load (onnxfuse/hygiene.py): nodes out of execution order are sorted (stable) instead of
+"""Input hygiene at load (onnxfuse/model/hygiene.py): nodes out of execution order are sorted (stable) instead of
 refused, and a dim stored as -1 is a symbolic dim that --input-shape fixes.
 """
 
@@ -8,8 +8,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxfuse
-from onnxfuse import hygiene, model_io, pipeline
+from onnxfuse import pipeline
 from onnxfuse.errors import InputError
+from onnxfuse.model import hygiene
+from onnxfuse.model import io as model_io
 from tests.builders import GraphBuilder, subgraph
 from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, op_counts, run
 from tests.test_cli import invoke

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 
 from onnxfuse import pipeline
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from onnxfuse.errors import DEBUG_ENV, EXIT_INTERNAL, internal_error_line
 from tests.builders import GraphBuilder, with_output_shapes
 from tests.conftest import REPO
@@ -265,7 +265,7 @@ def test_a_report_named_like_the_data_file_just_written_is_refused_and_leaves_th
 
 
 def test_a_model_that_cannot_be_written_leaves_no_report(tmp_path, monkeypatch):
-    from onnxfuse import model_io
+    from onnxfuse.model import io as model_io
 
     def disk_full(path, parts):
         raise OSError(28, "No space left on device")
@@ -277,7 +277,7 @@ def test_a_model_that_cannot_be_written_leaves_no_report(tmp_path, monkeypatch):
 
 
 def test_a_report_that_cannot_be_written_after_the_model_says_the_model_was(tmp_path, monkeypatch):
-    from onnxfuse import cli
+    from onnxfuse.cli import main as cli
     from onnxfuse.errors import InputError
 
     def fail(path, text):

@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxfuse import model_io
 from onnxfuse.errors import InputError
+from onnxfuse.model import io as model_io
 
 
 def _model(with_unknown: bool = False) -> onnx.ModelProto:

@@ -2,7 +2,8 @@
 models, must be reported ``failed`` at default settings whenever the break moves an output by more than
 MUTANT_FLOORS x onnxruntime's noise floor; and the unbroken output must pass.
 
-The effect of a mutant is measured here, independently of :mod:`onnxfuse.verification`: max |mutant - original| per
+The effect of a mutant is measured here, independently of :mod:`onnxfuse.verification.verify`: max |mutant -
+original| per
 output, both run in onnxruntime at ORT_DISABLE_ALL on the inputs verification uses (seed 0), against the floor
 max |original at ORT_ENABLE_ALL - original at ORT_DISABLE_ALL| (at least verification's ``min_floor``). A mutant
 whose effect is 0 (one channel that a ReLU kills on these inputs) or at most MUTANT_FLOORS floors is recognised
@@ -21,9 +22,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from onnxfuse import pipeline, runtime
-from onnxfuse import verification as verify
-from onnxfuse.graph import proto_graphs
+from onnxfuse import pipeline
+from onnxfuse.ir.graph import proto_graphs
+from onnxfuse.ort import sessions as runtime
+from onnxfuse.verification import verify
 from tests.builders import GraphBuilder
 from tests.conftest import REPO, shared_model
 

@@ -1,4 +1,5 @@
-"""The report's figures against what onnxruntime already runs (onnxfuse/ort_graph.py): which fusions onnxruntime
+"""The report's figures against what onnxruntime already runs (onnxfuse/ort/optimized_graph.py): which fusions
+onnxruntime
 makes itself when it loads the original at the user's level, and the kernels and bytes saved beyond it."""
 
 from __future__ import annotations
@@ -7,8 +8,9 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxfuse import ort_graph, pipeline
-from onnxfuse import report as rep
+from onnxfuse import pipeline
+from onnxfuse.ort import optimized_graph as ort_graph
+from onnxfuse.report import build as rep
 from tests.builders import GraphBuilder
 
 
@@ -36,7 +38,7 @@ def _analyse(model, level="all", target="cpu") -> dict:
 
 
 def _loaded(model):
-    from onnxfuse import model_io
+    from onnxfuse.model import io as model_io
 
     return model_io.load_proto(model)
 
@@ -127,7 +129,7 @@ def test_every_format_leads_with_the_runtime_figure(fmt):
 
 def test_fusion_tables_say_which_fusions_onnxruntime_makes_too():
     """Markdown and HTML fusion tables carry made_by_onnxruntime as a column: a user sees which fusions go beyond."""
-    from onnxfuse import report_html
+    from onnxfuse.report import html as report_html
 
     beyond = pipeline.analyse(None, pipeline.Options(target="cpu"), loaded=_loaded(_written_out_hardswish())).report
     made = pipeline.analyse(None, pipeline.Options(target="cpu"), loaded=_loaded(_conv_bn_relu())).report

@@ -1,4 +1,4 @@
-"""onnxruntime's profiler read back per kernel, per op and per fusion (onnxfuse/ort_profile.py)."""
+"""onnxruntime's profiler read back per kernel, per op and per fusion (onnxfuse/ort/profile.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxfuse import ort_profile, pipeline
+from onnxfuse import pipeline
+from onnxfuse.ort import profile as ort_profile
 from tests.builders import GraphBuilder
 
 
@@ -60,7 +61,7 @@ def test_report_profile_puts_measured_beside_counted_in_every_format(tmp_path):
     import jsonschema
     from click.testing import CliRunner
 
-    from onnxfuse.cli import main
+    from onnxfuse.cli.main import main
     from tests.conftest import REPO
 
     sample = str(REPO / "sample_models" / "resnet_block.onnx")

@@ -16,9 +16,10 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse import runtime, shapes, symbolic
+from onnxfuse.analysis import shapes, symbolic
 from onnxfuse.bench import invented_inputs
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
+from onnxfuse.ort import sessions as runtime
 from tests.builders import GraphBuilder
 from tests.conftest import ATOL, RTOL, run
 

@@ -16,10 +16,11 @@ from pathlib import Path
 import onnx
 import pytest
 
-from onnxfuse import model_io, pipeline
-from onnxfuse.graph import proto_graphs
-from onnxfuse.runtime import session
-from onnxfuse.verification import VerifyOptions
+from onnxfuse import pipeline
+from onnxfuse.ir.graph import proto_graphs
+from onnxfuse.model import io as model_io
+from onnxfuse.ort.sessions import session
+from onnxfuse.verification.verify import VerifyOptions
 from tests.conftest import shared_model
 
 pytestmark = pytest.mark.requires_shared_models

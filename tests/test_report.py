@@ -15,8 +15,8 @@ import sympy
 from click.testing import CliRunner
 
 from onnxfuse import pipeline
-from onnxfuse import report as rep
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
+from onnxfuse.report import build as rep
 from tests.conftest import REPO
 
 SCHEMA = json.loads((REPO / "onnxfuse" / "report.schema.json").read_text())
@@ -70,7 +70,7 @@ def test_minimum_fields_tools_rely_on(monkeypatch):
 
 
 def test_text_report_matches_golden(monkeypatch):
-    from onnxfuse import ort_graph
+    from onnxfuse.ort import optimized_graph as ort_graph
 
     monkeypatch.setattr(ort_graph, "installed_version", lambda: "1.32.0")  # the golden file names a release
     text = rep.to_text(sample_report("resnet_block.onnx", monkeypatch))
@@ -318,7 +318,7 @@ def evil_model(path: Path) -> Path:
 
 
 def test_escape_helpers():
-    from onnxfuse import escape
+    from onnxfuse.report import escape
 
     assert escape.text("a\x1b[2J\r\n\t\x7f\x9b\u202e\u2028b [red]") == \
         "a\\x1b[2J\\r\\n\\t\\x7f\\x9b\\u202e\\u2028b [red]"
@@ -351,7 +351,7 @@ def test_names_in_the_markdown_report_cannot_add_lines_split_cells_or_format(tmp
 
     from markdown_it import MarkdownIt
 
-    from onnxfuse import escape
+    from onnxfuse.report import escape
 
     model = evil_model(tmp_path / "m.onnx")
     md = tmp_path / "r.md"
@@ -383,7 +383,7 @@ def test_names_in_the_json_report_are_exact(tmp_path):
 def test_names_in_baseline_lines_are_escaped(tmp_path):
     """``report --baseline``: a new unfused pattern's detail (and the baseline's file name) printed with a name in
     it, in text and in a Markdown list."""
-    from onnxfuse import baseline
+    from onnxfuse.report import baseline
 
     model = evil_model(tmp_path / "m.onnx")
     new = json.loads(rep.to_json(pipeline.analyse(model, pipeline.Options(target="cpu+cuda")).report))
@@ -406,7 +406,7 @@ def test_names_in_baseline_lines_are_escaped(tmp_path):
 
 def test_unfused_patterns_are_grouped_by_reason_with_what_would_fuse_them(tmp_path):
     """45 identical float16 refusals were 45 rows and no hint: the summary names each reason once with its count
-    and remedy (onnxfuse/remedies.py), the tables list identical chains once with their count."""
+    and remedy (onnxfuse/report/remedies.py), the tables list identical chains once with their count."""
     from tests.builders import GraphBuilder
 
     b = GraphBuilder(dtype=np.float16)
@@ -414,7 +414,7 @@ def test_unfused_patterns_are_grouped_by_reason_with_what_would_fuse_them(tmp_pa
     for _ in range(3):
         y = b.op("Relu", [b.conv(y, 4, 4)])
     report = pipeline.analyse(None, pipeline.Options(target="cpu", compare_with_onnxruntime=False),
-                              loaded=__import__("onnxfuse.model_io", fromlist=["x"]).load_proto(b.build(y))).report
+                              loaded=__import__("onnxfuse.model.io", fromlist=["x"]).load_proto(b.build(y))).report
     lines = rep.summary_lines(report)
     assert ("left unfused: 3 dtype-has-no-fusedconv-kernel (what would fuse them: no target: onnxruntime has "
             "FusedConv kernels for float32 only)") in lines
@@ -428,7 +428,7 @@ def test_unfused_patterns_are_grouped_by_reason_with_what_would_fuse_them(tmp_pa
 def test_reports_carry_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
     """A report is an artifact a CI job archives: the model is named by its path as given when relative, relative
     to the working folder when inside it, else by its file name."""
-    from onnxfuse import model_io
+    from onnxfuse.model import io as model_io
 
     inside = tmp_path / "work" / "models"
     inside.mkdir(parents=True)

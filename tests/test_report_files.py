@@ -7,7 +7,7 @@ import json
 
 from click.testing import CliRunner
 
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from tests.conftest import REPO
 
 SAMPLE = REPO / "sample_models" / "resnet_block.onnx"

@@ -1,4 +1,4 @@
-"""The HTML report (``onnxfuse/report_html.py``) checked in Python: what the page holds and embeds, the chart's
+"""The HTML report (``onnxfuse/report/html.py``) checked in Python: what the page holds and embeds, the chart's
 layers, what would allow each unfused pattern, unknown and symbolic byte counts. tests/test_report_html_browser.py
 opens the pages in a real browser."""
 
@@ -11,11 +11,12 @@ from pathlib import Path
 import onnx
 from click.testing import CliRunner
 
-from onnxfuse import pipeline, remedies
-from onnxfuse import report as rep
-from onnxfuse import report_html as rh
-from onnxfuse.cli import main
+from onnxfuse import pipeline
+from onnxfuse.cli.main import main
 from onnxfuse.passes import Reason
+from onnxfuse.report import build as rep
+from onnxfuse.report import html as rh
+from onnxfuse.report import remedies
 from tests.builders import GraphBuilder
 from tests.conftest import REPO
 from tests.test_real_models import INPUT_SHAPES
@@ -87,9 +88,9 @@ def embedded(page_html: str, element_id: str) -> dict:
 
 
 def test_every_reason_says_what_would_allow_it():
-    """Each reason's row in onnxfuse/reasons.py carries its remedy: a sentence (an option, a target, an export
+    """Each reason's row in onnxfuse/records.py carries its remedy: a sentence (an option, a target, an export
     change, or "none: " and why), and the HTML page's last column shows it."""
-    from onnxfuse.reasons import Reason
+    from onnxfuse.records import Reason
 
     for r in Reason:
         assert len(r.remedy) > 20 and not r.remedy[0].isupper() and not r.remedy.endswith("."), r

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse import report as rep
-from onnxfuse import report_html as rh
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
+from onnxfuse.report import build as rep
+from onnxfuse.report import html as rh
 from tests.conftest import shared_model
 from tests.test_report_html import (
     MAX_PAGE_BYTES,

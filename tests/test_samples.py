@@ -12,7 +12,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from tests.conftest import REPO
 
 SAMPLES = REPO / "sample_models"

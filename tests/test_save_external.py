@@ -13,9 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxfuse import model_io
 from onnxfuse.errors import InputError
-from onnxfuse.runtime import session
+from onnxfuse.model import io as model_io
+from onnxfuse.ort.sessions import session
 
 X = np.arange(64, dtype=np.float32).reshape(1, 64) / 7
 
@@ -78,7 +78,7 @@ def test_a_kill_at_the_commit_leaves_the_old_pair_working(tmp_path):
     model_io.save_model(_model(1.0), out, external_data=True)
     code = (
         "import sys, os\n"
-        "from onnxfuse import model_io\n"
+        "from onnxfuse.model import io as model_io\n"
         "from tests.test_save_external import _model\n"
         "model_io._commit_hook = lambda: os._exit(9)\n"
         "model_io.save_model(_model(2.0), sys.argv[1], external_data=True)\n"

@@ -1,13 +1,13 @@
-"""--input-shape spellings: onnxfuse's, onnxsim's/onnxslim's and Polygraphy's (onnxfuse/shape_text.py)."""
+"""--input-shape spellings: onnxfuse's, onnxsim's/onnxslim's and Polygraphy's (onnxfuse/model/shape_text.py)."""
 
 from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from onnxfuse.errors import InputError
-from onnxfuse.shape_text import parse_input_shape
+from onnxfuse.model.shape_text import parse_input_shape
 
 
 @pytest.mark.parametrize("text, expected", [

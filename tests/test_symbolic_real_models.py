@@ -12,8 +12,8 @@ import sympy
 from click.testing import CliRunner
 
 from onnxfuse import pipeline
-from onnxfuse import report as rep
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
+from onnxfuse.report import build as rep
 from tests.conftest import shared_model
 from tests.test_real_models import INPUT_SHAPES
 from tests.test_report import validate

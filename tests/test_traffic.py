@@ -11,8 +11,8 @@ import pytest
 import sympy
 from onnx import TensorProto, helper
 
-from onnxfuse import report as rep
-from onnxfuse import shapes, symbolic, traffic
+from onnxfuse.analysis import shapes, symbolic, traffic
+from onnxfuse.report import build as rep
 from tests.builders import GraphBuilder
 
 
@@ -283,7 +283,7 @@ def test_static_model_imports_neither_sympy_nor_onnxruntime(tmp_path):
     b = GraphBuilder()
     x = b.input("x", [1, 3, 16, 16])
     onnx.save(b.build(b.op("Relu", [b.bn(b.conv(x, 3, 8), 8)])), tmp_path / "m.onnx")
-    code = ("import sys, json; from onnxfuse import cli\n"
+    code = ("import sys, json; from onnxfuse.cli import main as cli\n"
             f"sys.argv = ['onnxfuse', 'optimize', {str(tmp_path / 'm.onnx')!r}, {str(tmp_path / 'o.onnx')!r}, "
             f"'--no-verify', '-q', '--report', {str(tmp_path / 'r.json')!r}]\n"
             "try:\n    cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
@@ -374,7 +374,7 @@ def test_optimize_without_report_counts_at_the_given_shapes_without_sympy(tmp_pa
     b = GraphBuilder()
     x = b.input("x", ["N", 3, "H", "W"])
     onnx.save(b.build(b.op("Relu", [b.bn(b.conv(x, 3, 8), 8)])), tmp_path / "m.onnx")
-    code = ("import sys; from onnxfuse import cli\n"
+    code = ("import sys; from onnxfuse.cli import main as cli\n"
             f"sys.argv = ['onnxfuse', 'optimize', {str(tmp_path / 'm.onnx')!r}, {str(tmp_path / 'o.onnx')!r}, "
             "'--no-verify', '--input-shape', 'x=1x3x64x48']\n"
             "try:\n    cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"

@@ -12,11 +12,11 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse import runtime
-from onnxfuse import verification as verify
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from onnxfuse.errors import InputError
+from onnxfuse.ort import sessions as runtime
 from onnxfuse.passes.conv_batchnorm import ConvBatchNorm
+from onnxfuse.verification import verify
 from tests.builders import GraphBuilder, subgraph
 from tests.conftest import REPO
 
@@ -490,7 +490,7 @@ def test_input_data_of_the_wrong_dtype_is_a_usage_error(tmp_path):
 
 
 def test_models_over_the_protobuf_limit_are_verified_through_external_data(tmp_path, monkeypatch):
-    from onnxfuse import model_io as g
+    from onnxfuse.model import io as g
 
     monkeypatch.setattr(g, "PROTOBUF_LIMIT_BYTES", 1000)  # the sample is ~5 KB: take the > 2 GB path
     out = tmp_path / "o.onnx"

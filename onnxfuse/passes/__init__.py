@@ -3,7 +3,7 @@
 
 To add a pass (CONTRIBUTING.md): one module here (its docstring: before => after, the math, "Skipped when:"), one
 test module ``tests/passes/test_<name>.py`` with a test named after each of its ``reasons``, one line in one of
-the tuples; a new refusal code is one row in ``onnxfuse/reasons.py`` with its remedy. The contract is in
+the tuples; a new refusal code is one row in ``onnxfuse/records.py`` with its remedy. The contract is in
 :mod:`onnxfuse.passes.base`; shared checks in ``_checks.py``, shared fold math in ``_fold.py``.
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
 from onnxfuse.passes.base import Context, Fusion, Reason, Skip
 
 CONV_OPS = ("Conv", "ConvTranspose")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import computed_from_constants, is_op, private_check, qdq_check, skip
 from onnxfuse.passes.base import Context, Match, Reason, Skip
 

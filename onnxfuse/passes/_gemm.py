@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import is_op, private_check, skip
 from onnxfuse.passes._fold import FOLDABLE_DTYPES, CompactScale, compact_weight
 from onnxfuse.passes.base import Context, Match, Reason, Skip

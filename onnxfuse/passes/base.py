@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
-from onnxfuse.providers import Target
-from onnxfuse.reasons import Reason
+from onnxfuse.ir import graph as g
+from onnxfuse.ort.providers import Target
+from onnxfuse.records import Reason
 
 if TYPE_CHECKING:
-    from onnxfuse.symbolic import SymbolicShapes
+    from onnxfuse.analysis.symbolic import SymbolicShapes
 
 
 @dataclass
@@ -87,7 +87,7 @@ class Context:
         namer: fresh names for new initializers.
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
         order: the node slots of ``graph`` that rewrites edit (see ``graph.NodeOrder``).
-        symbolic: the model's own symbolic shapes (``onnxfuse.symbolic.SymbolicShapes``: every dim a sympy
+        symbolic: the model's own symbolic shapes (``onnxfuse.analysis.symbolic.SymbolicShapes``: every dim a sympy
             expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed.
         materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
             computed from compact constants (int8 x scale) as plain floats (``Options.materialize_weights_bytes``;

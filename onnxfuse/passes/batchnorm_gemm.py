@@ -48,7 +48,7 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._fold import batchnorm_scale_shift, fold_fits
 from onnxfuse.passes._gemm import (

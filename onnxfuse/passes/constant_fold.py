@@ -60,7 +60,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import ONNX_DOMAINS, replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 
@@ -217,7 +217,7 @@ def evaluate(node: gs.Node, inputs: list[np.ndarray | None], opset: int, elems: 
         Exception: whatever onnxruntime raises for a node it cannot run (bad attributes, an op it lacks), and
             ValueError when an array's dtype is not the type onnxruntime declares for that output.
     """
-    from onnxfuse.runtime import session  # here: most models fold nothing, and optimize --no-verify needs no more
+    from onnxfuse.ort.sessions import session  # here: most models fold nothing, and optimize --no-verify needs no more
 
     model, feeds = _one_node_model(node, inputs, opset, -1)
     named = [t.name for t in node.outputs if t.name]
@@ -292,16 +292,16 @@ SHAPE_INFERENCE_MAX_ELEMENTS = 64
 
 
 def refresh_shapes(graph: gs.Graph, ctx: Context) -> None:
-    """Re-run onnx shape inference (:func:`onnxfuse.shapes.infer`) on ``graph`` as it is now, and fill in
+    """Re-run onnx shape inference (:func:`onnxfuse.analysis.shapes.infer`) on ``graph`` as it is now, and fill in
     ``ctx.shapes`` where it knew less: an unknown rank, or unknown dims where the new shape has the same rank.
     Known shapes are never changed.
 
     After a ``Shape`` of a static tensor folded, a ``Reshape`` reads a constant shape and onnx infers its output
     (a Keras ``Flatten``: the MatMuls behind it are then seen as 2-D). The graph is exported without the values of
-    constants over :data:`SHAPE_INFERENCE_MAX_ELEMENTS` elements (as :func:`onnxfuse.shapes.skeleton` does), so
+    constants over :data:`SHAPE_INFERENCE_MAX_ELEMENTS` elements (as :func:`onnxfuse.analysis.shapes.skeleton` does), so
     the weights are not copied. Leaves ``ctx.shapes`` as it was when the graph cannot be exported.
     """
-    from onnxfuse import shapes
+    from onnxfuse.analysis import shapes
 
     exporter = gs.exporters.onnx_exporter.OnnxExporter
     try:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import describe, is_op, private_check, qdq_check, replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
 from onnxfuse.passes.fusedconv import (

@@ -41,7 +41,7 @@ import re
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import computed_from_constants, describe, is_op, private_check, qdq_check, replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
 from onnxfuse.passes.conv_activation import ACTIVATIONS, activation_params

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import CONV_OPS, computed_from_constants, is_op, skip
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 from onnxfuse.passes.conv_activation import ACTIVATIONS

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
+from onnxfuse.ort.providers import form_name, release_text
 from onnxfuse.passes._checks import is_op, skip
 from onnxfuse.passes.base import Context, Match, Reason, Skip
-from onnxfuse.providers import form_name, release_text
 
 #: ``numpy.finfo(float32)`` bounds: what onnxruntime's CPU kernel uses for a missing Clip bound.
 FLOAT32_LOWEST = float(np.finfo(np.float32).min)

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
+from onnxfuse.ort.providers import FUSED_GEMM_ACTIVATIONS, gemm_form_name, release_text
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._gemm import gemm_qdq_check
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
-from onnxfuse.providers import FUSED_GEMM_ACTIVATIONS, gemm_form_name, release_text
 
 #: Activations matched: those some target can fuse, plus those worth naming when refused.
 MATCHED = (*FUSED_GEMM_ACTIVATIONS, "Clip", "HardSwish")

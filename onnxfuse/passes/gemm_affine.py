@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import describe, is_op, replaced, skip
 from onnxfuse.passes._fold import CompactWeight, compact_scale_axis, fold_fits, set_compact_scale
 from onnxfuse.passes._gemm import (

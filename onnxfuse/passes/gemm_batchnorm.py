@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import describe, is_op, replaced
 from onnxfuse.passes._fold import (
     CompactWeight,

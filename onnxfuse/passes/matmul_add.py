@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse import graph as g
+from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._fold import FOLDABLE_DTYPES
 from onnxfuse.passes._gemm import gemm_qdq_check

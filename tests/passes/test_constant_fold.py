@@ -555,7 +555,7 @@ def test_skip_fold_grows_model_bomb_refused_before_it_runs(tmp_path, monkeypatch
     # still optimized and written (--no-verify: onnxruntime could not run the original either).
     from click.testing import CliRunner
 
-    from onnxfuse.cli import main
+    from onnxfuse.cli.main import main
 
     model = bomb_model(op)
     src, dst = tmp_path / "bomb.onnx", tmp_path / "out.onnx"

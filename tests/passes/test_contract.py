@@ -63,8 +63,8 @@ def test_match_returns_none_on_every_node_that_is_no_anchor(p: Pass):
     import numpy as np
     import onnx_graphsurgeon as gs
 
+    from onnxfuse.ort.providers import get_target
     from onnxfuse.passes import Context
-    from onnxfuse.providers import get_target
 
     ops = sorted({op for q in ALL_PASSES for op in q.anchors} | {"Relu", "Conv", "Gemm", "MatMul", "Reshape",
                                                                   "Flatten", "Pad", "Clip", "Sigmoid"})

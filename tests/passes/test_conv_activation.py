@@ -295,7 +295,7 @@ def test_skip_slower_than_unfused_at_ort_level(fuse, monkeypatch):
     # The rule is data (providers.CPU_SLOWER_AT); here a made-up rule says FusedConv(Tanh) loses at "basic".
     import dataclasses
 
-    from onnxfuse import providers
+    from onnxfuse.ort import providers
 
     rules = {"FusedConv(Tanh)": frozenset({"basic"})}
     monkeypatch.setitem(providers.TARGETS, "cpu", dataclasses.replace(providers.TARGETS["cpu"], slower_at=rules))
@@ -343,7 +343,7 @@ def test_skip_quantized_conv_feeding_quantize(fuse):
 def test_skip_form_needs_newer_onnxruntime(fuse):
     """FusedConv(HardSwish) does not load before onnxruntime 1.30 (providers.FORM_MIN_ORT, from
     benchmarks/probe_ort_releases.py): a model for an older release keeps the HardSwish op; Relu fuses on any."""
-    from onnxfuse.providers import FORM_MIN_ORT, release_text
+    from onnxfuse.ort.providers import FORM_MIN_ORT, release_text
 
     needed = release_text(FORM_MIN_ORT["FusedConv(HardSwish)"])
     model, _ = conv_act("HardSwish")

@@ -173,7 +173,7 @@ def test_skip_slower_than_unfused_at_ort_level(fuse, monkeypatch):
     # The rule is data (providers.CPU_SLOWER_AT); here a made-up rule says FusedConv(HardSwish) loses at "all".
     import dataclasses
 
-    from onnxfuse import providers
+    from onnxfuse.ort import providers
 
     rules = {"FusedConv(HardSwish)": frozenset({"all"})}
     monkeypatch.setitem(providers.TARGETS, "cpu", dataclasses.replace(providers.TARGETS["cpu"], slower_at=rules))

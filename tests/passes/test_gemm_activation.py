@@ -11,8 +11,8 @@ import numpy as np
 import onnx
 import pytest
 
+from onnxfuse.ort.providers import FUSED_GEMM_ACTIVATIONS, TARGETS
 from onnxfuse.passes import Reason
-from onnxfuse.providers import FUSED_GEMM_ACTIVATIONS, TARGETS
 from tests.builders import GraphBuilder
 from tests.conftest import ATOL, RTOL, attr, op_counts, run
 from tests.conftest import assert_skipped as check_skipped
@@ -159,7 +159,7 @@ def test_skip_form_needs_newer_onnxruntime(fuse, monkeypatch):
     check: a model for 1.32 keeps Gemm -> Tanh, one for 1.40 gets the FusedGemm."""
     from types import MappingProxyType
 
-    from onnxfuse import providers
+    from onnxfuse.ort import providers
 
     monkeypatch.setattr(providers, "FORM_MIN_ORT", MappingProxyType({"FusedGemm(Tanh)": (1, 40)}))
     model = gemm_act("Tanh")

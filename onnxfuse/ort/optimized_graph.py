@@ -84,7 +84,7 @@ def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto, level: str
 
     Never raises for a model onnxruntime cannot load: the result's ``reason`` says why (one line).
     """
-    from onnxfuse import runtime
+    from onnxfuse.ort import sessions as runtime
 
     result = RuntimeGraphs(level=level, onnxruntime=installed_version())
     try:
@@ -105,7 +105,7 @@ def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto, level: str
 def _optimized_graph(source: str | bytes, level: str) -> onnx.ModelProto:
     """The graph onnxruntime runs for ``source`` at ``level``, without its weights (they go to a side file that
     is deleted unread)."""
-    from onnxfuse import runtime
+    from onnxfuse.ort import sessions as runtime
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-ort-") as folder:
         path = os.path.join(folder, "optimized.onnx")

@@ -4,7 +4,7 @@ messages about them) made safe for the place it is printed: one function per out
 * :func:`text`: terminals, text reports, error and log lines, rich tables (whose console has markup off).
 * :func:`markdown` and :func:`markdown_code`: Markdown text and code spans (GitHub-flavoured; CI job summaries,
   pull-request comments), also inside table cells.
-* HTML escapes with ``html.escape`` (onnxfuse/report_html.py); JSON keeps every string exact (``json.dumps``
+* HTML escapes with ``html.escape`` (onnxfuse/report/html.py); JSON keeps every string exact (``json.dumps``
   writes control characters as ``\\u001b`` escapes).
 
 A name is data: it must not move the cursor, clear the screen, set a terminal title (ANSI/OSC escape sequences),

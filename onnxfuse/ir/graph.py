@@ -1,5 +1,5 @@
 """Conversion to and from onnx-graphsurgeon, and the only code that rewires its edges (file I/O is in
-:mod:`onnxfuse.model_io`).
+:mod:`onnxfuse.model.io`).
 
 Everything that touches graphsurgeon's linked lists (``Node.inputs``/``outputs``, ``Tensor.inputs``/``outputs``)
 lives here, so the passes stay declarative. graphsurgeon pitfalls fenced in here:

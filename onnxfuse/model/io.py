@@ -1,5 +1,5 @@
 """Reading and writing model files: load and check, atomic save, external data. No graph rewiring here
-(that is :mod:`onnxfuse.graph`).
+(that is :mod:`onnxfuse.ir.graph`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnxfuse import hygiene
 from onnxfuse.errors import InputError, one_line
+from onnxfuse.model import hygiene
 
 #: Oldest IR version and default-domain opset that onnxfuse accepts. Opset 7 is where Conv, BatchNormalization
 #: (without the removed ``spatial``/``is_test`` semantics of opset 6) and the broadcasting Add/Mul of the ONNX
@@ -102,7 +102,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     # The file is read once: the checker, the parse and the SHA-256 all use these bytes (the checker on the path
     # read the file again and was several times slower than on bytes). The checker runs before Python parses
     # its own copy; its verdict is reported after the more specific checks below.
-    # It checks the whole model, not the weight-stripped skeleton of onnxfuse.shapes: onnx.checker (1.23)
+    # It checks the whole model, not the weight-stripped skeleton of onnxfuse.analysis.shapes: onnx.checker (1.23)
     # compares every tensor's raw_data size with its dims and data type and refuses a tensor with no data field,
     # so a skeleton would pass truncated weights it refuses, or fail on the stripped ones. Its C++ parse of the
     # bytes is most of its cost (after the one-time operator schema set-up that shape inference would pay
@@ -175,14 +175,15 @@ def check_shapes(model: onnx.ModelProto, label: str) -> str | None:
 
     It refuses what onnxruntime also refuses when it loads the model: a Conv stride or dilation below 1 or a
     negative pad, a Pad naming an axis twice, BatchNormalization parameters of the wrong length, an operator's
-    input of a type it does not take. It runs on the weight-free skeleton of :func:`onnxfuse.shapes.skeleton`
-    (inference reads no large tensor's data), after :mod:`onnxfuse.hygiene` has sorted the nodes and turned
+    input of a type it does not take. It runs on the weight-free skeleton of :func:`onnxfuse.analysis.shapes.skeleton`
+    (inference reads no large tensor's data), after :mod:`onnxfuse.model.hygiene` has sorted the nodes and turned
     ``-1`` dims into unknown ones, which onnxruntime accepts and onnx's check would not.
 
     One defect full_check refuses is let through, with a warning: a *declared* shape (``value_info``, a graph
     output's shape) that contradicts the one the operators give. onnxruntime loads and runs such a model (it
     keeps the inferred shape), exporters leave stale declarations behind (a batch dim made dynamic in the
-    inputs only), and onnxfuse never counts a declared shape (:func:`onnxfuse.shapes.strip_declared_shapes`). The
+    inputs only), and onnxfuse never counts a declared shape
+    (:func:`onnxfuse.analysis.shapes.strip_declared_shapes`). The
     output keeps the declaration, so it fails full_check as the input does; the warning says so. Telling this case
     apart costs a second inference, only for a model that fails the first.
 
@@ -192,7 +193,7 @@ def check_shapes(model: onnx.ModelProto, label: str) -> str | None:
     Raises:
         InputError: one line with onnx's message.
     """
-    from onnxfuse import shapes
+    from onnxfuse.analysis import shapes
 
     skel = shapes.skeleton(model)
     try:
@@ -276,7 +277,7 @@ def check_convs(model: onnx.ModelProto, info: dict, label: str) -> None:
     """Refuse a Conv or ConvTranspose (in any graph) whose attributes or weight and bias shapes contradict each
     other or its input, as onnxruntime would only when it runs the node (its load accepts them).
 
-    ``info``: tensor name -> ``(shape, dtype)`` from :func:`onnxfuse.shapes.infer`; a dim that is not an int is
+    ``info``: tensor name -> ``(shape, dtype)`` from :func:`onnxfuse.analysis.shapes.infer`; a dim that is not an int is
     not checked. The rules (ONNX Operators.md, Conv and ConvTranspose; onnxruntime's conv_attributes.h):
     ``group`` >= 1; ``strides`` and ``dilations`` > 0 and ``pads`` >= 0, one per spatial axis (two for pads);
     X and W of the same rank; ``kernel_shape`` equal to W's spatial dims; Conv: X's channels C = W.shape[1] x

@@ -3,7 +3,8 @@
 
 The JSON form is documented field by field in ``onnxfuse/report.schema.json`` (``schema_version`` 2). Every
 byte count is a sympy expression in the model's symbolic input dims (``*_expr``, a string that
-``sympy.sympify`` parses, and that onnxfuse reads back without ``eval`` with :func:`onnxfuse.expressions.parse`;
+``sympy.sympify`` parses, and that onnxfuse reads back without ``eval`` with
+:func:`onnxfuse.analysis.expressions.parse`;
 names in ``symbols``) and, beside it, an exact integer for the input shapes used (null when a symbol
 has no value or the size is unknown). Text and Markdown show KiB/MiB/GiB (powers of 1024).
 :meth:`Report.to_dict` is the one source every renderer reads.
@@ -20,14 +21,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from onnxfuse import escape, expressions
 from onnxfuse._version import __version__
+from onnxfuse.analysis import expressions
+from onnxfuse.analysis.symbolic import SymbolicShapes, evaluate, growth_share, make_symbol, printer
+from onnxfuse.analysis.traffic import Bytes, ModelIndex, NodeTraffic, Sizes, add, chain_bytes, fused_estimate, totals
 from onnxfuse.passes import CANONICALIZE_NAMES, Fusion, Skip
-from onnxfuse.symbolic import SymbolicShapes, evaluate, growth_share, make_symbol, printer
-from onnxfuse.traffic import Bytes, ModelIndex, NodeTraffic, Sizes, add, chain_bytes, fused_estimate, totals
+from onnxfuse.report import escape
 
 if TYPE_CHECKING:
-    from onnxfuse.ort_graph import RuntimeGraphs
+    from onnxfuse.ort.optimized_graph import RuntimeGraphs
 
 SCHEMA_VERSION = 2
 
@@ -57,7 +59,7 @@ class Report:
             ``unknown_nodes``), ``saved_bytes``, ``saved_percent``.
         fusions: one dict per fused node (``node``, ``op``, ``replaced``, ``activation``, ``saved_bytes``...).
         unfused: one dict per pattern left unfused (``nodes``, ``reason``, ``detail``, ``bytes``).
-        verification: an ``onnxfuse.verification.Verification`` (None for ``analyse``).
+        verification: an ``onnxfuse.verification.verify.Verification`` (None for ``analyse``).
         The rest is documented field by field in ``onnxfuse/report.schema.json``.
     """
 
@@ -353,7 +355,7 @@ def report_path_text(loaded) -> str:
     """How a report names the model: ``loaded.label`` (the API's ``name``, ``<ModelProto>``), or its path as given
     when relative, else relative to the working folder when inside it, else the file name alone, so that no
     report (an artifact a CI job archives) carries a machine's absolute paths."""
-    from onnxfuse.files import shown_path
+    from onnxfuse.model.files import shown_path
 
     if loaded.name is not None or loaded.path is None:
         return loaded.label
@@ -364,7 +366,7 @@ def deployment_section(release: tuple[int, int], forms: dict[str, int], min_rele
     """The report's ``deployment`` object: the onnxruntime release the model is for (``--ort-version``, default the
     installed one), the oldest release that loads every FusedConv/FusedGemm form in it, and each form with its
     count and the release it needs (``providers.FORM_MIN_ORT``, from ``benchmarks/probe_ort_releases.py``)."""
-    from onnxfuse.providers import PROBED_ORT_RELEASES, form_min_release, release_text
+    from onnxfuse.ort.providers import PROBED_ORT_RELEASES, form_min_release, release_text
 
     return {"ort_version": release_text(release), "min_onnxruntime": release_text(min_release),
             "probed": [release_text(PROBED_ORT_RELEASES[0]), release_text(PROBED_ORT_RELEASES[-1])],
@@ -416,7 +418,7 @@ def _runtime_section(runtime: RuntimeGraphs, rows: list[dict], beyond: list, num
            "saved_bytes_beyond": None, "saved_bytes_beyond_expr": None, "ops_removed": {}, "ops_added": {}}
     if not runtime.available:
         return out
-    from onnxfuse.ort_graph import kernels, ops_removed
+    from onnxfuse.ort.optimized_graph import kernels, ops_removed
 
     total = None if any(b is None for b in beyond) else add(beyond)
     out.update(kernels_before=kernels(runtime.original_ops), kernels_after=kernels(runtime.optimized_ops),
@@ -630,7 +632,7 @@ def headline(doc: dict, code: bool = False, hints: bool = True, plain=str) -> li
     code spans. ``hints``: also the line that says which ``--input-shape`` would give the figures at one's own
     sizes. Long expressions are shown by their leading terms (:func:`leading_terms`); the JSON report has them
     exact. ``plain``: applied to the text taken from the model (input names, reasons), e.g.
-    :func:`onnxfuse.escape.markdown`."""
+    :func:`onnxfuse.report.escape.markdown`."""
     t = doc["totals"]
     before, after = t["before"], t["after"]
     unknown_fusions = [f for f in doc["fusions"] if f["saved_bytes_expr"] is None]
@@ -719,7 +721,7 @@ def representative_values(doc: dict) -> dict[str, int]:
 
 def at_values(expr: str | None, values: dict[str, int]) -> int | None:
     """A report's byte expression evaluated at ``values`` (symbol name -> size), read without eval
-    (:func:`onnxfuse.expressions.parse`); None when it is None, not in the grammar or not a number there."""
+    (:func:`onnxfuse.analysis.expressions.parse`); None when it is None, not in the grammar or not a number there."""
     if expr is None:
         return None
     import sympy
@@ -777,7 +779,7 @@ def _hint(doc: dict) -> str:
 def unknown_shapes_hint(report: Report) -> str | None:
     """``give --input-shape for the figures at one input size (symbols: N_ = x[0], ...)`` when the report has
     symbols, no value for them and no figures at batch 1; else None. Names escaped for a terminal
-    (:func:`onnxfuse.escape.text`)."""
+    (:func:`onnxfuse.report.escape.text`)."""
     doc = escape.escaped(report.to_dict())
     t = doc["totals"]
     if not doc["symbols"] or t["saved_bytes"] is not None or (t["at_batch_1"] and
@@ -789,7 +791,7 @@ def unknown_shapes_hint(report: Report) -> str | None:
 def summary_lines(report: Report, hints: bool = True) -> list[str]:
     """The short summary ``optimize`` prints: traffic, fusion count, unfused count, for a QDQ model what
     onnxruntime does with its quantized patterns, verification, bandwidth, and (when ``hints``)
-    :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.escape.text`)."""
+    :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.report.escape.text`)."""
     doc = escape.escaped(report.to_dict())
     lines = [*headline(doc, hints=hints),
              f"fusions: {_fused_count(doc)}; {_plural(len(doc['unfused']), 'pattern')} left unfused "
@@ -809,8 +811,8 @@ def summary_lines(report: Report, hints: bool = True) -> list[str]:
 
 def unfused_groups(doc: dict) -> list[tuple[str, int, str]]:
     """The unfused patterns of a report dict grouped by reason: ``(reason, count, what would fuse them)``, most
-    frequent first (``onnxfuse.remedies.remedy``; for a target-dependent reason, the first pattern's)."""
-    from onnxfuse.remedies import remedy
+    frequent first (``onnxfuse.report.remedies.remedy``; for a target-dependent reason, the first pattern's)."""
+    from onnxfuse.report.remedies import remedy
 
     counts: dict[str, int] = {}
     first: dict[str, dict] = {}
@@ -823,7 +825,7 @@ def unfused_groups(doc: dict) -> list[tuple[str, int, str]]:
 
 def unfused_line(doc: dict) -> str:
     """``left unfused: 45 dtype-has-no-fusedconv-kernel (no target: ...); 1 ...``: one line, each reason with its
-    count and what would fuse those patterns, in the words of ``onnxfuse/remedies.py``."""
+    count and what would fuse those patterns, in the words of ``onnxfuse/report/remedies.py``."""
     return "left unfused: " + "; ".join(f"{n} {reason} (what would fuse {'it' if n == 1 else 'them'}: {fix})"
                                         for reason, n, fix in unfused_groups(doc))
 
@@ -917,7 +919,8 @@ def _short_dim(dim, names: dict[str, str]) -> str:
 
 def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
     """Terminal tables (rich, no colour codes), ``width`` columns wide, the largest rows first. Every string from
-    the model is escaped (:func:`onnxfuse.escape.text`) and rich reads no markup (``[red]`` in a name is text)."""
+    the model is escaped (:func:`onnxfuse.report.escape.text`) and rich reads no markup (``[red]`` in a name is
+    text)."""
     from rich import box  # imported here: only the text format needs it, and it costs start-up time
     from rich.console import Console
     from rich.table import Table
@@ -1012,7 +1015,7 @@ def to_text(report: Report, show_all: bool = False, width: int = 110) -> str:
 
 
 def _md_row(cells: list) -> str:
-    """A Markdown table row: a backslash before each ``|`` that has none (one :func:`onnxfuse.escape.markdown`
+    """A Markdown table row: a backslash before each ``|`` that has none (one :func:`onnxfuse.report.escape.markdown`
     escaped already stays as it is), so that no cell is split."""
     return "| " + " | ".join(re.sub(r"\\.|\|", lambda m: "\\|" if m.group(0) == "|" else m.group(0), str(c))
                              for c in cells) + " |"
@@ -1020,7 +1023,8 @@ def _md_row(cells: list) -> str:
 
 def to_markdown(report: Report, show_all: bool = False) -> str:
     """GitHub-flavoured Markdown for a pull-request comment or a CI job summary. Text from the model is escaped
-    (:func:`onnxfuse.escape.markdown`, :func:`onnxfuse.escape.markdown_code`): no name adds a line, splits a table
+    (:func:`onnxfuse.report.escape.markdown`, :func:`onnxfuse.report.escape.markdown_code`): no name adds a line,
+    splits a table
     cell or reads as formatting or HTML."""
     md, code = escape.markdown, escape.markdown_code
     doc = report.to_dict()
@@ -1088,7 +1092,7 @@ def render(report: Report, fmt: str, show_all: bool = False, width: int = 120) -
     if fmt == "text":
         return to_text(report, show_all, width)
     if fmt == "html":
-        from onnxfuse.report_html import to_html  # imported here: only the html format needs plotly
+        from onnxfuse.report.html import to_html  # imported here: only the html format needs plotly
 
         return to_html(report.to_dict())
     raise ValueError(f"unknown report format {fmt!r}")

@@ -21,9 +21,9 @@ import html
 import json
 from typing import Any
 
-from onnxfuse.providers import TARGETS
-from onnxfuse.remedies import remedy
-from onnxfuse.report import LONG_EXPRESSION_CHARS, human_bytes
+from onnxfuse.ort.providers import TARGETS
+from onnxfuse.report.build import LONG_EXPRESSION_CHARS, human_bytes
+from onnxfuse.report.remedies import remedy
 
 #: Chart trace names, one per kind of layer; the legend shows them, the tests look them up.
 TRACE_BEFORE = "before: original nodes"
@@ -56,7 +56,7 @@ def _bytes_text(obj: dict | None, key: str, doc: dict | None = None) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _leading(expr: str, symbols_json: str) -> str:
-    from onnxfuse.report import leading_terms
+    from onnxfuse.report.build import leading_terms
 
     return leading_terms(expr, {"symbols": json.loads(symbols_json)})
 
@@ -112,8 +112,9 @@ def _node_total(row: dict | None) -> tuple[int | None, str | None]:
 
 
 def _add_exprs(a: str, b: str) -> str:
-    """The sum of two byte expressions (read without eval, :func:`onnxfuse.expressions.parse`), else as written."""
-    from onnxfuse import expressions
+    """The sum of two byte expressions (read without eval, :func:`onnxfuse.analysis.expressions.parse`), else as
+    written."""
+    from onnxfuse.analysis import expressions
 
     try:
         return str(expressions.parse(a) + expressions.parse(b))
@@ -372,7 +373,7 @@ def _shapes_html(doc: dict) -> str:
 
 def _verification_html(doc: dict) -> str:
     """Status, its summary (or the reason it was skipped), and each output's errors against its tolerance."""
-    from onnxfuse.report import REPORT_DOES_NOT_VERIFY
+    from onnxfuse.report.build import REPORT_DOES_NOT_VERIFY
 
     v = doc["verification"] or {}
     status = v.get("status", "unknown")
@@ -409,8 +410,8 @@ def _num(x: float | None) -> str:
 def _headline_html(doc: dict) -> str:
     """The summary lines of the text report (``report.headline``): the traffic and saved expressions, the share
     as the dims grow, the figures at the shapes used, unknowns and why."""
-    from onnxfuse import escape
-    from onnxfuse.report import headline
+    from onnxfuse.report import escape
+    from onnxfuse.report.build import headline
 
     return ('<ul class="headline">' + "".join(f"<li>{_e(line)}</li>" for line in headline(doc, plain=escape.text))
             + "</ul>")
@@ -458,7 +459,7 @@ def _dim_text(dim: int | str | None, doc: dict) -> str:
     """One output dim: its number; a symbolic one (schema 2) evaluated at ``symbol_values`` when those fix it,
     else the expression with the symbols' display names, by its leading term when long (``~x[2]/4``, as the text
     report shows it); "?" when unknown."""
-    from onnxfuse.report import _display_names, _short_dim
+    from onnxfuse.report.build import _display_names, _short_dim
 
     if dim is None:
         return "?"
@@ -467,8 +468,8 @@ def _dim_text(dim: int | str | None, doc: dict) -> str:
     if doc.get("symbol_values"):
         import sympy
 
-        from onnxfuse import expressions
-        from onnxfuse.symbolic import make_symbol
+        from onnxfuse.analysis import expressions
+        from onnxfuse.analysis.symbolic import make_symbol
 
         try:
             value = sympy.sympify(expressions.parse(str(dim)).xreplace(
@@ -567,7 +568,7 @@ def chart_sizes(doc: dict) -> tuple[dict[str, int], str] | None:
             values[name] = int(dims[where["axis"]])
     if len(values) == len(doc["symbols"]):
         return values, "the input sizes verification ran with"
-    from onnxfuse.report import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE, representative_values
+    from onnxfuse.report.build import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE, representative_values
 
     return (representative_values(doc),
             f"representative sizes: batch {REPRESENTATIVE_BATCH}, {REPRESENTATIVE_SIZE} for the other dims")
@@ -575,7 +576,7 @@ def chart_sizes(doc: dict) -> tuple[dict[str, int], str] | None:
 
 def _display(doc: dict, symbol: str) -> str:
     """How the page names a symbol: the model's dim name when short and plain, else ``input[axis]``."""
-    from onnxfuse.report import _display_names
+    from onnxfuse.report.build import _display_names
 
     return _display_names(doc).get(symbol, symbol)
 
@@ -585,8 +586,8 @@ def _draw_at(units: list[dict], values: dict[str, int]) -> None:
     expressions stay for the hover labels."""
     import sympy
 
-    from onnxfuse import expressions
-    from onnxfuse.symbolic import make_symbol
+    from onnxfuse.analysis import expressions
+    from onnxfuse.analysis.symbolic import make_symbol
 
     at = {make_symbol(k): sympy.Integer(v) for k, v in values.items()}
     for u in units:

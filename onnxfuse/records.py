@@ -1,7 +1,8 @@
 """Every reason a pass gives for leaving a pattern unfused, with what would let it be fused: one row per reason.
 
 Plain data (no pass, no onnx-graphsurgeon): the passes give these codes in their :class:`~onnxfuse.passes.base.Skip`
-results, and every report format reads the codes and their remedies from here (``onnxfuse.remedies``). A new refusal
+results, and every report format reads the codes and their remedies from here (``onnxfuse.report.remedies``). A new
+refusal
 code is one row below: its ``NAME = ("kebab-case-code", "what would let the pattern be fused")``.
 """
 

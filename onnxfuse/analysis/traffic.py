@@ -7,7 +7,7 @@ by every node that consumes them; a ``Constant`` node moves nothing. Nodes of If
 one execution of the body (both If branches are listed). A node with a tensor of unknown size is left out of the
 totals and counted as unknown: sizes are never guessed.
 
-Bytes are sympy expressions in the model's symbolic input dims (:mod:`onnxfuse.symbolic`), e.g. ``32*N*H*W``
+Bytes are sympy expressions in the model's symbolic input dims (:mod:`onnxfuse.analysis.symbolic`), e.g. ``32*N*H*W``
 for a float32 ``[N, 8, H, W]`` tensor, and plain ``int`` where every dim is a number (a sum or product of ints
 stays an int, so a model with only numeric dims never imports sympy); None means unknown.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from onnxfuse.graph import proto_graphs
+from onnxfuse.ir.graph import proto_graphs
 
 #: itemsize in bytes of each ONNX ``TensorProto.DataType`` (ONNX IR.md, "Tensor Element Types"); sub-byte
 #: types (int4/uint4/float4) are rounded up to one byte per element.
@@ -116,7 +116,7 @@ class Sizes:
     """Tensor name -> bytes, from tensor shapes plus the model's own initializers and Constants.
 
     ``shapes`` maps a tensor name to its shape (a tuple of ints and sympy expressions, None for an unknown dim)
-    or None (unknown rank), as :attr:`onnxfuse.symbolic.SymbolicShapes.shapes` does; ``reasons`` says why a
+    or None (unknown rank), as :attr:`onnxfuse.analysis.symbolic.SymbolicShapes.shapes` does; ``reasons`` says why a
     tensor's size is unknown where that is known.
     """
 
@@ -129,7 +129,7 @@ class Sizes:
 
     @classmethod
     def from_onnx(cls, info: dict[str, tuple], elem_types: dict[str, int]) -> Sizes:
-        """From :func:`onnxfuse.shapes.infer`'s ``(info, elem_types)``: named dims count as unknown."""
+        """From :func:`onnxfuse.analysis.shapes.infer`'s ``(info, elem_types)``: named dims count as unknown."""
         return cls({k: v[0] for k, v in info.items()}, elem_types)
 
     def with_model(self, model: onnx.ModelProto) -> Sizes:

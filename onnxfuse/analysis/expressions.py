@@ -44,7 +44,7 @@ def parse(text: str, symbols: dict[str, sympy.Symbol] | None = None) -> sympy.Ex
     Args:
         text: the expression (see the module docstring for the grammar), at most :data:`MAX_CHARS` characters.
         symbols: name -> the sympy symbol to use for it; a name not given becomes
-            ``onnxfuse.symbolic.make_symbol(name)`` (integer, positive), as the report's own symbols are.
+            ``onnxfuse.analysis.symbolic.make_symbol(name)`` (integer, positive), as the report's own symbols are.
 
     Returns:
         A ``sympy.Expr`` (a number for a constant expression).
@@ -128,7 +128,7 @@ class _Builder:
     def _symbol(self, name: str) -> sympy.Symbol:
         found = self.symbols.get(name)
         if found is None:
-            from onnxfuse.symbolic import make_symbol
+            from onnxfuse.analysis.symbolic import make_symbol
 
             found = self.symbols[name] = make_symbol(name)
         return found

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import sympy
 
-from onnxfuse import expressions
+from onnxfuse.analysis import expressions
 from onnxfuse.errors import InputError
-from onnxfuse.files import read_option_file
+from onnxfuse.model.files import read_option_file
 
 #: Sizes every symbol takes when the two optimized-traffic expressions are compared (batch 1, a small and a
 #: large image side, ...). A difference that is positive at any of them is a regression.
@@ -44,9 +44,10 @@ MAX_BASELINE_BYTES = 128 * 2**20
 def load(path: str | Path) -> dict:
     """Read a JSON report written by ``onnxfuse report --format json``, as untrusted input.
 
-    The file must be a regular file of at most :data:`MAX_BASELINE_BYTES` (:func:`onnxfuse.files.read_option_file`),
+    The file must be a regular file of at most :data:`MAX_BASELINE_BYTES`
+    (:func:`onnxfuse.model.files.read_option_file`),
     valid against ``onnxfuse/report.schema.json`` (every field's type), and its total byte expressions must be in
-    the grammar of :func:`onnxfuse.expressions.parse`; nothing in it is evaluated.
+    the grammar of :func:`onnxfuse.analysis.expressions.parse`; nothing in it is evaluated.
 
     Raises:
         InputError: one line: unreadable, not a regular file, too large, not JSON (or nested too deeply), not an
@@ -134,7 +135,8 @@ def _unfused_kind(row: dict) -> str:
 
 
 def _expr(text: str | None) -> sympy.Expr | None:
-    """The expression of a report's ``*_expr`` string, read without ``eval`` (:func:`onnxfuse.expressions.parse`);
+    """The expression of a report's ``*_expr`` string, read without ``eval``
+    (:func:`onnxfuse.analysis.expressions.parse`);
     None for None or text outside the grammar (the comparison then says nothing about growth)."""
     if text is None:
         return None
@@ -198,9 +200,9 @@ class Comparison:
 
     def lines(self, fmt: str = "text") -> list[str]:
         """What changed, one fact per line, for people: ``fmt`` ``text`` (names escaped for a terminal,
-        :func:`onnxfuse.escape.text`) or ``markdown`` (list items' text: names escaped with
-        :func:`onnxfuse.escape.markdown`, byte expressions in code spans so that ``*`` stays a product)."""
-        from onnxfuse import escape
+        :func:`onnxfuse.report.escape.text`) or ``markdown`` (list items' text: names escaped with
+        :func:`onnxfuse.report.escape.markdown`, byte expressions in code spans so that ``*`` stays a product)."""
+        from onnxfuse.report import escape
 
         md = fmt == "markdown"
         name = escape.markdown if md else escape.text
@@ -236,7 +238,7 @@ class Comparison:
     def _short(self, expr: str | None) -> str:
         """A byte expression for people: by its leading terms when long (``report.short_expression``), else as
         written; the JSON of the comparison keeps it exact."""
-        from onnxfuse import report as rep
+        from onnxfuse.report import build as rep
 
         return (rep.short_expression(expr, {"symbols": self.symbols}) if expr is not None else None) or str(expr)
 
@@ -275,8 +277,8 @@ def _option_text(value) -> str:
 
 def compare(old: dict, new: dict) -> Comparison:
     """Compare report dicts ``old`` (the baseline) and ``new`` (see the module docstring for the rules)."""
-    from onnxfuse import report as rep
-    from onnxfuse.symbolic import make_symbol
+    from onnxfuse.analysis.symbolic import make_symbol
+    from onnxfuse.report import build as rep
 
     old_f = Counter(_fusion_kind(r) for r in old["fusions"])
     new_f = Counter(_fusion_kind(r) for r in new["fusions"])

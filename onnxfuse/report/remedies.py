@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from onnxfuse.providers import TARGETS
-from onnxfuse.reasons import Reason
+from onnxfuse.ort.providers import TARGETS
+from onnxfuse.records import Reason
 
-#: reason code -> what would let a pattern refused for it be fused (``onnxfuse.reasons.Reason.remedy``, where each
+#: reason code -> what would let a pattern refused for it be fused (``onnxfuse.records.Reason.remedy``, where each
 #: reason is one row with its remedy).
 REMEDIES: dict[str, str] = {r.value: r.remedy for r in Reason}
 

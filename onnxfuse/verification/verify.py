@@ -2,7 +2,7 @@
 
 What is compared: the original and the candidate run in onnxruntime (CPU execution provider) with graph
 optimizations disabled (``ORT_DISABLE_ALL``) on the same inputs (seeded random, or given: see
-:mod:`onnxfuse.runtime`), output by output. With onnxruntime's own fusions on, the original would be fused in
+:mod:`onnxfuse.ort.sessions`), output by output. With onnxruntime's own fusions on, the original would be fused in
 memory the same way as the candidate and a broken rewrite could compare equal.
 
 The rule (default, "noise-floor"): for each floating-point output,
@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxfuse import runtime
 from onnxfuse.errors import InputError
+from onnxfuse.ort import sessions as runtime
 
 #: An output passes when its deviation is at most this many noise floors. Correct folds measured 0-1.0x
 #: onnxruntime's own floor on the shared models, 1.7-2.2x on synthetic ResNets, 0.8-1.4x on 60 Conv/BN/HardSwish
@@ -107,7 +107,7 @@ class VerifyOptions:
         input_shapes: graph input name -> dims for symbolic dims.
         input_data: path of an ``.npz`` whose arrays (named like the graph inputs) are fed as they are.
         input_values / input_ranges: fill values and ``(low, high)`` ranges per input (see
-            :class:`onnxfuse.runtime.InputSpec`).
+            :class:`onnxfuse.ort.sessions.InputSpec`).
         input_sets: how many seeded input sets to run (1 when ``input_data`` gives every input).
         rtol / atol: when either is set, the elementwise rule replaces the noise-floor rule (for integer and
             bool outputs too).
@@ -680,7 +680,7 @@ def random_ops(model: onnx.ModelProto) -> list[str]:
     """The ops of ``model`` (every graph) that draw random numbers on each run: :data:`RANDOM_OPS` without a
     ``seed`` attribute, and Dropout whose ``training_mode`` input is present and not a constant false. Sorted,
     each once."""
-    from onnxfuse.graph import proto_graphs
+    from onnxfuse.ir.graph import proto_graphs
 
     found = set()
     for graph, _ in proto_graphs(model.graph):
@@ -700,7 +700,7 @@ def random_ops(model: onnx.ModelProto) -> list[str]:
 def verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None) -> Verification:
     """:func:`_verify_models` within ``options.timeout`` seconds (DEFAULT_TIMEOUT_S): when they run out (an
     onnxruntime run is stopped, or no time is left to make the next session) the result is ``skipped`` with
-    ``cause`` ``time``, whatever was compared so far. See :func:`onnxfuse.runtime.run` for how a run is stopped
+    ``cause`` ``time``, whatever was compared so far. See :func:`onnxfuse.ort.sessions.run` for how a run is stopped
     (onnxruntime's ``RunOptions.terminate``, in this process). Raises as :func:`_verify_models`."""
     opts = options or VerifyOptions()
     random = random_ops(_graph_only(candidate))
@@ -726,11 +726,11 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
     ``ORT_ENABLE_ALL`` for the noise floor (not created when every output is bit-identical, within
     FLOOR_MULTIPLE x its one-ulp minimum floor, or rtol/atol are given), and, only when an output would otherwise
     fail, one of the original with its weights moved by one ulp (the rounding floor). They are created one after
-    the other and each is freed (its heap pages handed back, :func:`onnxfuse.runtime.trim_heap`) before the
+    the other and each is freed (its heap pages handed back, :func:`onnxfuse.ort.sessions.trim_heap`) before the
     next, so at most one session is held at a time; the outputs kept are copies, which do not hold a session's
     memory arena. Each runs ``options.input_sets`` input sets, without busy-waiting threads (``spinning=False``
-    of :func:`onnxfuse.runtime.session`). A candidate given as a ModelProto is loaded from a temporary file
-    (``as_file`` of :func:`onnxfuse.runtime.loadable`), not from a second, serialized copy in memory.
+    of :func:`onnxfuse.ort.sessions.session`). A candidate given as a ModelProto is loaded from a temporary file
+    (``as_file`` of :func:`onnxfuse.ort.sessions.loadable`), not from a second, serialized copy in memory.
 
     Returns ``skipped`` (with the reason) when onnxruntime cannot load or run the *original*; ``failed`` when
     the candidate's output names, order or dtypes or its inputs differ, onnxruntime cannot load or run it while it
@@ -840,7 +840,7 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
 
 def _second_set(sess, spec: runtime.InputSpec, invented: list[str], seed: int
                 ) -> tuple[tuple[dict[str, np.ndarray], list[np.ndarray]] | None, str | None]:
-    """The second default input set (seed ``seed``, sizes :data:`onnxfuse.runtime.SECOND_DIMS` for the
+    """The second default input set (seed ``seed``, sizes :data:`onnxfuse.ort.sessions.SECOND_DIMS` for the
     symbolic dims that nobody gave) and the original's outputs on it, when some input has ``invented`` sizes;
     else (None, None). When onnxruntime cannot run the original on it (a model that only runs at batch 1, or at
     one size), (None, a note that says so): verification goes on with the first set alone.
@@ -954,7 +954,7 @@ def weights_moved_by_one_ulp(model: onnx.ModelProto, seed: int = 0) -> onnx.Mode
     up or down at random (seeded): the rounding a fold makes when it computes ``W * s`` in the weights' dtype."""
     from onnx import numpy_helper
 
-    from onnxfuse.graph import proto_graphs
+    from onnxfuse.ir.graph import proto_graphs
 
     out = onnx.ModelProto()
     out.CopyFrom(model)

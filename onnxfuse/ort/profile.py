@@ -122,7 +122,7 @@ def profile(source: str | bytes, feeds: dict, level: str = "all", threads: int |
     Raises:
         whatever onnxruntime raises for a model it cannot load or run.
     """
-    from onnxfuse import runtime
+    from onnxfuse.ort import sessions as runtime
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-profile-") as folder:
         graph_path = os.path.join(folder, "optimized.onnx")
@@ -185,8 +185,8 @@ def profile_models(original: str | bytes, optimized: onnx.ModelProto, fusions: l
     Raises:
         whatever onnxruntime raises for a model it cannot load or run (the caller reports it).
     """
-    from onnxfuse import runtime
-    from onnxfuse.report import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
+    from onnxfuse.ort import sessions as runtime
+    from onnxfuse.report.build import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
 
     sess = runtime.session(original, "disable")
     feeds = runtime.make_inputs(sess, dict(input_shapes), seed=0, sizes=(REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE))

@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto
 
 from onnxfuse.errors import InputError
-from onnxfuse.graph import copy_model_fields, proto_graphs
+from onnxfuse.ir.graph import copy_model_fields, proto_graphs
 
 #: Tensors with more elements than this lose their data in the skeleton (only dims and dtype are kept).
 SKELETON_MAX_ELEMENTS = 1024

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from onnxfuse import escape
 from onnxfuse._version import __version__
 from onnxfuse.errors import (
     EXIT_INTERNAL,
@@ -37,10 +36,12 @@ from onnxfuse.errors import (
     internal_error_line,
     interrupted_exit,
 )
+from onnxfuse.report import escape
 
 if TYPE_CHECKING:
-    from onnxfuse import model_io, pipeline
-    from onnxfuse import report as rep
+    from onnxfuse import pipeline
+    from onnxfuse.model import io as model_io
+    from onnxfuse.report import build as rep
 
 # The library (onnx, numpy, onnx-graphsurgeon, onnxruntime, sympy) is imported in the command bodies, not here:
 # click parses the command line before it calls a command, so --help, --version and usage errors (an unknown
@@ -90,7 +91,7 @@ log = logging.getLogger("onnxfuse")
 class _StderrHandler(logging.Handler):
     """Writes each record to the current ``sys.stderr`` through click (looked up at each record, so that click's
     test runner captures it), a ``warning: `` prefix on warnings, no other decoration. The message is escaped
-    (:func:`onnxfuse.escape.text`): names and paths in it cannot add a line or send an escape sequence."""
+    (:func:`onnxfuse.report.escape.text`): names and paths in it cannot add a line or send an escape sequence."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -155,7 +156,7 @@ def _fail_cleanly(fn):
 
 
 def _shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-    from onnxfuse.shape_text import parse_input_shape
+    from onnxfuse.model.shape_text import parse_input_shape
 
     return _pairs(values, parse_input_shape, "--input-shape")
 
@@ -204,8 +205,8 @@ def verify_options(fn):
 
 
 def _verify_options(input_shapes, input_data, input_value, input_range, input_sets, rtol, atol, verify_timeout=None):
-    from onnxfuse.runtime import parse_input_range, parse_input_value
-    from onnxfuse.verification import VerifyOptions, timeout_seconds
+    from onnxfuse.ort.sessions import parse_input_range, parse_input_value
+    from onnxfuse.verification.verify import VerifyOptions, timeout_seconds
 
     for name, value in (("--rtol", rtol), ("--atol", atol), ("--verify-timeout", verify_timeout)):
         if value is not None and not math.isfinite(value):
@@ -415,8 +416,9 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
           --require-verify
     """
     _shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
-    from onnxfuse import model_io, pipeline
-    from onnxfuse import report as rep
+    from onnxfuse import pipeline
+    from onnxfuse.model import io as model_io
+    from onnxfuse.report import build as rep
 
     output_path = Path(output_arg)
     if output_path.is_dir() or output_arg.endswith(("/", os.sep)):
@@ -502,7 +504,7 @@ def _chart_note(report, formats) -> None:
     have no value (``report_html.chart_sizes``)."""
     if "html" not in formats:
         return
-    from onnxfuse.report_html import chart_sizes
+    from onnxfuse.report.html import chart_sizes
 
     sizes = chart_sizes(report.to_dict())
     if sizes is not None:
@@ -519,7 +521,7 @@ def _report_files(paths: tuple[Path, ...], report_format: str | None, option: st
     Raises:
         InputError: an extension without a format, ``--report-format`` with several reports, or one file twice.
     """
-    from onnxfuse import report as rep
+    from onnxfuse.report import build as rep
 
     if report_format is not None and len(paths) > 1:
         raise InputError(f"{format_option} applies to a single {option}; with several, each format comes from "
@@ -560,7 +562,7 @@ def _resolve(path: Path, what: str) -> Path:
 
 def _check_not_data_file(path: Path, what: str, loaded: model_io.LoadedModel) -> None:
     """Refuse to write a report over one of the input model's external data files (its weights)."""
-    from onnxfuse import model_io
+    from onnxfuse.model import io as model_io
 
     if any(model_io.same_file(path, f) for f in loaded.data_files):
         raise InputError(f"{what} {path}: is an external data file of the input model; choose another name")
@@ -595,7 +597,7 @@ def _diagnostics(report: rep.Report) -> None:
 
 def _hints(report: rep.Report) -> None:
     """What the user could do to get a fuller result (stderr, INFO)."""
-    from onnxfuse import report as rep
+    from onnxfuse.report import build as rep
 
     hint = rep.unknown_shapes_hint(report)
     if hint:
@@ -683,11 +685,12 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
       onnxfuse report model.onnx -o report.html
     """
     _shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
-    from onnxfuse import model_io, pipeline
-    from onnxfuse import report as rep
+    from onnxfuse import pipeline
+    from onnxfuse.model import io as model_io
+    from onnxfuse.report import build as rep
 
     if baseline is not None:
-        from onnxfuse import baseline as baseline_mod  # it imports sympy: only --baseline needs it
+        from onnxfuse.report import baseline as baseline_mod  # it imports sympy: only --baseline needs it
 
     files = _report_files(outputs, fmt, "-o", "--format") if outputs else []
     for path, _ in files:
@@ -706,8 +709,8 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
     if bandwidth:
         result.report.set_bandwidth(bandwidth)
     if profile and result.changed:
-        from onnxfuse import ort_profile
         from onnxfuse.errors import one_line
+        from onnxfuse.ort import profile as ort_profile
 
         with _progress(ctx, "running both models under onnxruntime's profiler"):
             try:
@@ -788,7 +791,8 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
     import tempfile
 
     from onnxfuse import bench as bench_mod
-    from onnxfuse import model_io, pipeline
+    from onnxfuse import pipeline
+    from onnxfuse.model import io as model_io
 
     if optimized is not None:
         ignored = [f"--{name.replace('_', '-')}" for name in ("target", "only", "skip", "ort_level", "ort_version",
@@ -900,8 +904,8 @@ def verify_command(ctx, original, candidate, input_shape, input_data, input_valu
           --input-shape input=1x512
     """
     _shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
-    from onnxfuse import model_io
-    from onnxfuse import verification as verify_mod
+    from onnxfuse.model import io as model_io
+    from onnxfuse.verification import verify as verify_mod
 
     opts = _verify_options(_shapes(input_shape), input_data, input_value, input_range, input_sets, rtol, atol,
                            verify_timeout)

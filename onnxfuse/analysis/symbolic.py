@@ -3,7 +3,7 @@
 onnxruntime's ``SymbolicShapeInference`` (``onnxruntime/python/tools/symbolic_shape_infer.py``) does the work:
 it derives output dims such as ``floor((H - 1)/2) + 1`` for a strided Conv and follows shape arithmetic
 (Shape -> Gather -> Concat -> Reshape) with sympy. It runs on the weight-stripped skeleton
-(:func:`onnxfuse.shapes.skeleton`), so it costs what the graph structure costs, not what the weights weigh.
+(:func:`onnxfuse.analysis.shapes.skeleton`), so it costs what the graph structure costs, not what the weights weigh.
 This module adds what the report needs on top:
 
 * **Symbols.** Each symbolic dim of a graph input becomes one sympy symbol (integer, positive), named after the
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from onnxfuse.graph import proto_graphs
-from onnxfuse.shapes import is_placeholder_dim
+from onnxfuse.analysis.shapes import is_placeholder_dim
+from onnxfuse.ir.graph import proto_graphs
 
 if TYPE_CHECKING:
     import sympy
@@ -495,10 +495,10 @@ def _reason(op: str, name: str) -> str:
 
 
 def derived_shapes(skel: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, tuple]]:
-    """A copy of ``skel`` without declared shapes (:func:`onnxfuse.shapes.strip_declared_shapes`) and what
-    ``onnx.shape_inference`` derives for it (:func:`onnxfuse.shapes.infer`): shapes computed from the inputs
+    """A copy of ``skel`` without declared shapes (:func:`onnxfuse.analysis.shapes.strip_declared_shapes`) and what
+    ``onnx.shape_inference`` derives for it (:func:`onnxfuse.analysis.shapes.infer`): shapes computed from the inputs
     and the ops, never taken from a ``value_info`` or graph output the model merely states."""
-    from onnxfuse import shapes
+    from onnxfuse.analysis import shapes
 
     derived = onnx.ModelProto()
     derived.CopyFrom(skel)
@@ -509,7 +509,7 @@ def derived_shapes(skel: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, tu
 def static_shapes(skel: onnx.ModelProto, info: dict[str, tuple] | None, table: SymbolTable
                   ) -> SymbolicShapes | None:
     """The shapes of a model with no symbolic dim, as plain ``int`` tuples, when ``info`` (tensor name ->
-    ``(shape, dtype)`` from :func:`onnxfuse.shapes.infer` on ``skel``, i.e. ``onnx.shape_inference`` with data
+    ``(shape, dtype)`` from :func:`onnxfuse.analysis.shapes.infer` on ``skel``, i.e. ``onnx.shape_inference`` with data
     propagation; see :func:`derived_shapes`) gives every node input and output of every graph of ``skel`` a
     shape of numbers. None otherwise: then only onnxruntime's inference can say more, and :func:`infer` runs it.
 
@@ -531,9 +531,9 @@ def static_shapes(skel: onnx.ModelProto, info: dict[str, tuple] | None, table: S
 
 
 def infer(skel: onnx.ModelProto, fallback: dict[str, tuple] | None = None) -> SymbolicShapes:
-    """Symbolic shapes of every tensor of ``skel`` (a :func:`onnxfuse.shapes.skeleton`; not modified).
+    """Symbolic shapes of every tensor of ``skel`` (a :func:`onnxfuse.analysis.shapes.skeleton`; not modified).
 
-    ``fallback`` (tensor name -> ``(shape, dtype)`` as :func:`onnxfuse.shapes.infer` returns) supplies the
+    ``fallback`` (tensor name -> ``(shape, dtype)`` as :func:`onnxfuse.analysis.shapes.infer` returns) supplies the
     tensors that onnxruntime's inference leaves out; its named dims count only when they are input dims.
     A model without symbolic dims whose every tensor ``onnx.shape_inference`` sizes from the ops alone
     (:func:`derived_shapes`) gets those shapes (:func:`static_shapes`: ``int`` dims, no sympy, no onnxruntime).

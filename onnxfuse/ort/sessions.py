@@ -1,7 +1,7 @@
 """The one place where onnxfuse creates onnxruntime sessions and the inputs it feeds them.
 
 Used by verification (:mod:`onnxfuse.verify`), ``onnxfuse bench`` (:mod:`onnxfuse.bench`) and shape measurement
-(:func:`onnxfuse.shapes.measure`). Every session uses the CPU execution provider and logs only fatal errors.
+(:func:`onnxfuse.analysis.shapes.measure`). Every session uses the CPU execution provider and logs only fatal errors.
 
 Generated inputs (:func:`make_inputs`): each graph input gets, in this order of preference, the array of an
 ``.npz`` file (``--input-data``), a constant fill value (``--input-value NAME=V``), seeded uniform values in a
@@ -131,13 +131,13 @@ def loadable(model: str | os.PathLike | bytes | onnx.ModelProto, as_file: bool =
     the caller's proto is left whole).
 
     ``as_file``: a proto (of any size) is written to a temporary file, one part at a time
-    (:func:`onnxfuse.model_io.serialized_parts`), and its path given instead of its bytes, so that no serialized
+    (:func:`onnxfuse.model.io.serialized_parts`), and its path given instead of its bytes, so that no serialized
     copy of it (the proto's size, twice while protobuf encodes it) is in memory beside the session onnxruntime
     builds: onnxruntime's Python ``InferenceSession`` keeps the bytes it was made from for as long as it lives
     (``_model_bytes``, onnxruntime_inference_collection.py), on top of its own parsed copy and weights. Where no
     temporary file can be written, the bytes are given as without ``as_file``.
     """
-    from onnxfuse import model_io
+    from onnxfuse.model import io as model_io
 
     if isinstance(model, bytes):
         yield model
@@ -165,7 +165,7 @@ def loadable(model: str | os.PathLike | bytes | onnx.ModelProto, as_file: bool =
 
 def _write_temporary(model: onnx.ModelProto) -> tempfile.TemporaryDirectory | None:
     """A temporary folder holding ``model.onnx``, written one part at a time, or None when it cannot be written."""
-    from onnxfuse import model_io
+    from onnxfuse.model import io as model_io
 
     try:
         tmp = tempfile.TemporaryDirectory(prefix="onnxfuse-session-")
@@ -287,7 +287,7 @@ def check_names(sess, spec: InputSpec) -> None:
 def _named(dim) -> str | None:
     """``dim`` (an onnxruntime ``NodeArg.shape`` entry) when it is a dim name that one size binds everywhere;
     None for numbers, unknowns and placeholders such as ``?`` (``shapes.is_placeholder_dim``)."""
-    from onnxfuse.shapes import is_placeholder_dim
+    from onnxfuse.analysis.shapes import is_placeholder_dim
 
     return dim if isinstance(dim, str) and not is_placeholder_dim(dim) else None
 
