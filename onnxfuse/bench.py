@@ -222,7 +222,7 @@ def kernels(path: str) -> Counter:
 def invented_inputs(sess, input_shapes: dict[str, tuple[int, ...]], given: dict | None) -> list[str]:
     """Inputs of ``sess`` with a dim that is not a number, that neither ``input_shapes`` nor ``given`` sets
     (directly or through a named dim they fix): their sizes are onnxfuse's defaults, not the model's real ones."""
-    from onnxfuse.analysis.shapes import is_placeholder_dim
+    from onnxfuse.model.proto import is_placeholder_dim
 
     given = given or {}
     bound = set()

@@ -22,6 +22,7 @@ from onnxfuse.analysis import shapes, symbolic, traffic
 from onnxfuse.errors import InputError
 from onnxfuse.ir import graph as g
 from onnxfuse.model import io as model_io
+from onnxfuse.model import proto
 from onnxfuse.ort.providers import (
     DEFAULT_ORT_LEVEL,
     DEFAULT_TARGET,
@@ -297,7 +298,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     loaded = loaded or model_io.load_model(path)
     model = loaded.model
     log.debug("loaded %s: %d nodes in the main graph", loaded.label, len(model.graph.node))
-    skel = shapes.skeleton(model)
+    skel = proto.skeleton(model)
     given = dict(options.input_shapes)
     if options.input_data:
         inits = {t.name for t in model.graph.initializer}
@@ -490,7 +491,7 @@ def _serialized_bytes(model: onnx.ModelProto) -> int | None:
 def _fused_nodes(model: onnx.ModelProto):
     """``(node, activation or None)`` for every ``com.microsoft`` FusedConv and FusedGemm node of every graph of
     ``model``."""
-    for graph, _ in g.proto_graphs(model.graph):
+    for graph, _ in proto.proto_graphs(model.graph):
         for node in graph.node:
             if node.domain == g.MS_DOMAIN and node.op_type in ("FusedConv", "FusedGemm"):
                 yield node, next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
@@ -514,7 +515,7 @@ def _target_warnings(model: onnx.ModelProto, target_name: str) -> list[str]:
 
 def _op_counts(graph: onnx.GraphProto) -> dict[str, int]:
     counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
-                     for gr, _ in g.proto_graphs(graph) for node in gr.node)
+                     for gr, _ in proto.proto_graphs(graph) for node in gr.node)
     return dict(sorted(counts.items()))
 
 

@@ -23,7 +23,7 @@ import onnx
 import pytest
 
 from onnxfuse import pipeline
-from onnxfuse.ir.graph import proto_graphs
+from onnxfuse.model.proto import proto_graphs
 from onnxfuse.ort.sessions import session
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ import pytest
 from onnx import numpy_helper
 
 from onnxfuse import pipeline
-from onnxfuse.ir.graph import proto_graphs
+from onnxfuse.model.proto import proto_graphs
 from onnxfuse.ort import sessions as runtime
 from onnxfuse.verification import verify
 from tests.builders import GraphBuilder

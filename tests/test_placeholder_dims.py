@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from onnxfuse.analysis import shapes, symbolic
 from onnxfuse.bench import invented_inputs
 from onnxfuse.cli.main import main
+from onnxfuse.model import proto
 from onnxfuse.ort import sessions as runtime
 from tests.builders import GraphBuilder
 from tests.conftest import ATOL, RTOL, run
@@ -45,7 +46,7 @@ def invoke(*args):
     ("?", True), ("-1", True), ("0", True), (" ", True), ("", True), (None, True), ("None", True),
     ("batch", False), ("unk__12", False), ("p2o.DynamicDimension.0", False), ("N", False), ("s0", False)])
 def test_which_dim_params_are_placeholders(text, placeholder):
-    assert shapes.is_placeholder_dim(text) is placeholder
+    assert proto.is_placeholder_dim(text) is placeholder
 
 
 @pytest.mark.parametrize("batch", ["-1", "?"])
@@ -54,7 +55,7 @@ def test_question_mark_dims_are_each_their_own_symbol(batch):
     assert shapes.complete_input_shapes(model, {"x": (1, 3, 48, 192)}) == {"x": (1, 3, 48, 192)}
     table = symbolic.symbol_table(model)
     assert len(table.symbols) == 3 and len(set(table.dims.values())) == 3
-    skel = shapes.skeleton(model)
+    skel = proto.skeleton(model)
     assert [d.dim_param for d in skel.graph.input[0].type.tensor_type.shape.dim] == ["", "", "", ""]
     assert symbolic.symbol_table(skel).dims == table.dims
 

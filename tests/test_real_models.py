@@ -17,8 +17,8 @@ import onnx
 import pytest
 
 from onnxfuse import pipeline
-from onnxfuse.ir.graph import proto_graphs
 from onnxfuse.model import io as model_io
+from onnxfuse.model.proto import proto_graphs
 from onnxfuse.ort.sessions import session
 from onnxfuse.verification.verify import VerifyOptions
 from tests.conftest import shared_model

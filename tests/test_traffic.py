@@ -12,12 +12,13 @@ import sympy
 from onnx import TensorProto, helper
 
 from onnxfuse.analysis import shapes, symbolic, traffic
+from onnxfuse.model import proto
 from onnxfuse.report import build as rep
 from tests.builders import GraphBuilder
 
 
 def sizes_of(model: onnx.ModelProto) -> traffic.Sizes:
-    skel = shapes.skeleton(model)
+    skel = proto.skeleton(model)
     info, elems = shapes.infer(skel)
     sym = symbolic.infer(skel, info)
     return traffic.Sizes(sym.shapes, {**elems, **sym.elem_types}, sym.reasons).with_model(model)
@@ -261,7 +262,7 @@ def test_static_model_shapes_equal_onnxruntime_symbolic_inference(monkeypatch):
     x = b.input("x", [2, 3, 17, 9])
     y = b.op("Relu", [b.bn(b.conv(x, 3, 8, strides=[2, 2]), 8)])
     model = b.build(b.op("Add", [y, b.conv(y, 8, 8)]))
-    skel = shapes.skeleton(model)
+    skel = proto.skeleton(model)
     info, _ = shapes.infer(skel)
     fast = symbolic.infer(skel, info)
     rows = rows_of(model)
@@ -450,7 +451,7 @@ def test_strided_conv_chain_dims_stay_one_rounding_deep(ceil_mode_pool):
     ops = []
     for depth in (3, 6, 12):
         model = strided_chain(depth, ceil_mode_pool)
-        dim = symbolic.infer(shapes.skeleton(model)).shapes[model.graph.output[0].name][2]
+        dim = symbolic.infer(proto.skeleton(model)).shapes[model.graph.output[0].name][2]
         roundings = dim.atoms(sympy.floor, sympy.ceiling)
         assert roundings and not any(r.args[0].has(sympy.floor, sympy.ceiling) for r in roundings), dim
         ops.append(sympy.count_ops(dim))

@@ -3,7 +3,7 @@
 onnxruntime's ``SymbolicShapeInference`` (``onnxruntime/python/tools/symbolic_shape_infer.py``) does the work:
 it derives output dims such as ``floor((H - 1)/2) + 1`` for a strided Conv and follows shape arithmetic
 (Shape -> Gather -> Concat -> Reshape) with sympy. It runs on the weight-stripped skeleton
-(:func:`onnxfuse.analysis.shapes.skeleton`), so it costs what the graph structure costs, not what the weights weigh.
+(:func:`onnxfuse.model.proto.skeleton`), so it costs what the graph structure costs, not what the weights weigh.
 This module adds what the report needs on top:
 
 * **Symbols.** Each symbolic dim of a graph input becomes one sympy symbol (integer, positive), named after the
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from onnxfuse.analysis.shapes import is_placeholder_dim
-from onnxfuse.ir.graph import proto_graphs
+from onnxfuse.model import proto
+from onnxfuse.model.proto import is_placeholder_dim, proto_graphs
 
 if TYPE_CHECKING:
     import sympy
@@ -495,14 +495,14 @@ def _reason(op: str, name: str) -> str:
 
 
 def derived_shapes(skel: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, tuple]]:
-    """A copy of ``skel`` without declared shapes (:func:`onnxfuse.analysis.shapes.strip_declared_shapes`) and what
+    """A copy of ``skel`` without declared shapes (:func:`onnxfuse.model.proto.strip_declared_shapes`) and what
     ``onnx.shape_inference`` derives for it (:func:`onnxfuse.analysis.shapes.infer`): shapes computed from the inputs
     and the ops, never taken from a ``value_info`` or graph output the model merely states."""
     from onnxfuse.analysis import shapes
 
     derived = onnx.ModelProto()
     derived.CopyFrom(skel)
-    shapes.strip_declared_shapes(derived)
+    proto.strip_declared_shapes(derived)
     return derived, shapes.infer(derived)[0]
 
 
@@ -531,7 +531,7 @@ def static_shapes(skel: onnx.ModelProto, info: dict[str, tuple] | None, table: S
 
 
 def infer(skel: onnx.ModelProto, fallback: dict[str, tuple] | None = None) -> SymbolicShapes:
-    """Symbolic shapes of every tensor of ``skel`` (a :func:`onnxfuse.analysis.shapes.skeleton`; not modified).
+    """Symbolic shapes of every tensor of ``skel`` (a :func:`onnxfuse.model.proto.skeleton`; not modified).
 
     ``fallback`` (tensor name -> ``(shape, dtype)`` as :func:`onnxfuse.analysis.shapes.infer` returns) supplies the
     tensors that onnxruntime's inference leaves out; its named dims count only when they are input dims.

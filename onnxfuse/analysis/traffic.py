@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from onnxfuse.ir.graph import proto_graphs
+from onnxfuse.model.proto import proto_graphs
 
 #: itemsize in bytes of each ONNX ``TensorProto.DataType`` (ONNX IR.md, "Tensor Element Types"); sub-byte
 #: types (int4/uint4/float4) are rounded up to one byte per element.

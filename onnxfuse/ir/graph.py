@@ -22,13 +22,12 @@ import sys
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from google.protobuf.message import Message
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxfuse.errors import InputError, one_line
+from onnxfuse.model.proto import copy_model_fields, proto_graphs
 
 MS_DOMAIN = "com.microsoft"
-_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -311,33 +310,6 @@ def _copy(message):
     copy = type(message)()
     copy.CopyFrom(message)
     return copy
-
-
-def copy_model_fields(src: onnx.ModelProto, dst: onnx.ModelProto) -> None:
-    """Copy every field of ``src`` except ``graph`` into ``dst`` (IR version, opsets, producer, metadata...)."""
-    for desc, value in src.ListFields():
-        if desc.name == "graph":
-            continue
-        if isinstance(value, Message):
-            getattr(dst, desc.name).CopyFrom(value)
-        elif hasattr(value, "extend"):
-            getattr(dst, desc.name).extend(value)
-        else:
-            setattr(dst, desc.name, value)
-
-
-def proto_graphs(graph: onnx.GraphProto, inside: bool = False):
-    """Yield ``(graph, inside)`` for ``graph`` and every subgraph (If/Loop/Scan bodies), outermost first and
-    depth first; ``inside`` is True for bodies."""
-    yield graph, inside
-    for node in graph.node:
-        for attr in node.attribute:
-            kind = attr.type  # read once: building attr.graphs for every attribute was most of the walk's time
-            if kind == _GRAPH:
-                yield from proto_graphs(attr.g, True)
-            elif kind == _GRAPHS:
-                for sub in attr.graphs:
-                    yield from proto_graphs(sub, True)
 
 
 def _hoist_outer_initializers(main: onnx.GraphProto, outer_names: set[str]) -> None:

@@ -18,7 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from onnxfuse.errors import InputError, one_line
-from onnxfuse.model import hygiene
+from onnxfuse.model import hygiene, proto
 
 #: Oldest IR version and default-domain opset that onnxfuse accepts. Opset 7 is where Conv, BatchNormalization
 #: (without the removed ``spatial``/``is_test`` semantics of opset 6) and the broadcasting Add/Mul of the ONNX
@@ -175,7 +175,7 @@ def check_shapes(model: onnx.ModelProto, label: str) -> str | None:
 
     It refuses what onnxruntime also refuses when it loads the model: a Conv stride or dilation below 1 or a
     negative pad, a Pad naming an axis twice, BatchNormalization parameters of the wrong length, an operator's
-    input of a type it does not take. It runs on the weight-free skeleton of :func:`onnxfuse.analysis.shapes.skeleton`
+    input of a type it does not take. It runs on the weight-free skeleton of :func:`onnxfuse.model.proto.skeleton`
     (inference reads no large tensor's data), after :mod:`onnxfuse.model.hygiene` has sorted the nodes and turned
     ``-1`` dims into unknown ones, which onnxruntime accepts and onnx's check would not.
 
@@ -183,7 +183,7 @@ def check_shapes(model: onnx.ModelProto, label: str) -> str | None:
     output's shape) that contradicts the one the operators give. onnxruntime loads and runs such a model (it
     keeps the inferred shape), exporters leave stale declarations behind (a batch dim made dynamic in the
     inputs only), and onnxfuse never counts a declared shape
-    (:func:`onnxfuse.analysis.shapes.strip_declared_shapes`). The
+    (:func:`onnxfuse.model.proto.strip_declared_shapes`). The
     output keeps the declaration, so it fails full_check as the input does; the warning says so. Telling this case
     apart costs a second inference, only for a model that fails the first.
 
@@ -193,15 +193,14 @@ def check_shapes(model: onnx.ModelProto, label: str) -> str | None:
     Raises:
         InputError: one line with onnx's message.
     """
-    from onnxfuse.analysis import shapes
 
-    skel = shapes.skeleton(model)
+    skel = proto.skeleton(model)
     try:
         onnx.shape_inference.infer_shapes(skel, check_type=True, strict_mode=True)
         return None
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         declared = exc
-    shapes.strip_declared_shapes(skel)
+    proto.strip_declared_shapes(skel)
     try:
         onnx.shape_inference.infer_shapes(skel, check_type=True, strict_mode=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:

@@ -179,14 +179,14 @@ def profile_models(original: str | bytes, optimized: onnx.ModelProto, fusions: l
                    input_shapes: dict[str, tuple[int, ...]], threads: int | None = 1, runs: int = 5) -> dict:
     """The report's ``profile`` section: ``original`` (a path or serialized bytes) and ``optimized`` run under
     onnxruntime's profiler at ``level`` on the same seeded inputs (``input_shapes`` where given; symbolic dims
-    otherwise at ``report.REPRESENTATIVE_BATCH`` / ``REPRESENTATIVE_SIZE``), per side ``by_op``, ``kernels``
+    otherwise at ``analysis.shapes.REPRESENTATIVE_BATCH`` / ``REPRESENTATIVE_SIZE``), per side ``by_op``, ``kernels``
     (count), ``total_ms`` and ``total_bytes``, and ``by_fusion`` for the report's ``fusions`` rows.
 
     Raises:
         whatever onnxruntime raises for a model it cannot load or run (the caller reports it).
     """
+    from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
     from onnxfuse.ort import sessions as runtime
-    from onnxfuse.report.build import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
 
     sess = runtime.session(original, "disable")
     feeds = runtime.make_inputs(sess, dict(input_shapes), seed=0, sizes=(REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE))

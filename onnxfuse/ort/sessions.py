@@ -287,7 +287,7 @@ def check_names(sess, spec: InputSpec) -> None:
 def _named(dim) -> str | None:
     """``dim`` (an onnxruntime ``NodeArg.shape`` entry) when it is a dim name that one size binds everywhere;
     None for numbers, unknowns and placeholders such as ``?`` (``shapes.is_placeholder_dim``)."""
-    from onnxfuse.analysis.shapes import is_placeholder_dim
+    from onnxfuse.model.proto import is_placeholder_dim
 
     return dim if isinstance(dim, str) and not is_placeholder_dim(dim) else None
 

@@ -298,7 +298,7 @@ def refresh_shapes(graph: gs.Graph, ctx: Context) -> None:
 
     After a ``Shape`` of a static tensor folded, a ``Reshape`` reads a constant shape and onnx infers its output
     (a Keras ``Flatten``: the MatMuls behind it are then seen as 2-D). The graph is exported without the values of
-    constants over :data:`SHAPE_INFERENCE_MAX_ELEMENTS` elements (as :func:`onnxfuse.analysis.shapes.skeleton` does), so
+    constants over :data:`SHAPE_INFERENCE_MAX_ELEMENTS` elements (as :func:`onnxfuse.model.proto.skeleton` does), so
     the weights are not copied. Leaves ``ctx.shapes`` as it was when the graph cannot be exported.
     """
     from onnxfuse.analysis import shapes

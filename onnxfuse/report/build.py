@@ -23,6 +23,7 @@ import onnx
 
 from onnxfuse._version import __version__
 from onnxfuse.analysis import expressions
+from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
 from onnxfuse.analysis.symbolic import SymbolicShapes, evaluate, growth_share, make_symbol, printer
 from onnxfuse.analysis.traffic import Bytes, ModelIndex, NodeTraffic, Sizes, add, chain_bytes, fused_estimate, totals
 from onnxfuse.passes import CANONICALIZE_NAMES, Fusion, Skip
@@ -704,12 +705,6 @@ def profile_line(doc: dict, plain=str) -> str | None:
             f"{p['runs']} runs: {o['kernels']} -> {a['kernels']} kernels, {o['total_ms']:.3f} ms -> "
             f"{a['total_ms']:.3f} ms, {human_bytes(o['total_bytes'])} -> {human_bytes(a['total_bytes'])} read and "
             f"written (at {shapes})")
-
-
-#: The sizes a report's figures are given at when the model has symbolic dims and no value was given for them
-#: (the export of a model with dynamic axes, without --input-shape): batch 1 for a dim on axis 0 of an input,
-#: 224 for every other one (an image side or a sequence length of that order). Always stated beside the figure.
-REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE = 1, 224
 
 
 def representative_values(doc: dict) -> dict[str, int]:

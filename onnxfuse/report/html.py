@@ -568,7 +568,8 @@ def chart_sizes(doc: dict) -> tuple[dict[str, int], str] | None:
             values[name] = int(dims[where["axis"]])
     if len(values) == len(doc["symbols"]):
         return values, "the input sizes verification ran with"
-    from onnxfuse.report.build import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE, representative_values
+    from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
+    from onnxfuse.report.build import representative_values
 
     return (representative_values(doc),
             f"representative sizes: batch {REPRESENTATIVE_BATCH}, {REPRESENTATIVE_SIZE} for the other dims")

@@ -680,7 +680,7 @@ def random_ops(model: onnx.ModelProto) -> list[str]:
     """The ops of ``model`` (every graph) that draw random numbers on each run: :data:`RANDOM_OPS` without a
     ``seed`` attribute, and Dropout whose ``training_mode`` input is present and not a constant false. Sorted,
     each once."""
-    from onnxfuse.ir.graph import proto_graphs
+    from onnxfuse.model.proto import proto_graphs
 
     found = set()
     for graph, _ in proto_graphs(model.graph):
@@ -954,7 +954,7 @@ def weights_moved_by_one_ulp(model: onnx.ModelProto, seed: int = 0) -> onnx.Mode
     up or down at random (seeded): the rounding a fold makes when it computes ``W * s`` in the weights' dtype."""
     from onnx import numpy_helper
 
-    from onnxfuse.ir.graph import proto_graphs
+    from onnxfuse.model.proto import proto_graphs
 
     out = onnx.ModelProto()
     out.CopyFrom(model)

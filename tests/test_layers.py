@@ -1,0 +1,101 @@
+"""The package's architecture is its folder tree: each layer may import only from itself and the layers below it,
+and no group of modules imports itself in a cycle. Every import counts, lazy ones (inside functions) and
+``TYPE_CHECKING`` ones too, read from the source with :mod:`ast` (nothing is imported).
+
+The layers, bottom first (CONTRIBUTING.md says what each holds):
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGE = REPO / "onnxfuse"
+
+# Bottom first. A module's layer is the first name under onnxfuse/ (its sub-package or its own module name).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("_version", "errors", "records"),  # plain data: the error types, refusal reasons and rewrite records
+    ("model",),  # ONNX protobuf only: load, save, hygiene, walking graphs, file rules
+    ("ir",),  # onnx-graphsurgeon: conversion, in-place export, constants, edits
+    ("analysis",),  # shapes, symbolic inference, memory traffic
+    ("ort",),  # onnxruntime: sessions, inputs, its optimized graphs and profiles, its kernels' facts
+    ("passes",),  # the pass contract, the driver and one module per pass
+    ("verification",),  # the rule that compares original and output in onnxruntime
+    ("report",),  # the report's data, presentation and renderers
+    ("pipeline",),  # orchestration
+    ("api", "bench"),  # the library's public functions, the benchmark command's library
+    ("batch",),  # many models, worker processes or Ray
+    ("cli",),  # the command line
+    ("__main__", "__init__"),  # the entry point and the package's lazy public names
+)
+__doc__ += "".join(f"\n{i}. {', '.join(names)}" for i, names in enumerate(LAYERS))
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for index, names in enumerate(LAYERS):
+        if top in names:
+            return index
+    raise AssertionError(f"{module} is in no layer: add its folder or module to tests/test_layers.py's LAYERS")
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        prefix = ".".join(base + ([node.module] if node.module else []))
+    else:
+        prefix = node.module or ""
+    return [prefix] + [f"{prefix}.{a.name}" for a in node.names]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the onnxfuse modules it imports (a ``from package import name`` counts the package, and the
+    submodule when ``name`` is one)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                targets = _resolve(name, path.name == "__init__.py", node)
+            else:
+                continue
+            edges.update(t for t in targets if t in modules and t != name)
+        graph[name] = edges
+    return graph
+
+
+def test_imports_point_only_down():
+    graph = import_graph()
+    upward = sorted(
+        f"{src} (layer {_layer(src)}) imports {dst} (layer {_layer(dst)})"
+        for src, dsts in graph.items() for dst in dsts
+        if _layer(dst) > _layer(src) and dst != "onnxfuse"
+    )
+    assert not upward, "imports that point up a layer:\n" + "\n".join(upward)
+
+
+def test_every_module_has_a_layer():
+    for module in import_graph():
+        _layer(module)
+
+
+def test_the_checker_sees_lazy_and_upward_imports(tmp_path):
+    """The checker itself: an import inside a function body is an edge."""
+    tree = ast.parse("def f():\n    from onnxfuse.cli import main\n")
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
+    assert "onnxfuse.cli.main" in _resolve("onnxfuse.model.io", False, node)
+    assert _layer("onnxfuse.cli.main") > _layer("onnxfuse.model.io")
