@@ -54,7 +54,9 @@ def run(src: Path, model: Path, target: str, out: Path, python: str, reports: bo
     report_files = [out.with_suffix(suffix) for suffix in REPORT_SUFFIXES] if reports else []
     for path in report_files:
         argv += ["--report", str(path)]
-    r = subprocess.run(argv, cwd=src, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True)
+    # The same working folder for both revisions: reports name a model under it by its relative path
+    r = subprocess.run(argv, cwd=out.parent, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True,
+                       text=True)
     if r.returncode != 0:
         return f"exit {r.returncode}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"
     digests = []
