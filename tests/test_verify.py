@@ -868,3 +868,19 @@ def test_a_model_that_draws_random_numbers_is_not_verified(tmp_path, op):
     assert v.status == "skipped" and v.cause == "random" and "draws random numbers" in v.reason
     with pytest.raises(onnxfuse.VerificationError):
         onnxfuse.optimize(b.build(out), target="cpu", require_verify=True)
+
+
+def test_status_and_cause_are_str_enums_written_as_their_values():
+    """``Verification.status``/``cause`` are ``Status``/``Cause`` members that compare equal to, format as and
+    serialize to the plain strings of the report (a plain string given is turned into the member)."""
+    from onnxfuse.verification.result import Cause, Status, Verification
+
+    v = Verification("skipped", "why", cause="time")
+    assert v.status is Status.SKIPPED and v.cause is Cause.TIME
+    assert v.status == "skipped" and f"verification: {v.status}" == "verification: skipped" and str(v.cause) == "time"
+    doc = json.loads(json.dumps(v.to_dict()))
+    assert doc["status"] == "skipped" and doc["cause"] == "time"
+    assert type(v.to_dict()["status"]) is str and type(v.to_dict()["cause"]) is str
+    assert Verification.unchanged().to_dict()["cause"] is None
+    with pytest.raises(ValueError):
+        Verification("maybe")
