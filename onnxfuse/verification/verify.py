@@ -11,6 +11,7 @@ onnxruntime runs and their time budget), :mod:`~onnxfuse.verification.compare` (
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from onnxfuse.errors import InputError
 from onnxfuse.ort import sessions as runtime
@@ -193,7 +194,7 @@ def _run_original(original: Model, spec: runtime.InputSpec, opts: VerifyOptions)
                       random_integers, input_note, second_ran)
 
 
-def _first_feeds(sess: object, spec: runtime.InputSpec, seeds: list[int], opts: VerifyOptions
+def _first_feeds(sess: Any, spec: runtime.InputSpec, seeds: list[int], opts: VerifyOptions
                  ) -> list[Feeds] | Verification:
     """One input set per seed (given, or random by :func:`onnxfuse.ort.sessions.make_inputs`), or the ``skipped``
     result when they cannot be made for the original's inputs.
