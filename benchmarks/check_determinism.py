@@ -3,7 +3,8 @@
 shared model, every sample model and the synthetic ResNets, for every target, once with each revision; prints one
 line per output and exits 1 when any output differs (or one revision fails where the other does not). With
 ``--reports`` the JSON, text and Markdown reports of each run are compared too (written beside the model, at the
-default 110-column width of the text report).
+default 110-column width of the text report); with ``--verify`` the command verifies and the reports hold its
+verdict and measured errors.
 
     python benchmarks/check_determinism.py --base main            # main against this working tree
     python benchmarks/check_determinism.py --base 1ca2625 --head HEAD --targets cpu+cuda cpu
@@ -45,10 +46,13 @@ def source_tree(rev: str, tmp: Path) -> Path:
 REPORT_SUFFIXES = (".json", ".txt", ".md")
 
 
-def run(src: Path, model: Path, target: str, out: Path, python: str, reports: bool = False) -> str:
+def run(src: Path, model: Path, target: str, out: Path, python: str, reports: bool = False,
+        verify: bool = False) -> str:
     """The SHA-256 of the written model (and, with ``reports``, of each report file, joined by ``/``), or the
-    command's exit status and last message line when it fails."""
-    argv = [python, "-m", "onnxfuse", "optimize", str(model), str(out), "--no-verify", "--target", target]
+    command's exit status and last message line when it fails. ``verify`` runs the default, verified command."""
+    argv = [python, "-m", "onnxfuse", "optimize", str(model), str(out), "--target", target]
+    if not verify:
+        argv.append("--no-verify")
     for shape in INPUT_SHAPES.get(model.stem, []):
         argv += ["--input-shape", shape]
     report_files = [out.with_suffix(suffix) for suffix in REPORT_SUFFIXES] if reports else []
@@ -75,6 +79,7 @@ def main() -> int:
     ap.add_argument("--workdir", default=None, help="where the synthetic ResNets are made and kept (default temporary)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--reports", action="store_true", help="compare the JSON, text and Markdown reports too")
+    ap.add_argument("--verify", action="store_true", help="run the verified command (its reports hold the verdict)")
     ap.add_argument("--no-synthetic", action="store_true", help="leave out the synthetic ResNets (minutes each)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="onnxfuse-determinism-") as tmp_name:
@@ -88,7 +93,7 @@ def main() -> int:
         differ = 0
         for model in models:
             for target in args.targets:
-                got = {rev: run(src, model, target, tmp / "out.onnx", args.python, args.reports)
+                got = {rev: run(src, model, target, tmp / "out.onnx", args.python, args.reports, args.verify)
                        for rev, src in trees.items()}
                 same = len(set(got.values())) == 1  # an error message counts: both must fail alike
                 differ += not same
