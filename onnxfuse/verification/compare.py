@@ -80,7 +80,7 @@ def accumulate(acc: Accumulator, ref: np.ndarray, got: np.ndarray, opts: VerifyO
             r, g = ref.astype(np.float64), got.astype(np.float64)
             acc.max_abs = max(acc.max_abs, float(np.max(np.abs(r - g))))
             acc.differing += diff
-            if opts.explicit_tolerance:  # --atol/--rtol apply to integers too (issue 26)
+            if opts.explicit_tolerance:  # --atol/--rtol apply to integers too
                 rtol, atol = opts.rtol or 0.0, opts.atol or 0.0
                 acc.elementwise_ok = acc.elementwise_ok and bool(np.all(np.isclose(g, r, rtol=rtol, atol=atol)))
                 acc.needed_atol = max(acc.needed_atol, float(np.max(np.abs(r - g) - rtol * np.abs(r))))
@@ -186,7 +186,7 @@ def finish(acc: Accumulator, opts: VerifyOptions) -> OutputDiff:
     compared = acc.compared if acc.finite or acc.nonfinite else 0
     rel = acc.max_abs / acc.scale if acc.scale else (0.0 if acc.max_abs == 0 else math.inf)
     if exact(acc.dtype):
-        # calibrated like floats (issue 26): as many elements as onnxruntime's own optimizations change, times
+        # calibrated like floats: as many elements as onnxruntime's own optimizations change, times
         # floor_multiple, each by at most what they change it by; equal when they change nothing
         if opts.explicit_tolerance:
             tolerance, passed = None, acc.elementwise_ok

@@ -22,10 +22,10 @@ The rule (default, "noise-floor"): for each floating-point output,
   *effective floor*) and its NaN/inf elements are at the same positions (same sign of inf) in both.
 
 The same rule runs on each slice along a non-batch axis whose scale is far below the output's, with floors of its
-own (:data:`SLICE_SCALE_GAP`), so that small values beside large ones are judged by their own noise (issue 20).
+own (:data:`SLICE_SCALE_GAP`), so that small values beside large ones are judged by their own noise.
 
 Integer and bool outputs must be equal, unless onnxruntime's own optimizations (or the weights moved by one ulp)
-change some of their elements too (integers from floats through a truncating Cast, issue 26): then at most
+change some of their elements too (integers from floats through a truncating Cast): then at most
 FLOOR_MULTIPLE x as many elements may differ, each by at most what those runs change. ``rtol``/``atol``
 (``--rtol``/``--atol``) replace the rule for every output by numpy.isclose's ``|candidate - original| <= atol +
 rtol * |original|`` (a missing one is 0). An output with nothing compared (empty, NaN everywhere) is "not
@@ -34,7 +34,7 @@ out the result is ``skipped`` with ``cause`` ``time``.
 
 Why max-abs against a measured floor: float32 noise of a correct fold is about 4e-7 of an output's scale on a
 50-conv ResNet, while wrong rewrites (a dropped bias, one channel scaled by 1.05) move it by 5e-5 to 5e-3 of its
-scale (issue 11); elementwise relative error judges outputs near zero by noise and cries wolf. An error that a
+scale; elementwise relative error judges outputs near zero by noise and cries wolf. An error that a
 fusion bug causes is local (one channel, one position), so the maximum, not an average, is what shows it.
 """
 
@@ -59,7 +59,7 @@ MIN_FLOOR_ULPS = 1.0
 #: of [N, boxes, 85]) whose scale (max |original| in it) is at most 1/SLICE_SCALE_GAP of the output's is checked
 #: against floors of its own, where the axis has at least 2 slices of at least MIN_GROUP_ELEMENTS elements. A
 #: slice of small scores beside one of values near 1e5 is then judged by its own scale and noise, not by the 1e5
-#: values' (issue 20). A slice's floors: onnxruntime's noise floor, the rounding floor and the min floor measured
+#: values'. A slice's floors: onnxruntime's noise floor, the rounding floor and the min floor measured
 #: on that slice alone, and the output's effective floor scaled by slice scale / output scale (onnxruntime's noise
 #: relative to the output's scale, applied to the slice's). Slices of a scale near the output's are left to the
 #: whole-output check (their maximum over fewer elements only estimates the same noise less well); there the
