@@ -13,7 +13,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import computed_from_constants, is_op, private_check, qdq_check, skip
-from onnxfuse.passes.base import Context, Match, Reason, Skip
+from onnxfuse.passes.base import Context, Match
+from onnxfuse.records import Reason, Skip
 
 
 @dataclass

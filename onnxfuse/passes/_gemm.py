@@ -16,7 +16,8 @@ import onnx_graphsurgeon as gs
 from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import is_op, private_check, skip
 from onnxfuse.passes._fold import FOLDABLE_DTYPES, CompactScale, compact_weight
-from onnxfuse.passes.base import Context, Match, Reason, Skip
+from onnxfuse.passes.base import Context, Match
+from onnxfuse.records import Reason, Skip
 
 
 @dataclass(frozen=True)

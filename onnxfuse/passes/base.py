@@ -1,5 +1,5 @@
-"""The pass contract: a read-only ``match`` that returns a :class:`Match`, a :class:`Skip` or None, and a
-``rewrite`` that only does numpy math and edge surgery.
+"""The pass contract: a read-only ``match`` that returns a :class:`Match`, a :class:`~onnxfuse.records.Skip` or
+None, and a ``rewrite`` that only does numpy math and edge surgery and returns a :class:`~onnxfuse.records.Fusion`.
 
 Every reason a pass declines a pattern it found is one of the :class:`Reason` codes below; reports and tests
 name them. A pass anchors on the *last* node of its chain (its producer chain is unique, its consumers are not).
@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import graph as g
 from onnxfuse.ort.providers import Target
-from onnxfuse.records import Reason
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 if TYPE_CHECKING:
     from onnxfuse.analysis.symbolic import SymbolicShapes
@@ -31,47 +31,6 @@ class Match:
     """
 
     nodes: list[gs.Node]
-
-
-@dataclass(frozen=True)
-class Skip:
-    """A pattern that was found but is not rewritten.
-
-    Attributes:
-        reason: why (a :class:`Reason`).
-        detail: one human sentence, naming the target or dtype where that is the cause.
-        nodes: ``(name, op_type, first output name)`` of the matched nodes, Conv first.
-        output: name of the tensor a fused node would have written.
-        pass_name: the pass that found the pattern (filled in by the pipeline).
-    """
-
-    reason: Reason
-    detail: str
-    nodes: tuple[tuple[str, str, str], ...]
-    output: str
-    pass_name: str = ""
-
-
-@dataclass(frozen=True)
-class Fusion:
-    """One applied rewrite, as the report shows it.
-
-    Attributes:
-        pass_name: the pass that made it.
-        node: name of the node that now computes the chain.
-        op: that node's op type after the rewrite (``Conv``, ``ConvTranspose``, ``FusedConv``, ``Gemm`` or
-            ``FusedGemm``).
-        replaced: ``(name, op_type, first output name)`` of every original node, Conv first.
-        activation: FusedConv/FusedGemm ``activation`` (None for folds and plain FusedConv).
-        output: name of the tensor the fused node writes.
-    """
-
-    pass_name: str
-    node: str
-    op: str
-    replaced: tuple[tuple[str, str, str], ...]
-    activation: str | None
-    output: str
 
 
 @dataclass
@@ -145,6 +104,9 @@ class Pass(Generic[M]):
 
     Attributes:
         name: the name ``--only``/``--skip`` and the report use.
+        kind: what its rewrites do (:class:`~onnxfuse.records.RewriteKind`; each :class:`Fusion` it returns carries
+            it). ``canonicalize`` passes must be in ``onnxfuse.passes.CANONICALIZE`` and
+            ``records.CANONICALIZE_NAMES``, the others in ``DEFAULT_PASSES``.
         summary: one line for ``onnxfuse passes``.
         reasons: every :class:`Reason` its ``match`` can return in a Skip (each has a test named after it in
             ``tests/passes/test_<name>.py``).
@@ -153,6 +115,7 @@ class Pass(Generic[M]):
     """
 
     name: str = ""
+    kind: RewriteKind
     summary: str = ""
     reasons: tuple[Reason, ...] = ()
     anchors: tuple[str, ...] = ()

@@ -62,7 +62,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import ONNX_DOMAINS, replaced, skip
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 #: A fold may make the model at most this much larger than the constant inputs it reads (bytes, 1 MiB). It is also
 #: the memory budget of a fold: a node is run only when its outputs, sized before it runs (``predicted_outputs``),
@@ -374,6 +375,7 @@ class ConstantFold(Pass[FoldMatch]):
     """Node with constant inputs => the constant it computes (onnxruntime evaluates it)."""
 
     name = "constant_fold"
+    kind = RewriteKind.CANONICALIZE
     summary = "replace nodes whose inputs are all constants by their values (computed by onnxruntime)"
     reasons = (Reason.INITIALIZER_IS_INPUT, Reason.RANDOM_OP, Reason.QDQ_NODE, Reason.GRAPH_OUTPUT,
                Reason.FOLD_GROWS, Reason.FOLD_SIZE_UNKNOWN, Reason.DTYPE_NOT_FOLDABLE, Reason.EVALUATION_FAILED)
@@ -469,4 +471,5 @@ class ConstantFold(Pass[FoldMatch]):
         original = replaced(match.nodes)
         ctx.materialize_bytes -= match.growth
         g.fold_to_constants(ctx.order, node, match.values)
-        return Fusion(self.name, "", "", original, None, original[0][2])  # node and op: nothing computes it now
+        # node and op "": nothing computes it now
+        return Fusion(self.name, "", "", original, None, original[0][2], self.kind)

@@ -53,7 +53,8 @@ from onnxfuse.passes._fold import (
     set_compact_scale,
     set_weights,
 )
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 def per_channel(c: np.ndarray, rank: int, m: int) -> np.ndarray | None:
@@ -72,6 +73,7 @@ class ConvAffine(Pass[FoldMatch]):
     """Conv/ConvTranspose -> Add/Sub/Mul/Div by a per-channel constant => Conv/ConvTranspose."""
 
     name = "conv_affine"
+    kind = RewriteKind.FOLD
     summary = "fold Add/Sub (bias) and Mul/Div (scale) by per-channel constants into the preceding Conv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.NOT_PER_CHANNEL, Reason.CONV_IS_DIVISOR, Reason.ZERO_DIVISOR, Reason.DTYPE_NOT_FOLDABLE,
@@ -177,4 +179,4 @@ class ConvAffine(Pass[FoldMatch]):
         g.replace_chain(ctx.order, conv, op_node, [op_node])
         if match.scale is not None:
             set_compact_scale(conv, ctx, match.scale, slot)
-        return describe(self.name, conv, original)
+        return describe(self, conv, original)

@@ -52,13 +52,15 @@ from onnxfuse.passes._fold import (
     set_compact_scale,
     set_weights,
 )
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 class ConvBatchNorm(Pass[FoldMatch]):
     """Conv/ConvTranspose -> BatchNormalization => Conv/ConvTranspose with folded weights."""
 
     name = "conv_batchnorm"
+    kind = RewriteKind.FOLD
     summary = "fold BatchNormalization (inference mode) into the preceding Conv or ConvTranspose"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
@@ -101,4 +103,4 @@ class ConvBatchNorm(Pass[FoldMatch]):
         g.replace_chain(ctx.order, conv, bn, [bn])
         if match.scale is not None:
             set_compact_scale(conv, ctx, match.scale, slot)
-        return describe(self.name, conv, original)
+        return describe(self, conv, original)

@@ -15,7 +15,8 @@ import onnx_graphsurgeon as gs
 from onnxfuse.ir import graph as g
 from onnxfuse.ort.providers import form_name, release_text
 from onnxfuse.passes._checks import is_op, skip
-from onnxfuse.passes.base import Context, Match, Reason, Skip
+from onnxfuse.passes.base import Context, Match
+from onnxfuse.records import Reason, Skip
 
 #: ``numpy.finfo(float32)`` bounds: what onnxruntime's CPU kernel uses for a missing Clip bound.
 FLOAT32_LOWEST = float(np.finfo(np.float32).min)

@@ -35,7 +35,8 @@ from onnxfuse.ir import graph as g
 from onnxfuse.ort.providers import FUSED_GEMM_ACTIVATIONS, gemm_form_name, release_text
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._gemm import gemm_qdq_check
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 #: Activations matched: those some target can fuse, plus those worth naming when refused.
 MATCHED = (*FUSED_GEMM_ACTIVATIONS, "Clip", "HardSwish")
@@ -53,6 +54,7 @@ class GemmActivation(Pass[GemmActivationMatch]):
     """Gemm -> activation => FusedGemm(activation)."""
 
     name = "gemm_activation"
+    kind = RewriteKind.FUSE
     summary = "fuse Gemm + Relu/Tanh/Sigmoid/LeakyRelu/HardSigmoid/Elu/Selu/... into FusedGemm (target cpu)"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.ACTIVATION_UNSUPPORTED,
                Reason.DTYPE_NO_FUSED_GEMM, Reason.QDQ, Reason.NEEDS_NEWER_ORT)
@@ -105,4 +107,4 @@ class GemmActivation(Pass[GemmActivationMatch]):
         gemm.attrs["activation"] = match.activation
         gemm.attrs.update(match.params)
         g.replace_chain(ctx.order, gemm, act, [act])
-        return describe(self.name, gemm, original, match.activation)
+        return describe(self, gemm, original, match.activation)

@@ -49,13 +49,15 @@ from onnxfuse.passes._gemm import (
     scale_out_features,
     set_gemm_weights,
 )
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 class GemmAffine(Pass[GemmFoldMatch]):
     """Gemm -> Add/Sub/Mul/Div by a per-feature constant => Gemm with folded B and C."""
 
     name = "gemm_affine"
+    kind = RewriteKind.FOLD
     summary = "fold Add/Sub (bias) and Mul/Div (scale) by per-feature constants into the preceding Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.NOT_PER_FEATURE, Reason.GEMM_IS_DIVISOR, Reason.ZERO_DIVISOR, Reason.PARAM_SHAPE,
@@ -139,4 +141,4 @@ class GemmAffine(Pass[GemmFoldMatch]):
         g.replace_chain(ctx.order, gemm, op_node, [op_node])
         if match.scale is not None:
             set_compact_scale(gemm, ctx, match.scale, slot)
-        return describe(self.name, gemm, original)
+        return describe(self, gemm, original)

@@ -56,13 +56,15 @@ from onnxfuse.passes._gemm import (
     scale_out_features,
     set_gemm_weights,
 )
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 class GemmBatchNorm(Pass[GemmFoldMatch]):
     """Gemm -> BatchNormalization => Gemm with folded B and C."""
 
     name = "gemm_batchnorm"
+    kind = RewriteKind.FOLD
     summary = "fold BatchNormalization (inference mode) into the preceding Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
@@ -105,4 +107,4 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
         g.replace_chain(ctx.order, gemm, bn, [bn])
         if match.scale is not None:
             set_compact_scale(gemm, ctx, match.scale, slot)
-        return describe(self.name, gemm, original)
+        return describe(self, gemm, original)

@@ -39,7 +39,8 @@ from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._fold import FOLDABLE_DTYPES
 from onnxfuse.passes._gemm import gemm_qdq_check
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 @dataclass
@@ -53,6 +54,7 @@ class MatMulAdd(Pass[MatMulAddMatch]):
     """MatMul(X, W) -> Add(b) => Gemm(X, W, b)."""
 
     name = "matmul_add"
+    kind = RewriteKind.FUSE
     summary = "turn a 2-D MatMul by a constant matrix + bias Add into Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.MATMUL_NOT_2D, Reason.WEIGHTS_NOT_CONSTANT,
                Reason.INITIALIZER_IS_INPUT, Reason.NOT_PER_FEATURE, Reason.DTYPE_NOT_FOLDABLE, Reason.QDQ,
@@ -111,7 +113,7 @@ class MatMulAdd(Pass[MatMulAddMatch]):
         mm.op = "Gemm"
         mm.inputs.append(match.bias)
         g.replace_chain(ctx.order, mm, add, [add])
-        return describe(self.name, mm, original)
+        return describe(self, mm, original)
 
 
 def _run_time_bias(mm: gs.Node, b: gs.Tensor, ctx: Context) -> bool:

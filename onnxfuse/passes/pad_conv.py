@@ -35,7 +35,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import is_op, private_check, replaced, skip
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 @dataclass
@@ -53,6 +54,7 @@ class PadConv(Pass[PadConvMatch]):
     """Pad(constant 0, spatial axes) -> Conv => Conv with larger pads."""
 
     name = "pad_conv"
+    kind = RewriteKind.CANONICALIZE
     summary = "fold a zero constant-mode Pad of the spatial axes into the Conv's pads"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.PAD_MODE, Reason.PARAMS_NOT_CONSTANT,
                Reason.PAD_VALUE, Reason.PAD_NEGATIVE, Reason.PAD_AXES, Reason.PAD_AXES_INVALID, Reason.AUTO_PAD)
@@ -150,4 +152,4 @@ class PadConv(Pass[PadConvMatch]):
         original = replaced(match.nodes)
         conv.attrs["pads"] = match.pads
         g.bypass(ctx.order, pad, pad.inputs[0])
-        return Fusion(self.name, conv.name, conv.op, original, None, conv.outputs[0].name)
+        return Fusion(self.name, conv.name, conv.op, original, None, conv.outputs[0].name, self.kind)

@@ -41,7 +41,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import is_op, replaced, skip
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 @dataclass
@@ -75,6 +76,7 @@ class RemoveRedundant(Pass[BypassMatch]):
     """Identity / inference Dropout / Cast to the same dtype / cancelling Transpose pair => nothing."""
 
     name = "remove_redundant"
+    kind = RewriteKind.CANONICALIZE
     summary = ("remove Identity, inference Dropout, Cast to the same dtype and Transposes that cancel; compose "
                "Transpose pairs")
     reasons = (Reason.GRAPH_OUTPUT, Reason.DROPOUT_TRAINING, Reason.DROPOUT_MASK)
@@ -140,12 +142,13 @@ class RemoveRedundant(Pass[BypassMatch]):
         if match.perm is not None:
             node.attrs["perm"] = list(match.perm)
             g.replace_input(ctx.order, node, 0, match.source, match.removed)
-            return Fusion(self.name, node.name, node.op, original, None, original[-1][2])
+            return Fusion(self.name, node.name, node.op, original, None, original[-1][2], self.kind)
         out = node.outputs[0]
         g.bypass(ctx.order, node, match.source, match.removed)
         if match.takes_output:
             g.take_over_output(ctx.graph, out, match.source)
-        return Fusion(self.name, "", "", original, None, original[-1][2])  # node and op: nothing computes it now
+        # node and op "": nothing computes it now
+        return Fusion(self.name, "", "", original, None, original[-1][2], self.kind)
 
 
 def _bypass(nodes: list[gs.Node], source: gs.Tensor, removed: list[gs.Node], ctx: Context) -> BypassMatch | Skip:

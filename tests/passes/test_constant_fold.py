@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxfuse import pipeline
-from onnxfuse.passes import Reason
 from onnxfuse.passes.constant_fold import FOLD_GROWTH_LIMIT_BYTES
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, compact_weight, skip_of, subgraph, tensor
 from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, attr, op_counts, run
 

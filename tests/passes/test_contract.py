@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from onnxfuse.passes import ALL_PASSES, Reason
+from onnxfuse.passes import ALL_PASSES, CANONICALIZE, DEFAULT_PASSES
 from onnxfuse.passes.base import Match, Pass
+from onnxfuse.records import CANONICALIZE_NAMES, Reason, RewriteKind
 
 HERE = Path(__file__).parent
 
@@ -36,6 +37,17 @@ def test_pass_has_name_summary_and_a_docstring_with_skips(p: Pass):
     assert "Before => after" in doc or "before => after" in doc.lower()
     for r in p.reasons:
         assert r.value in doc, f"{p.name}'s module docstring does not list {r.value} under 'Skipped when'"
+
+
+def test_each_pass_declares_its_kind_and_the_canonicalize_stage_is_the_canonicalize_kind():
+    # the driver stages passes by kind and the report tells canonicalizations apart by records.CANONICALIZE_NAMES
+    # (it imports no pass): all three must name the same passes
+    assert all(isinstance(p.kind, RewriteKind) for p in ALL_PASSES)
+    assert [p for p in ALL_PASSES if p.kind is RewriteKind.CANONICALIZE] == list(CANONICALIZE)
+    assert {p.name for p in CANONICALIZE} == CANONICALIZE_NAMES
+    assert RewriteKind.CANONICALIZE not in {p.kind for p in DEFAULT_PASSES}
+    assert {p.name for p in ALL_PASSES if p.kind is RewriteKind.FOLD} == {
+        "conv_batchnorm", "conv_affine", "gemm_batchnorm", "gemm_affine", "batchnorm_gemm"}
 
 
 def test_reason_is_its_code_in_text_and_json():

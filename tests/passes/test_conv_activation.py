@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, compact_weight, skip_of, subgraph
 from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, attr, fused_nodes, op_counts
 from tests.conftest import assert_skipped as check_skipped

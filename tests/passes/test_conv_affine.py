@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, compact_weight, tensor, with_output_shapes
 from tests.conftest import ATOL, RTOL, assert_same_outputs, op_counts
 from tests.conftest import assert_skipped as check_skipped
@@ -269,8 +269,8 @@ def test_full_shape_graph_input_is_a_residual_not_a_parameter(fuse):
 def test_pipeline_shows_the_reason_of_the_pass_nearest_to_fusing():
     # per conv: a value that is not constant (the pass would fuse once it is) beats a longer chain refused for
     # its shape or speed; otherwise the longest chain, then the earlier pass
-    from onnxfuse.passes.base import Skip
-    from onnxfuse.pipeline import _longest_per_conv
+    from onnxfuse.passes.driver import longest_per_conv
+    from onnxfuse.records import Skip
 
     conv = ("conv", "Conv", "y")
     weights = Skip(Reason.WEIGHTS_NOT_CONSTANT, "", (conv, ("a", "Add", "a_out")), "a_out", PASS)
@@ -278,10 +278,10 @@ def test_pipeline_shows_the_reason_of_the_pass_nearest_to_fusing():
                  "conv_residual")
     slower = Skip(Reason.SLOWER_AT_ORT_LEVEL, "", shape.nodes, "r_out", "conv_residual")
     short = Skip(Reason.NOT_PRIVATE, "", weights.nodes, "a_out", PASS)
-    assert _longest_per_conv([shape, weights]) == [weights]
-    assert _longest_per_conv([slower, weights]) == [weights]
-    assert _longest_per_conv([short, shape]) == [shape]
-    assert _longest_per_conv([short, Skip(Reason.QDQ, "", weights.nodes, "a_out", "conv_unfused")]) == [short]
+    assert longest_per_conv([shape, weights]) == [weights]
+    assert longest_per_conv([slower, weights]) == [weights]
+    assert longest_per_conv([short, shape]) == [shape]
+    assert longest_per_conv([short, Skip(Reason.QDQ, "", weights.nodes, "a_out", "conv_unfused")]) == [short]
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, compact_weight, skip_of, subgraph, tensor, with_output_shapes
 from tests.conftest import ATOL, RTOL, analyse_unchecked, assert_if_branches_match, assert_same_outputs, attr, op_counts
 from tests.conftest import assert_skipped as check_skipped

@@ -7,7 +7,7 @@ ORT_DISABLE_ALL (conftest.assert_same_outputs) with rtol=1e-4, atol=1e-5 (confte
 import numpy as np
 import pytest
 
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder
 from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, fused_nodes, op_counts
 from tests.conftest import assert_skipped as check_skipped

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder
 from tests.conftest import ATOL, RTOL, assert_same_outputs, op_counts, run
 from tests.conftest import assert_skipped as check_skipped

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxfuse import pipeline
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, skip_of, with_output_shapes
 from tests.conftest import ATOL, RTOL, analyse_unchecked, assert_same_outputs, attr, op_counts
 

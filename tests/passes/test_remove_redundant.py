@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, skip_of, subgraph
 from tests.conftest import ATOL, RTOL, assert_if_branches_match, assert_same_outputs, op_counts, run
 
