@@ -18,8 +18,9 @@ from onnxfuse.records import Reason, Skip
 
 
 @dataclass
-class FoldMatch(Match):
-    """A fold of the node after a Conv/ConvTranspose into its weights.
+class ConvFoldMatch(Match):
+    """A fold of the node after a Conv/ConvTranspose (BatchNormalization, Mul/Add/Sub/Div by a constant) into the
+    conv's weights.
 
     Attributes:
         weight: W', the conv weight's shape, in float64 or already in ``dtype``; None keeps W.

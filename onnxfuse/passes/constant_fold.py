@@ -90,8 +90,9 @@ NON_TENSOR_OPS = ("Optional", "SequenceConstruct", "SequenceEmpty", "SequenceIns
 
 
 @dataclass
-class FoldMatch(Match):
-    """A node to replace by its outputs' values (one array per output; None for an unnamed output)."""
+class ConstantFoldMatch(Match):
+    """A node computed from constants only, to replace by its outputs' values (one array per output; None for an
+    unnamed output)."""
 
     values: list[np.ndarray | None] = field(default_factory=list)
     growth: int = 0  # bytes of Context.materialize_bytes this fold spends (a weight materialized past the limits)
@@ -276,15 +277,15 @@ def static_shape_value(node: gs.Node, ctx: Context) -> np.ndarray | None:
 
 
 def _fold_static_shape(node: gs.Node, ctx: Context) -> Match | Skip | None:
-    """A :class:`FoldMatch` for a ``Shape``/``Size`` of a run-time tensor whose read dims are static, a Skip when
-    its output is a graph output, None when a dim is not static (the node stays)."""
+    """A :class:`ConstantFoldMatch` for a ``Shape``/``Size`` of a run-time tensor whose read dims are static, a Skip
+    when its output is a graph output, None when a dim is not static (the node stays)."""
     value = static_shape_value(node, ctx)
     if value is None:
         return None
     nodes, out = [node], node.outputs[0]
     if g.is_graph_output(out, ctx.graph):
         return skip(Reason.GRAPH_OUTPUT, f"{out.name} is a graph output", nodes, out)
-    return FoldMatch(nodes, values=[value])
+    return ConstantFoldMatch(nodes, values=[value])
 
 
 #: Constants of at most this many elements keep their values in the graph that :func:`refresh_shapes` infers on
@@ -371,7 +372,7 @@ def _weight_only(node: gs.Node, graph: gs.Graph, depth: int = 8) -> bool:
     return True
 
 
-class ConstantFold(Pass[FoldMatch]):
+class ConstantFold(Pass[ConstantFoldMatch]):
     """Node with constant inputs => the constant it computes (onnxruntime evaluates it)."""
 
     name = "constant_fold"
@@ -440,7 +441,7 @@ class ConstantFold(Pass[FoldMatch]):
         if grows:
             return grows
         over = out_bytes > freed + SHARED_COPY_LIMIT_BYTES or out_bytes > in_bytes + FOLD_GROWTH_LIMIT_BYTES
-        return FoldMatch(nodes, values=results, growth=out_bytes - freed if over else 0)
+        return ConstantFoldMatch(nodes, values=results, growth=out_bytes - freed if over else 0)
 
     @staticmethod
     def _grows(out_bytes: int | None, in_bytes: int, freed: int, nodes: list[gs.Node], out: gs.Tensor,
@@ -466,7 +467,7 @@ class ConstantFold(Pass[FoldMatch]):
                         "floats)", nodes, out)
         return None
 
-    def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
+    def rewrite(self, match: ConstantFoldMatch, ctx: Context) -> Fusion:
         node = match.nodes[0]
         original = replaced(match.nodes)
         ctx.materialize_bytes -= match.growth

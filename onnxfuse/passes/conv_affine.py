@@ -44,7 +44,7 @@ from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced, skip
 from onnxfuse.passes._fold import (
     CompactWeight,
-    FoldMatch,
+    ConvFoldMatch,
     compact_scale,
     fold_fits,
     fold_inputs,
@@ -69,7 +69,7 @@ def per_channel(c: np.ndarray, rank: int, m: int) -> np.ndarray | None:
     return np.broadcast_to(c.astype(np.float64).reshape(aligned[1]), (m,)).copy()
 
 
-class ConvAffine(Pass[FoldMatch]):
+class ConvAffine(Pass[ConvFoldMatch]):
     """Conv/ConvTranspose -> Add/Sub/Mul/Div by a per-channel constant => Conv/ConvTranspose."""
 
     name = "conv_affine"
@@ -80,7 +80,7 @@ class ConvAffine(Pass[FoldMatch]):
                Reason.FOLD_NOT_FINITE, Reason.QDQ)
     anchors = ("Add", "Sub", "Mul", "Div")
 
-    def match(self, node: gs.Node, ctx: Context) -> FoldMatch | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> ConvFoldMatch | Skip | None:
         if not is_op(node, *self.anchors) or len(node.inputs) != 2:
             return None
         for side in (0, 1):
@@ -118,11 +118,11 @@ class ConvAffine(Pass[FoldMatch]):
                 return self._compact(conv, node.op, side == 0, w, b, vec, ctx, nodes, out)
             new_w, new_b = self._fold(conv, node.op, side == 0, w, b, vec)
             bad = fold_fits(w.dtype, new_w, new_b, nodes, out)
-            return bad or FoldMatch(nodes, new_w, new_b, w.dtype)
+            return bad or ConvFoldMatch(nodes, new_w, new_b, w.dtype)
         return None
 
     def _compact(self, conv: gs.Node, op: str, conv_first: bool, w: CompactWeight, b: np.ndarray | None,
-                 c: np.ndarray, ctx: Context, nodes: list[gs.Node], out: gs.Tensor) -> FoldMatch | Skip:
+                 c: np.ndarray, ctx: Context, nodes: list[gs.Node], out: gs.Tensor) -> ConvFoldMatch | Skip:
         """The fold for a weight computed from compact constants: W's factor per output channel (1 for Add and
         Sub(conv, c): bias only, W untouched; -1, c, 1/c otherwise) goes into its computation
         (``_fold.compact_scale``), B' is computed as for constant weights."""
@@ -142,7 +142,7 @@ class ConvAffine(Pass[FoldMatch]):
             if bad:
                 return bad
         bad = fold_fits(w.dtype, None, new_b, nodes, out)
-        return bad or FoldMatch(nodes, None, new_b, w.dtype, compact)
+        return bad or ConvFoldMatch(nodes, None, new_b, w.dtype, compact)
 
     @staticmethod
     def _per_channel_input(conv: gs.Node, c: gs.Tensor, ctx: Context) -> bool:
@@ -171,7 +171,7 @@ class ConvAffine(Pass[FoldMatch]):
                 return scale_output_channels(conv, w, c), (None if b is None else b64 * c)
             return scale_output_channels(conv, w, 1.0 / c), (None if b is None else b64 / c)  # Div(conv, c)
 
-    def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
+    def rewrite(self, match: ConvFoldMatch, ctx: Context) -> Fusion:
         conv, op_node = match.nodes
         original = replaced(match.nodes)
         slot = ctx.order.slot(conv)

@@ -41,7 +41,7 @@ from onnxfuse.ir import graph as g
 from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced
 from onnxfuse.passes._fold import (
     CompactWeight,
-    FoldMatch,
+    ConvFoldMatch,
     batchnorm_mode_check,
     batchnorm_scale_shift,
     compact_scale,
@@ -56,7 +56,7 @@ from onnxfuse.passes.base import Context, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
-class ConvBatchNorm(Pass[FoldMatch]):
+class ConvBatchNorm(Pass[ConvFoldMatch]):
     """Conv/ConvTranspose -> BatchNormalization => Conv/ConvTranspose with folded weights."""
 
     name = "conv_batchnorm"
@@ -67,7 +67,7 @@ class ConvBatchNorm(Pass[FoldMatch]):
                Reason.FOLD_NOT_FINITE, Reason.QDQ, Reason.BN_SPATIAL)
     anchors = ("BatchNormalization",)
 
-    def match(self, node: gs.Node, ctx: Context) -> FoldMatch | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> ConvFoldMatch | Skip | None:
         if not is_op(node, *self.anchors):
             return None
         conv = g.producer(node.inputs[0])
@@ -93,9 +93,9 @@ class ConvBatchNorm(Pass[FoldMatch]):
             b64 = np.zeros_like(s) if b is None else b.astype(np.float64).reshape(-1)
             new_b = b64 * s + t
         bad = fold_fits(w.dtype, None, new_b, nodes, out)
-        return bad or FoldMatch(nodes, new_w, new_b, w.dtype, compact)
+        return bad or ConvFoldMatch(nodes, new_w, new_b, w.dtype, compact)
 
-    def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
+    def rewrite(self, match: ConvFoldMatch, ctx: Context) -> Fusion:
         conv, bn = match.nodes
         original = replaced(match.nodes)
         slot = ctx.order.slot(conv)
