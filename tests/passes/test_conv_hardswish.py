@@ -102,23 +102,6 @@ def test_wrong_constant_is_not_matched(fuse, form):
     assert not [s for s in result.skips if s.pass_name == PASS]  # not a refusal: the pattern is absent
 
 
-def test_after_bn_and_residual_add_becomes_one_fused_conv(fuse):
-    # Conv -> BN -> Add(z) -> HardSwish(written out): BN folds, the Add becomes Z, HardSwish the activation.
-    # The Z-only FusedConv in between is a form onnxfuse does not emit at ORT_ENABLE_ALL (providers.CPU_SLOWER_AT),
-    # so this chain is fused for sessions at a lower level.
-    b = GraphBuilder()
-    x, z = b.input("x", [1, 3, 6, 6]), b.input("z", [1, 4, 6, 6])
-    y = b.op("Add", [b.bn(b.conv(x, 3, 4), 4), z])
-    k = b.const(np.float32(3.0)), b.const(np.float32(0.0)), b.const(np.float32(6.0))
-    model = b.build(b.op("Div", [b.op("Mul", [y, b.op("Clip", [b.op("Add", [y, k[0]]), k[1], k[2]])]), k[2]]))
-    result = fuse(model, target="cpu", ort_level="extended")
-    assert op_counts(result.model) == {"FusedConv": 1}
-    (node,) = fused_nodes(result.model)
-    assert attr(node, "activation") == b"HardSwish" and node.input[3] == "z"
-    assert [f.pass_name for f in result.fusions] == ["conv_batchnorm", "conv_residual", PASS]
-    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Skips: one per reason the pass gives
 

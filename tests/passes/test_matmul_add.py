@@ -91,19 +91,6 @@ def test_float16(fuse):
     assert_same_outputs(model, result.model, rtol=FP16_TOL, atol=FP16_TOL)
 
 
-def test_mlp_matmul_add_relu_matmul_add_on_cpu(fuse):
-    b = GraphBuilder()
-    y = b.input("x", [M, K])
-    for k, n in ((K, 8), (8, N)):
-        y = b.op("Add", [b.op("MatMul", [y, b.const(b.rand(k, n))]), b.const(b.rand(n))])
-        if n == 8:
-            y = b.op("Relu", [y])
-    model = b.build(y)
-    result = fuse(model, target="cpu")
-    assert op_counts(result.model) == {"FusedGemm": 1, "Gemm": 1}
-    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
-
-
 def test_residual_add_is_left_alone(fuse):
     b = GraphBuilder()
     x = b.input("x", [M, K])
