@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import graph as g
@@ -14,8 +16,8 @@ CONV_OPS = ("Conv", "ConvTranspose")
 ONNX_DOMAINS = ("", "ai.onnx", None)  # graphsurgeon reports the default domain as None
 
 
-def is_op(node: gs.Node | None, *ops: str) -> bool:
-    """True when ``node`` is one of the default-domain ``ops``."""
+def is_op(node: gs.Node | None, *ops: str) -> TypeGuard[gs.Node]:
+    """True when ``node`` is one of the default-domain ``ops`` (so, for type checkers, not None)."""
     return node is not None and node.op in ops and node.domain in ONNX_DOMAINS
 
 

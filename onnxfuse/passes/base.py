@@ -42,10 +42,11 @@ class Context:
         overridable: initializer names that are graph inputs and therefore not constants.
         shapes: tensor name -> (shape tuple of int | str | None, numpy dtype | None), from onnx shape inference
             on the unfused model with its own (possibly symbolic) input shapes.
-        graph: the (sub)graph being optimized.
-        namer: fresh names for new initializers.
+        namer: fresh names for new initializers and nodes, unique in the whole model.
+        graph: the (sub)graph being optimized (set by ``driver.run_passes`` for each graph in turn).
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
-        order: the node slots of ``graph`` that rewrites edit (see ``graph.NodeOrder``).
+        order: the node slots of ``graph`` that rewrites edit (see ``graph.NodeOrder``; set with ``graph``; a
+            rewrite reads it as :attr:`edit_order`).
         symbolic: the model's own symbolic shapes (``onnxfuse.analysis.symbolic.SymbolicShapes``: every dim a sympy
             expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed.
         materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
@@ -56,8 +57,8 @@ class Context:
     target: Target
     overridable: frozenset[str]
     shapes: dict[str, tuple[tuple | None, np.dtype | None]]
+    namer: g.Namer
     graph: gs.Graph | None = None
-    namer: g.Namer | None = None
     members: set[int] = field(default_factory=set)
     order: g.NodeOrder | None = None
     symbolic: SymbolicShapes | None = None
@@ -75,6 +76,28 @@ class Context:
         if isinstance(tensor, gs.Constant) and tensor.name in self.overridable:
             return None, Reason.INITIALIZER_IS_INPUT
         return None, Reason.PARAMS_NOT_CONSTANT
+
+    @property
+    def opset(self) -> int:
+        """The default-domain opset of :attr:`graph` (``gs.Graph.opset``).
+
+        Raises:
+            RuntimeError: no graph was set (``driver.run_passes`` sets it).
+        """
+        if self.graph is None:
+            raise RuntimeError("Context.graph is not set: passes run inside onnxfuse.passes.driver.run_passes")
+        return int(self.graph.opset)
+
+    @property
+    def edit_order(self) -> g.NodeOrder:
+        """:attr:`order`, which a rewrite edits.
+
+        Raises:
+            RuntimeError: no order was set (a rewrite called outside ``driver.run_passes``, which sets it).
+        """
+        if self.order is None:
+            raise RuntimeError("Context.order is not set: rewrites run inside onnxfuse.passes.driver.run_passes")
+        return self.order
 
     def dtype(self, tensor: gs.Tensor) -> np.dtype | None:
         """numpy dtype of ``tensor``, or None when no one knows it (bfloat16 and float8 are None too)."""

@@ -163,5 +163,5 @@ class BatchNormGemm(Pass[GemmFoldMatch]):
         original = replaced([bn, gemm])  # a Flatten/Reshape stays in the graph: it is not part of the fused node
         (between[0] if between else gemm).inputs[0] = bn.inputs[0]
         set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
-        g.replace_chain(ctx.order, gemm, gemm, [bn])
+        g.replace_chain(ctx.edit_order, gemm, gemm, [bn])
         return describe(self, gemm, original)

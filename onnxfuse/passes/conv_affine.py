@@ -98,9 +98,9 @@ class ConvAffine(Pass[ConvFoldMatch]):
                 if bad is not None and bad.reason in (Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT):
                     return bad
                 continue
-            if c is None:
-                return skip(why, f"{c_tensor.name} is an initializer listed as a graph input (overridable)",
-                            nodes, out)
+            if c is None:  # why is INITIALIZER_IS_INPUT: any other reason continued above
+                return skip(Reason.INITIALIZER_IS_INPUT,
+                            f"{c_tensor.name} is an initializer listed as a graph input (overridable)", nodes, out)
             if node.op == "Div" and side == 1:
                 return skip(Reason.CONV_IS_DIVISOR, f"{c_tensor.name} / conv output is not linear", nodes, out)
             w, b, bad = fold_inputs(conv, node, ctx, nodes, out)
@@ -174,9 +174,9 @@ class ConvAffine(Pass[ConvFoldMatch]):
     def rewrite(self, match: ConvFoldMatch, ctx: Context) -> Fusion:
         conv, op_node = match.nodes
         original = replaced(match.nodes)
-        slot = ctx.order.slot(conv)
+        slot = ctx.edit_order.slot(conv)
         set_weights(conv, ctx, match.weight, match.bias, match.dtype)
-        g.replace_chain(ctx.order, conv, op_node, [op_node])
+        g.replace_chain(ctx.edit_order, conv, op_node, [op_node])
         if match.scale is not None:
             set_compact_scale(conv, ctx, match.scale, slot)
         return describe(self, conv, original)

@@ -98,9 +98,9 @@ class ConvBatchNorm(Pass[ConvFoldMatch]):
     def rewrite(self, match: ConvFoldMatch, ctx: Context) -> Fusion:
         conv, bn = match.nodes
         original = replaced(match.nodes)
-        slot = ctx.order.slot(conv)
+        slot = ctx.edit_order.slot(conv)
         set_weights(conv, ctx, match.weight, match.bias, match.dtype)
-        g.replace_chain(ctx.order, conv, bn, [bn])
+        g.replace_chain(ctx.edit_order, conv, bn, [bn])
         if match.scale is not None:
             set_compact_scale(conv, ctx, match.scale, slot)
         return describe(self, conv, original)

@@ -50,7 +50,9 @@ from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 def _relu6_plus3(ctx: Context, t: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node]] | None:
     """``(x, [Add, Clip])`` when ``t = Clip(Add(x, 3), 0, 6)``."""
     clip = g.producer(t)
-    bounds = clip_bounds(ctx, clip) if is_op(clip, "Clip") else None
+    if not is_op(clip, "Clip"):
+        return None
+    bounds = clip_bounds(ctx, clip)
     if bounds is None:
         return None
     lo, hi = bounds

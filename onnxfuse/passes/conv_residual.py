@@ -161,6 +161,7 @@ class ConvResidual(Pass[FusedConvMatch]):
         bad = _target_check(ctx, conv, act.op if act is not None else None, nodes, out)
         if bad:
             return bad
+        assert params is not None  # None only with an activation, which returned above
         return FusedConvMatch(nodes, act.op if act is not None else None, params, z)
 
     @staticmethod

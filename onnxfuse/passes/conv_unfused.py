@@ -182,7 +182,7 @@ class ConvUnfused(Pass[ChainMatch]):
     reasons = (Reason.NO_FUSEDCONV_FORM, Reason.CONSTANT_NOT_FOLDED, Reason.CHAIN_BROKEN, Reason.QDQ)
     anchors = (*CONV_OPS, "Gemm", "MatMul")
 
-    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> ChainMatch | Skip | None:
         if not is_op(node, *self.anchors) or not node.outputs:
             return None
         quantized = self._quantized(node)
@@ -191,9 +191,9 @@ class ConvUnfused(Pass[ChainMatch]):
         y = node.outputs[0]
         chain = unary_chain(node, ctx) if node.op == "Conv" else None
         kind = chain_kind(chain) if chain and len(chain) > 1 else None
-        if kind in ("erf", "tanh"):
-            chain = _with_half(chain, ctx)
-        if kind is not None:
+        if chain and kind is not None:
+            if kind in ("erf", "tanh"):
+                chain = _with_half(chain, ctx)
             return skip(Reason.NO_FUSEDCONV_FORM, f"FusedConv has no form for {CHAIN_NAMES[kind]}, written out as "
                         f"{len(chain)} nodes; {onnxruntime_makes(kind, chain, y, ctx)}", [node, *chain],
                         chain[-1].outputs[0])

@@ -94,7 +94,7 @@ class GemmActivation(Pass[GemmActivationMatch]):
             return skip(Reason.ACTIVATION_UNSUPPORTED, f"activation {activation} is not supported by FusedGemm on "
                         f"target {target.name}", nodes, out)
         needed = target.needs_newer(gemm_form_name(activation))
-        if needed is not None:
+        if needed is not None and target.ort_version is not None:  # needs_newer is None without an ort_version
             return skip(Reason.NEEDS_NEWER_ORT, f"{gemm_form_name(activation)} needs onnxruntime "
                         f"{release_text(needed)} or newer; the model is for {release_text(target.ort_version)} "
                         "(see --ort-version)", nodes, out)
@@ -106,5 +106,5 @@ class GemmActivation(Pass[GemmActivationMatch]):
         gemm.op, gemm.domain = "FusedGemm", g.MS_DOMAIN
         gemm.attrs["activation"] = match.activation
         gemm.attrs.update(match.params)
-        g.replace_chain(ctx.order, gemm, act, [act])
+        g.replace_chain(ctx.edit_order, gemm, act, [act])
         return describe(self, gemm, original, match.activation)

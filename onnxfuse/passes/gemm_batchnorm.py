@@ -102,9 +102,9 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
     def rewrite(self, match: GemmFoldMatch, ctx: Context) -> Fusion:
         gemm, bn = match.nodes
         original = replaced(match.nodes)
-        slot = ctx.order.slot(gemm)
+        slot = ctx.edit_order.slot(gemm)
         set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
-        g.replace_chain(ctx.order, gemm, bn, [bn])
+        g.replace_chain(ctx.edit_order, gemm, bn, [bn])
         if match.scale is not None:
             set_compact_scale(gemm, ctx, match.scale, slot)
         return describe(self, gemm, original)

@@ -77,9 +77,9 @@ class MatMulAdd(Pass[MatMulAddMatch]):
                 bad = private_check([mm.outputs[0]], [node], ctx, nodes, out) or gemm_qdq_check(mm, out, nodes)
                 return bad or skip(Reason.PARAMS_NOT_CONSTANT, f"bias {b_tensor.name} is computed at run time; "
                                    "matmul_add makes a Gemm with a constant bias only", nodes, out)
-            if b is None:
-                return skip(why, f"bias {b_tensor.name} is an initializer listed as a graph input (overridable)",
-                            nodes, out)
+            if b is None:  # why is INITIALIZER_IS_INPUT: any other reason returned or continued above
+                return skip(Reason.INITIALIZER_IS_INPUT,
+                            f"bias {b_tensor.name} is an initializer listed as a graph input (overridable)", nodes, out)
             bad = private_check([mm.outputs[0]], [node], ctx, nodes, out) or gemm_qdq_check(mm, out, nodes)
             if bad:
                 return bad
@@ -112,7 +112,7 @@ class MatMulAdd(Pass[MatMulAddMatch]):
         original = replaced(match.nodes)
         mm.op = "Gemm"
         mm.inputs.append(match.bias)
-        g.replace_chain(ctx.order, mm, add, [add])
+        g.replace_chain(ctx.edit_order, mm, add, [add])
         return describe(self, mm, original)
 
 

@@ -82,7 +82,7 @@ class RemoveRedundant(Pass[BypassMatch]):
     reasons = (Reason.GRAPH_OUTPUT, Reason.DROPOUT_TRAINING, Reason.DROPOUT_MASK)
     anchors = ("Identity", "Dropout", "Cast", "Transpose")
 
-    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> BypassMatch | Skip | None:
         if not is_op(node, *self.anchors) or not node.inputs or not node.outputs:
             return None
         if node.op == "Transpose":
@@ -103,7 +103,7 @@ class RemoveRedundant(Pass[BypassMatch]):
         return _bypass(nodes, source, [], ctx)
 
     @staticmethod
-    def _transpose(node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def _transpose(node: gs.Node, ctx: Context) -> BypassMatch | Skip | None:
         """A Transpose with the identity perm, or the second of a pair in one graph (see the module docstring)."""
         q = _perm(node, ctx)
         if q is None:
@@ -141,10 +141,10 @@ class RemoveRedundant(Pass[BypassMatch]):
         original = replaced(match.nodes)
         if match.perm is not None:
             node.attrs["perm"] = list(match.perm)
-            g.replace_input(ctx.order, node, 0, match.source, match.removed)
+            g.replace_input(ctx.edit_order, node, 0, match.source, match.removed)
             return Fusion(self.name, node.name, node.op, original, None, original[-1][2], self.kind)
         out = node.outputs[0]
-        g.bypass(ctx.order, node, match.source, match.removed)
+        g.bypass(ctx.edit_order, node, match.source, match.removed)
         if match.takes_output:
             g.take_over_output(ctx.graph, out, match.source)
         # node and op "": nothing computes it now
