@@ -236,16 +236,6 @@ def per_channel_input_model(weight_input=False, c_shape=(1, M, 1, 1)):
     return b.build(b.op("Relu", [b.op("Add", [b.conv(x, 3, M, weight=w), c])]))
 
 
-@pytest.mark.parametrize("ort_level", ["all", "extended"])
-def test_skip_weights_not_constant_when_weights_and_bias_are_graph_inputs(fuse, ort_level):
-    # conv_residual also refuses the Add (Z [1, M, 1, 1] is no residual of the output's shape); the pipeline shows
-    # conv_affine's reason: constant weights and c are all it lacks
-    model = per_channel_input_model(weight_input=True)
-    result = fuse(model, ort_level=ort_level)
-    assert_skipped(result, model, Reason.WEIGHTS_NOT_CONSTANT)
-    assert [(x.pass_name, x.reason) for x in result.skips] == [(PASS, Reason.WEIGHTS_NOT_CONSTANT)]
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Weights computed from compact constants (int8 x scale, DequantizeLinear, ConstantOfShape)
 

@@ -189,14 +189,6 @@ def test_constant_of_higher_rank_is_not_the_pattern(fuse):
     assert_same_outputs(model, result.model, RTOL, ATOL)
 
 
-def test_one_unfused_row_per_conv(fuse):
-    # On cpu+cuda the written-out HardSwish stays; conv_affine also sees Add(x, 3) with x read twice, but the
-    # report keeps only the row that says what the pattern is.
-    model = build("div_of_mul")
-    result = fuse(model, target="cpu+cuda")
-    assert [(s.pass_name, s.reason) for s in result.skips] == [(PASS, Reason.ACTIVATION_UNSUPPORTED)]
-
-
 def test_skip_form_needs_newer_onnxruntime(fuse):
     """A written-out HardSwish for an onnxruntime release that has no FusedConv(HardSwish) stays as it is."""
     model = build("div_of_mul")

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 
 from onnxfuse.passes import ALL_PASSES, driver
 from onnxfuse.records import Reason, RewriteKind, Skip
 from tests.builders import GraphBuilder, compact_weight
-from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, fused_nodes, op_counts
+from tests.conftest import ATOL, RTOL, assert_same_outputs, assert_skipped, attr, fused_nodes, op_counts
 from tests.passes.test_constant_fold import keras_flatten_mlp
 from tests.passes.test_conv_affine import per_channel_input_model
 from tests.passes.test_conv_batchnorm import conv_bn, int8_initializers
+from tests.passes.test_conv_hardswish import build as hardswish_model
 from tests.passes.test_gemm_batchnorm import gemm_bn
 
 #: Channels of the conv in :func:`per_channel_input_model` (``test_conv_affine.M``).
@@ -161,7 +163,6 @@ def test_each_stage_stops_after_max_rounds_when_a_pass_never_settles():
 def test_a_rewrite_outside_the_driver_is_a_clear_error():
     # the driver sets the graph and its node order; a pass run without them says so instead of failing on None
     import onnx_graphsurgeon as gs
-    import pytest
 
     from onnxfuse.ir import graph as g
     from onnxfuse.ort.providers import get_target
@@ -194,6 +195,24 @@ def test_pipeline_shows_the_reason_of_the_pass_nearest_to_fusing():
     assert driver.longest_per_conv([slower, weights]) == [weights]
     assert driver.longest_per_conv([short, shape]) == [shape]
     assert driver.longest_per_conv([short, Skip(Reason.QDQ, "", weights.nodes, "a_out", "conv_unfused")]) == [short]
+
+
+@pytest.mark.parametrize("ort_level", ["all", "extended"])
+def test_skip_weights_not_constant_when_weights_and_bias_are_graph_inputs(fuse, ort_level):
+    # conv_residual also refuses the Add (Z [1, M, 1, 1] is no residual of the output's shape); the pipeline shows
+    # conv_affine's reason: constant weights and c are all it lacks
+    model = per_channel_input_model(weight_input=True)
+    result = fuse(model, ort_level=ort_level)
+    assert_skipped(result, model, Reason.WEIGHTS_NOT_CONSTANT, "conv_affine")
+    assert [(x.pass_name, x.reason) for x in result.skips] == [("conv_affine", Reason.WEIGHTS_NOT_CONSTANT)]
+
+
+def test_one_unfused_row_per_conv(fuse):
+    # On cpu+cuda the written-out HardSwish stays; conv_affine also sees Add(x, 3) with x read twice, but the
+    # report keeps only the row that says what the pattern is.
+    model = hardswish_model("div_of_mul")
+    result = fuse(model, target="cpu+cuda")
+    assert [(s.pass_name, s.reason) for s in result.skips] == [("conv_hardswish", Reason.ACTIVATION_UNSUPPORTED)]
 
 
 def test_full_shape_graph_input_is_a_residual_not_a_parameter(fuse):
