@@ -36,16 +36,12 @@ from onnxfuse.ort.providers import (
     parse_release,
     release_text,
 )
-from onnxfuse.passes import Context, Fusion, Match, Pass, Reason, Skip
-from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
+from onnxfuse.passes import Context, Pass
+from onnxfuse.passes.driver import run_passes
+from onnxfuse.records import Fusion, Skip
 from onnxfuse.report import build as rep
 
 log = logging.getLogger(__name__)
-
-#: Upper bound on rounds of the pass list per graph. Each round that changes nothing ends the loop; a chain
-#: needs one round per fold that has to happen before the next can match (Conv -> Add -> BN -> Relu: 3), so
-#: 10 leaves ample room while guaranteeing termination.
-MAX_ROUNDS = 10
 
 #: ``metadata_props`` keys that onnxfuse writes into the optimized model. ``onnxfuse.min_onnxruntime``: the oldest
 #: onnxruntime release that loads every FusedConv/FusedGemm form in the model (``providers.FORM_MIN_ORT``; the
@@ -192,84 +188,6 @@ def emitted_forms(model: onnx.ModelProto) -> Counter:
         else:
             forms[form_name(act, len(node.input) > 3 and bool(node.input[3]))] += 1
     return forms
-
-
-def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fusion], list[Skip]]:
-    """Run ``selected`` over ``graph`` and every subgraph: first the canonicalization passes among them
-    (``passes.CANONICALIZE``) until nothing changes, then the fusion passes until nothing changes (at most
-    MAX_ROUNDS rounds per stage and graph).
-
-    When constant_fold folded a ``Shape``/``Size`` in the main graph, ``ctx.shapes`` is refreshed by onnx shape
-    inference before the fusion passes (``constant_fold.refresh_shapes``).
-
-    Returns the rewrites in the order applied and the skips seen in each stage's last (unchanged) round.
-    """
-    stages = [tuple(p for p in selected if p.name in passes_mod.CANONICALIZE_NAMES),
-              tuple(p for p in selected if p.name not in passes_mod.CANONICALIZE_NAMES)]
-    fusions: list[Fusion] = []
-    skips: list[Skip] = []
-    for sub in list(g.all_graphs(graph)):
-        ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, g.NodeOrder(sub)
-        for stage in stages:
-            done = len(fusions)
-            _run_stage(sub, stage, ctx, fusions, skips)
-            if sub is graph and any(f.pass_name == "constant_fold" and f.replaced[0][1] in SHAPE_OPS
-                                    for f in fusions[done:]):
-                refresh_shapes(sub, ctx)  # a Reshape of a folded static Shape now has a shape the passes can see
-        g.remove_unused_constant_nodes(sub)
-    return fusions, skips
-
-
-def _run_stage(sub, stage: tuple[Pass, ...], ctx: Context, fusions: list[Fusion], skips: list[Skip]) -> None:
-    for _ in range(MAX_ROUNDS if stage else 0):
-        changed, round_skips = False, []
-        for p in stage:
-            anchors = frozenset(p.anchors)
-            for node in list(sub.nodes):
-                if anchors and node.op not in anchors:
-                    continue  # not a node this pass's patterns end on (its match would return None)
-                if not node.outputs:
-                    continue  # removed by an earlier rewrite of this round
-                found = p.match(node, ctx)
-                if isinstance(found, Match):
-                    fusions.append(p.rewrite(found, ctx))
-                    changed = True
-                elif isinstance(found, Skip):
-                    round_skips.append(_with_pass(found, p.name))
-            ctx.order.compact()
-        if not changed:
-            skips.extend(_longest_per_conv(round_skips))
-            break
-
-
-#: Reasons that only a value stands behind: the pattern fits and the pass would fuse it if that input were a
-#: constant (or folded). A pass that stops there came nearer to fusing than one that refused the pattern's
-#: structure, shape, target or speed.
-VALUE_REASONS = frozenset({Reason.WEIGHTS_NOT_CONSTANT, Reason.PARAMS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
-                           Reason.CONSTANT_NOT_FOLDED})
-
-
-def _longest_per_conv(skips: list[Skip]) -> list[Skip]:
-    """One skip per Conv: the one of the pass that came nearest to fusing. A skip for a value that is not
-    constant (:data:`VALUE_REASONS`: with conv weights fed as graph inputs, conv_affine's ``weights-not-constant``
-    for a bias Add that conv_residual sees as a residual of the wrong shape) comes first; among the rest, the one
-    covering the longest chain, and the earlier pass on a tie. An unfused written-out HardSwish is refused by
-    conv_hardswish (Conv -> Add -> Clip -> Mul -> Div: "HardSwish not supported by target") and, as a side
-    effect, by conv_affine for its Add(x, 3) ("2 consumers"); only the first says what the pattern is."""
-    best: dict[str, Skip] = {}
-
-    def rank(s: Skip) -> tuple[bool, int]:
-        return s.reason in VALUE_REASONS, len(s.nodes)
-
-    for s in skips:
-        key = s.nodes[0][2]
-        if key not in best or rank(s) > rank(best[key]):
-            best[key] = s
-    return [s for s in skips if best[s.nodes[0][2]] is s]
-
-
-def _with_pass(s: Skip, name: str) -> Skip:
-    return Skip(s.reason, s.detail, s.nodes, s.output, name)
 
 
 def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...], min_release: str) -> None:

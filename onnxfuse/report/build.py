@@ -26,7 +26,7 @@ from onnxfuse.analysis import expressions
 from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
 from onnxfuse.analysis.symbolic import SymbolicShapes, evaluate, growth_share, make_symbol, printer
 from onnxfuse.analysis.traffic import Bytes, ModelIndex, NodeTraffic, Sizes, add, chain_bytes, fused_estimate, totals
-from onnxfuse.passes import CANONICALIZE_NAMES, Fusion, Skip
+from onnxfuse.records import CANONICALIZE_NAMES, Fusion, Skip
 from onnxfuse.report import escape
 
 if TYPE_CHECKING:
