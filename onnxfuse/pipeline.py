@@ -13,6 +13,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import onnx
 
@@ -120,7 +121,7 @@ class Result:
         """The ``onnxfuse.verification.result.Verification`` of :func:`optimize` (``report.verification``)."""
         return self.report.verification
 
-    def save(self, path: str | os.PathLike) -> list[os.PathLike]:
+    def save(self, path: str | os.PathLike) -> list[Path]:
         """Write :attr:`model` to ``path`` as ``onnxfuse optimize`` does: atomically, external data kept external
         when the input had it (and for models over 2 GiB, which ``onnx.save`` cannot write inline), the input's
         own data files never replaced (``model_io.save_model``). Returns the files written (the model first).
@@ -213,8 +214,13 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     selected = _check_options(options)
     if options.input_data:
         check_regular_file(options.input_data, "--input-data")
-    loaded = loaded or model_io.load_model(path)
+    if loaded is None:
+        if path is None:
+            raise TypeError("analyse: give a path or a loaded model")
+        loaded = model_io.load_model(path)
     model = loaded.model
+    if model is None:
+        raise TypeError(f"analyse: {loaded.label}'s model was released by an earlier run; load it again")
     log.debug("loaded %s: %d nodes in the main graph", loaded.label, len(model.graph.node))
     skel = proto.skeleton(model)
     given = dict(options.input_shapes)
@@ -233,7 +239,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
 
     overridable = frozenset() if options.constant_initializer_inputs else loaded.overridable
     blocker = g.rewrite_blocker(model)
-    fusions, skips = [], []
+    fusions: list[Fusion] = []
+    skips: list[Skip] = []
     if blocker is None:
         try:
             graph = g.to_graph(model)
