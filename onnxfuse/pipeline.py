@@ -38,7 +38,7 @@ from onnxfuse.ort.providers import (
 )
 from onnxfuse.passes import Context, Fusion, Match, Pass, Reason, Skip
 from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
-from onnxfuse.report import build as rep
+from onnxfuse.report import model as rep
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ id="onnxfuse-batch-summary">``. The rows are plain HTML written here; the script
 
 from __future__ import annotations
 
-from onnxfuse.report.build import human_bytes
 from onnxfuse.report.html import _e, _json_for_script
+from onnxfuse.report.present import human_bytes
 
 #: Columns: heading, sort kind (``num`` sorts by the cell's ``data-v``), the row's key.
 COLUMNS = (("model", "text", "name"), ("status", "text", "status"), ("fusions", "num", "fusions"),

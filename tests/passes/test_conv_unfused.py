@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from onnxfuse.passes import Reason
-from onnxfuse.report.build import summary_lines
+from onnxfuse.report.present import summary_lines
 from tests.builders import GraphBuilder, skip_of
 from tests.conftest import ATOL, RTOL, assert_same_outputs, op_counts
 
