@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import sympy
 
@@ -253,10 +254,11 @@ def option_differences(old: dict, new: dict) -> list[str]:
     options are not comparable (the gate would report a change of options as a regression)."""
     out = []
 
-    def pick(doc: dict, *keys):
+    def pick(doc: dict, *keys: str) -> Any:
+        value: Any = doc
         for key in keys:
-            doc = doc.get(key) if isinstance(doc, dict) else None
-        return doc
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
 
     for label, keys in (("--target", ("target",)), ("--ort-level", ("onnxruntime", "level")),
                         ("--ort-version", ("deployment", "ort_version")), ("--input-shape", ("input_shapes",)),

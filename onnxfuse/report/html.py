@@ -38,7 +38,7 @@ from onnxfuse.report.present import (
     passes_text,
 )
 from onnxfuse.report.remedies import remedy
-from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY
+from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY, Doc
 
 #: Chart trace names, one per kind of layer; the legend shows them, the tests look them up.
 TRACE_BEFORE = "before: original nodes"
@@ -57,7 +57,7 @@ _ARROW = " → "
 # Numbers
 
 
-def _bytes_cell(obj: dict | None, key: str, doc: dict | None = None) -> str:
+def _bytes_cell(obj: dict | None, key: str, doc: Doc | None = None) -> str:
     """A ``<td>`` for a byte count, sortable by its exact value (unknown sorts first), exact bytes on hover; an
     expression wraps (class ``expr``), long ones show their leading terms and open to the exact expression."""
     value = None if obj is None else obj.get(key)
@@ -67,7 +67,7 @@ def _bytes_cell(obj: dict | None, key: str, doc: dict | None = None) -> str:
     return f'<td class="{kind}" data-value="{sort}"{title}>{_expression(obj, key, doc)}</td>'
 
 
-def _expression(obj: dict | None, key: str, doc: dict | None, fold: bool = True) -> str:
+def _expression(obj: dict | None, key: str, doc: Doc | None, fold: bool = True) -> str:
     """HTML of a byte figure: the number, an expression (folded past :data:`FOLD_CHARS` when ``fold``), or the
     leading terms of a long expression opening to the exact one."""
     exact, readable = bytes_of(obj, key), bytes_of(obj, key, doc)
@@ -119,7 +119,7 @@ def _hover(index: int, unit: dict) -> str:
     return "<br>".join(lines)
 
 
-def _exact(obj: dict, key: str, doc: dict | None = None) -> str:
+def _exact(obj: dict, key: str, doc: Doc | None = None) -> str:
     """Hover text of a byte count: KiB/MiB and the exact bytes, or the symbolic expression, or unknown; a number
     drawn at the chart's sizes (:func:`chart_sizes`) comes with its expression."""
     value = obj.get(key)
@@ -147,7 +147,7 @@ def _scaled(value: int | None, size: int) -> float:
     return 0 if value is None else value / size
 
 
-def traffic_figure(units: list[dict], doc: dict | None = None) -> dict:
+def traffic_figure(units: list[dict], doc: Doc | None = None) -> dict:
     """The plotly figure (``data``, ``layout``) of bytes per layer: a wide light bar per layer for the original
     nodes and a narrow dark bar inside it for the optimized model, hatched for a fused group and dotted for a
     pattern left unfused, so that the kinds differ without colour. The x axis is the layer's position in
@@ -246,7 +246,7 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
-def _shapes_html(doc: dict) -> str:
+def _shapes_html(doc: Doc) -> str:
     parts = [f"<code>{_e(k)}</code> = {_e('x'.join(map(str, v)))}" for k, v in doc["input_shapes"].items()]
     for u in doc.get("unknown_shapes") or []:
         dims = ", ".join(map(str, u.get("shape") or []))
@@ -263,7 +263,7 @@ def _shapes_html(doc: dict) -> str:
     return text
 
 
-def _verification_html(doc: dict) -> str:
+def _verification_html(doc: Doc) -> str:
     """Status, its summary (or the reason it was skipped), and each output's errors against its tolerance."""
     v = doc["verification"] or {}
     status = v.get("status", "unknown")
@@ -297,14 +297,14 @@ def _num(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.3g}"
 
 
-def _headline_html(doc: dict) -> str:
+def _headline_html(doc: Doc) -> str:
     """The summary lines of the text report (``report.headline``): the traffic and saved expressions, the share
     as the dims grow, the figures at the shapes used, unknowns and why."""
     return ('<ul class="headline">' + "".join(f"<li>{_e(line)}</li>" for line in headline(doc, plain=escape.text))
             + "</ul>")
 
 
-def _totals_html(doc: dict) -> str:
+def _totals_html(doc: Doc) -> str:
     t = doc["totals"]
     rows = []
     for side in ("before", "after"):
@@ -338,7 +338,7 @@ def _sortable(table_id: str, columns: list[tuple[str, str]], rows: list[str], em
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
-def _fusion_rows(doc: dict) -> list[str]:
+def _fusion_rows(doc: Doc) -> list[str]:
     rows = []
     for f in doc["fusions"]:
         names = ", ".join(label(n) for n in f["replaced"])
@@ -358,7 +358,7 @@ def _fusion_rows(doc: dict) -> list[str]:
     return rows
 
 
-def _unfused_rows(doc: dict) -> list[str]:
+def _unfused_rows(doc: Doc) -> list[str]:
     rows = []
     for u in doc["unfused"]:
         first = label(u["nodes"][0]) if u["nodes"] else ""
@@ -369,7 +369,7 @@ def _unfused_rows(doc: dict) -> list[str]:
     return rows
 
 
-def _other_html(doc: dict) -> str:
+def _other_html(doc: Doc) -> str:
     stats = "".join(
         f"<tr><td>{_e(s['name'])}</td><td class=num>{_e(s['applied'])}</td><td>"
         f"{_e(', '.join(f'{k} {v}' for k, v in s['skipped'].items()) or '-')}</td></tr>" for s in doc["pass_stats"])
@@ -383,7 +383,7 @@ def _other_html(doc: dict) -> str:
             f"<th>after</th></tr></thead><tbody>{op_rows}</tbody></table></div></div>")
 
 
-def _unknown_html(doc: dict) -> str:
+def _unknown_html(doc: Doc) -> str:
     """The nodes of the optimized model whose traffic is unknown, with their tensors and (schema 2) the reason."""
     rows = "".join(
         f"<tr><td><code>{_e(u.get('node') or u.get('output'))}</code></td><td>{_e(u.get('op'))}</td>"
@@ -397,7 +397,7 @@ def _unknown_html(doc: dict) -> str:
             f"<th>why</th></tr></thead><tbody>{rows}</tbody></table></section>")
 
 
-def _notes_html(doc: dict, units: list[dict]) -> str:
+def _notes_html(doc: Doc, units: list[dict]) -> str:
     notes = [f'<p class="warning"><b>Warning:</b> {_e(w)}</p>' for w in doc.get("warnings") or []]
     if doc.get("unknown_shapes"):
         notes.append('<p class="warning"><b>Unknown shapes:</b> give <code>--input-shape</code> for '
@@ -437,7 +437,7 @@ def _notes_html(doc: dict, units: list[dict]) -> str:
     return "".join(notes)
 
 
-def _profile_html(doc: dict) -> str:
+def _profile_html(doc: Doc) -> str:
     """The "Measured in onnxruntime" panel of a report made with ``--profile``: per op, the kernels, time and the
     bytes onnxruntime's profiler records for the original and the optimized model, with bars to compare beside
     the counted traffic; per fusion, the kernel that computes it. Empty without a ``profile`` section."""
@@ -485,7 +485,7 @@ def _profile_html(doc: dict) -> str:
         + "</section>")
 
 
-def to_html(doc: dict) -> str:
+def to_html(doc: Doc) -> str:
     """The self-contained HTML page (UTF-8 text, about 2 MB) for the report ``doc``: the dict of
     ``Report.to_dict()``, schema_version 2.
 

@@ -444,20 +444,22 @@ def _saved_beyond(saved: Bytes | None, intermediates: list[NodeTraffic | None], 
     onnxruntime's own graph no longer writes (a part of the chain it fuses itself, such as a BatchNormalization it
     folds), that tensor's write and its one read (twice the producing node's written bytes). None when a size is
     unknown."""
-    if saved is None or any(n is None for n in intermediates):
+    known = [n for n in intermediates if n is not None]
+    if saved is None or len(known) < len(intermediates):
         return None
-    gone = [n.written_bytes for n in intermediates if not runtime.materialized(n.key)]
+    gone = [n.written_bytes for n in known if not runtime.materialized(n.key)]
     if any(b is None for b in gone):
         return None
     return saved - 2 * add(gone) if gone else saved
 
 
-def _runtime_section(runtime: RuntimeGraphs, rows: list[dict], beyond: list, num: _Numbers) -> dict:
+def _runtime_section(runtime: RuntimeGraphs, rows: list[dict[str, Any]], beyond: list[Bytes | None], num: _Numbers
+                     ) -> dict[str, Any]:
     """The report's ``onnxruntime`` object: what onnxfuse saves beyond what onnxruntime (the installed release, at
     the user's level, CPU execution provider) already makes of the original at load. ``saved_bytes_beyond`` sums
     the saved bytes of the fusions onnxruntime does not make (None where one is unknown); kernels are the nodes of
     onnxruntime's optimized graphs (``ort_graph``)."""
-    out = {"installed": runtime.onnxruntime, "level": runtime.level, "provider": runtime.provider,
+    out: dict[str, Any] = {"installed": runtime.onnxruntime, "level": runtime.level, "provider": runtime.provider,
            "status": "compared" if runtime.available else "unavailable", "reason": runtime.reason,
            "kernels_before": None, "kernels_after": None, "fusions": len(rows), "fusions_made_by_onnxruntime": None,
            "saved_bytes_beyond": None, "saved_bytes_beyond_expr": None, "ops_removed": {}, "ops_added": {}}

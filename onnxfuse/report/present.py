@@ -18,7 +18,7 @@ from onnxfuse.analysis.symbolic import make_symbol, printer
 from onnxfuse.analysis.traffic import add
 from onnxfuse.report import escape
 from onnxfuse.report.remedies import remedy
-from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY, SupportsToDict
+from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY, Doc, SupportsToDict
 
 #: Rows shown per table in text and Markdown unless ``show_all`` (largest byte figures first).
 DEFAULT_TOP_ROWS = 20
@@ -64,7 +64,7 @@ def bytes_text(number: int | None, expr: str | None, code: bool = False) -> str:
 LONG_EXPRESSION_CHARS = 60
 
 
-def display_names(doc: dict) -> dict[str, str]:
+def display_names(doc: Doc) -> dict[str, str]:
     """Symbol -> how people read it: the model's own dim name when it is short and plain (``N``, ``height``),
     else ``input[axis]`` (``x[2]`` instead of ``p2o_DynamicDimension_1``)."""
     names = {}
@@ -74,7 +74,7 @@ def display_names(doc: dict) -> dict[str, str]:
     return names
 
 
-def leading_terms(expr: str, doc: dict) -> str:
+def leading_terms(expr: str, doc: Doc) -> str:
     """A byte expression as people read it: floor/ceiling dropped (``floor((H - 1)/2) + 1`` ~ ``H/2``), expanded,
     only the terms of the highest degree in the symbols kept plus the constant term (weights), coefficients to 4
     significant digits, the constant in KiB/MiB; symbols by :func:`display_names`. An approximation for large
@@ -107,13 +107,13 @@ def leading_terms(expr: str, doc: dict) -> str:
     return "~" + text + (" (+ smaller terms)" if dropped else "")
 
 
-def cell(number: int | None, expr: str | None, doc: dict, code: bool = False) -> str:
+def cell(number: int | None, expr: str | None, doc: Doc, code: bool = False) -> str:
     """A byte figure for a table cell or line: the number when there is one, else the expression (by its leading
     terms when long, :func:`expr_text`)."""
     return human_bytes(number) if number is not None else expr_text(expr, doc, code)
 
 
-def short_expression(expr: str, doc: dict) -> str | None:
+def short_expression(expr: str, doc: Doc) -> str | None:
     """:func:`leading_terms` of a byte expression longer than LONG_EXPRESSION_CHARS; None when it is short, or
     when the leading terms cannot be taken (no polynomial once floors are dropped: ``Max``, ``Mod``), so that the
     caller shows it exact. ``doc``: a report dict, or any dict with its ``symbols``."""
@@ -127,7 +127,7 @@ def short_expression(expr: str, doc: dict) -> str | None:
         return None
 
 
-def expr_text(expr: str | None, doc: dict, code: bool) -> str:
+def expr_text(expr: str | None, doc: Doc, code: bool) -> str:
     """An expression for the headline: :func:`short_expression` where it gives one, else exact."""
     text = short_expression(expr, doc) if expr is not None else None
     if text is None:
@@ -162,7 +162,7 @@ def chain(nodes: list[dict], arrow: str = " -> ") -> str:
     return arrow.join(n["op"] for n in nodes)
 
 
-def verification_line(doc: dict) -> str:
+def verification_line(doc: Doc) -> str:
     v = doc["verification"]
     if v.get("reason") == REPORT_DOES_NOT_VERIFY:
         return "verification: not run (onnxfuse report only analyses; onnxfuse optimize verifies what it writes)"
@@ -179,12 +179,12 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def shapes_text(doc: dict) -> str:
+def shapes_text(doc: Doc) -> str:
     """``x=1x3x640x640, sr=scalar``: a scalar input has no dims to join."""
     return ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in doc["input_shapes"].items())
 
 
-def kinds(doc: dict) -> str:
+def kinds(doc: Doc) -> str:
     """``11 FusedConv, 31 folds``, with ``1 FusedGemm`` where there is one (a fold keeps the op it folded into)."""
     conv = sum(1 for f in doc["fusions"] if f["op"] == "FusedConv")
     gemm = sum(1 for f in doc["fusions"] if f["op"] == "FusedGemm")
@@ -192,11 +192,11 @@ def kinds(doc: dict) -> str:
     return f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "") + folds
 
 
-def fused_count(doc: dict) -> str:
+def fused_count(doc: Doc) -> str:
     return f"{plural(len(doc['fusions']), 'fused node')} ({kinds(doc)})"
 
 
-def headline(doc: dict, code: bool = False, hints: bool = True, plain=str) -> list[str]:
+def headline(doc: Doc, code: bool = False, hints: bool = True, plain=str) -> list[str]:
     """The traffic lines of the summary, each saying what it is measured against: first what onnxfuse saves beyond
     what onnxruntime already runs (:func:`runtime_line`), then against the graph as exported, at the input shapes
     used, else (symbolic dims without values) at batch 1 when that is the only symbolic dim, else at the stated
@@ -220,12 +220,11 @@ def headline(doc: dict, code: bool = False, hints: bool = True, plain=str) -> li
               b["before_total_bytes"], b["after_total_bytes"], b["saved_bytes"])
     elif doc["symbols"] and not doc["symbol_values"]:
         values = representative_values(doc)
-        numbers = [at_values(x, values) for x in (before["total_bytes_expr"], after["total_bytes_expr"])]
-        if None not in numbers:
+        before_n, after_n = (at_values(x, values) for x in (before["total_bytes_expr"], after["total_bytes_expr"]))
+        if before_n is not None and after_n is not None:
             names = display_names(doc)
             sizes = ", ".join(f"{plain(names.get(k, k))}={v}" for k, v in values.items())
-            at = (f"vs the graph as exported, at representative sizes {sizes}", numbers[0], numbers[1],
-                  numbers[0] - numbers[1])
+            at = (f"vs the graph as exported, at representative sizes {sizes}", before_n, after_n, before_n - after_n)
     if doc["fusions"] and len(unknown_fusions) == len(doc["fusions"]):
         lines.append(f"saved vs the graph as exported: unknown ({plain(unknown_fusions[0]['unknown_reason'])})")
     elif at is not None:
@@ -254,7 +253,7 @@ def headline(doc: dict, code: bool = False, hints: bool = True, plain=str) -> li
     return lines
 
 
-def file_line(doc: dict) -> str | None:
+def file_line(doc: Doc) -> str | None:
     """``model file: 11.1 MiB -> 11.1 MiB``: the input file (with its external data) and the optimized model's
     serialized size (weights computed from compact constants, int8 x scale and the like, stay compact unless
     ``--materialize-weights`` allows floats); None when a size is unknown."""
@@ -265,7 +264,7 @@ def file_line(doc: dict) -> str | None:
     return f"model file: {human_bytes(m['file_bytes'])} -> {human_bytes(after)}"
 
 
-def profile_line(doc: dict, plain=str) -> str | None:
+def profile_line(doc: Doc, plain=str) -> str | None:
     """``measured by onnxruntime's profiler at level all: 400 -> 238 kernels, 812 ms -> 655 ms, 1.9 GiB -> 1.2 GiB
     read and written (at x=1x3x640x640)``; None without a ``profile`` section (``report --profile``)."""
     p = doc.get("profile")
@@ -279,7 +278,7 @@ def profile_line(doc: dict, plain=str) -> str | None:
             f"written (at {shapes})")
 
 
-def representative_values(doc: dict) -> dict[str, int]:
+def representative_values(doc: Doc) -> dict[str, int]:
     """Symbol -> :data:`REPRESENTATIVE_BATCH` for a dim on axis 0 of an input, else :data:`REPRESENTATIVE_SIZE`,
     for the symbols of a report dict."""
     return {name: REPRESENTATIVE_BATCH if where["axis"] == 0 else REPRESENTATIVE_SIZE
@@ -301,7 +300,7 @@ def at_values(expr: str | None, values: dict[str, int]) -> int | None:
     return int(value) if value.is_number else None
 
 
-def runtime_line(doc: dict, code: bool = False, plain=str) -> str | None:
+def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
     """The summary's first line: what onnxfuse saves beyond what onnxruntime already makes of the original at
     load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared.
     ``plain``: applied to text taken from the model or onnxruntime's messages (as in :func:`headline`)."""
@@ -332,7 +331,7 @@ def runtime_line(doc: dict, code: bool = False, plain=str) -> str | None:
             f"({kernels}), saving {saved}{at}")
 
 
-def input_shape_hint(doc: dict) -> str:
+def input_shape_hint(doc: Doc) -> str:
     names = display_names(doc)
 
     def symbol(k: str, where: dict) -> str:
@@ -376,7 +375,7 @@ def summary_lines(report: SupportsToDict, hints: bool = True) -> list[str]:
     return lines
 
 
-def unfused_groups(doc: dict) -> list[tuple[str, int, str]]:
+def unfused_groups(doc: Doc) -> list[tuple[str, int, str]]:
     """The unfused patterns of a report dict grouped by reason: ``(reason, count, what would fuse them)``, most
     frequent first (``onnxfuse.report.remedies.remedy``; for a target-dependent reason, the first pattern's)."""
     counts: dict[str, int] = {}
@@ -388,7 +387,7 @@ def unfused_groups(doc: dict) -> list[tuple[str, int, str]]:
     return [(r, counts[r], remedy(first[r], doc["target"])) for r in order]
 
 
-def unfused_line(doc: dict) -> str:
+def unfused_line(doc: Doc) -> str:
     """``left unfused: 45 dtype-has-no-fusedconv-kernel (no target: ...); 1 ...``: one line, each reason with its
     count and what would fuse those patterns, in the words of ``onnxfuse/report/remedies.py``."""
     return "left unfused: " + "; ".join(f"{n} {reason} (what would fuse {'it' if n == 1 else 'them'}: {fix})"
@@ -423,7 +422,7 @@ def _sum_expressions(exprs: list[str]) -> str:
     return printer()(total)
 
 
-def bandwidth_line(b: dict) -> str:
+def bandwidth_line(b: Doc) -> str:
     if b["at"] is None:
         return (f"estimated memory time at {b['gb_per_s']:g} GB/s: unknown (no input size: give --input-shape)")
     at = "" if b["at"] == "input shapes" else f", at {b['at']}"
@@ -446,7 +445,7 @@ def label(node: dict) -> str:
     return node["name"] or node["output"]
 
 
-def shape_text(row: dict, doc: dict | None = None) -> str:
+def shape_text(row: dict, doc: Doc | None = None) -> str:
     """``1x8x32x32 float32``; a symbolic shape as ``[N_, 8, H, W]`` (an ``x`` between expressions would read as a
     product), a long dim by its leading terms (``~H/4``, :func:`short_dim`; the JSON has it exact)."""
     dims = row["shape"] or ["?"]
@@ -488,7 +487,7 @@ def percent(part: int | None, whole: int | None) -> float | None:
     return round(100.0 * part / whole, 2)
 
 
-def deployment_line(doc: dict) -> str | None:
+def deployment_line(doc: Doc) -> str | None:
     """``runs on: onnxruntime >= 1.30 (FusedConv(HardSwish) x24 needs it; ...)``: the oldest onnxruntime release
     that loads what was written, and what an older ``--ort-version`` would leave unfused; None without a
     ``deployment`` section."""
@@ -507,7 +506,7 @@ def deployment_line(doc: dict) -> str | None:
             f"{'it' if len(newer) == 1 and newer[0]['count'] == 1 else 'them'} unfused)")
 
 
-def bytes_of(obj: dict | None, key: str, doc: dict | None = None) -> str:
+def bytes_of(obj: dict | None, key: str, doc: Doc | None = None) -> str:
     """``obj[key]`` as KiB/MiB, else its ``key_expr`` (symbolic, schema 2) with a unit, else "unknown". With the
     report ``doc``, a long expression is given by its leading terms (``report.leading_terms``), as the text
     report does."""
@@ -549,7 +548,7 @@ def _add_exprs(a: str, b: str) -> str:
         return f"{a} + {b}"
 
 
-def layer_units(doc: dict) -> list[dict]:
+def layer_units(doc: Doc) -> list[dict]:
     """The chart's bars: the model's nodes in execution order (``nodes.before``), one bar per node, except that
     each fused group (a ``fusions`` row) is one bar placed at its first original node, and ``Constant`` nodes
     (which move no bytes) are left out. Nodes that only the optimized model has come after the bar of the node
@@ -624,7 +623,7 @@ def _ref(row: dict) -> dict:
     return {"name": row.get("name") or "", "op": row["op"], "output": row["output"]}
 
 
-def dim_text(dim: int | str | None, doc: dict) -> str:
+def dim_text(dim: int | str | None, doc: Doc) -> str:
     """One output dim: its number; a symbolic one (schema 2) evaluated at ``symbol_values`` when those fix it,
     else the expression with the symbols' display names, by its leading term when long (``~x[2]/4``, as the text
     report shows it); "?" when unknown."""
@@ -660,7 +659,7 @@ def passes_text(passes: list[str]) -> str:
     return ", ".join(f"{p} x{n}" if n > 1 else p for p, n in counts.items())
 
 
-def chart_sizes(doc: dict) -> tuple[dict[str, int], str] | None:
+def chart_sizes(doc: Doc) -> tuple[dict[str, int], str] | None:
     """``(symbol -> size, where the sizes come from)`` for a report with symbolic dims and no value for them: the
     input sizes verification ran with when every symbol appears in them, else the stated representative sizes
     (``report.representative_values``). None when the report has numbers (no symbols, or values for them)."""
@@ -679,7 +678,7 @@ def chart_sizes(doc: dict) -> tuple[dict[str, int], str] | None:
             f"representative sizes: batch {REPRESENTATIVE_BATCH}, {REPRESENTATIVE_SIZE} for the other dims")
 
 
-def display_name(doc: dict, symbol: str) -> str:
+def display_name(doc: Doc, symbol: str) -> str:
     """How the page names a symbol: the model's dim name when short and plain, else ``input[axis]``."""
     return display_names(doc).get(symbol, symbol)
 

@@ -5,7 +5,12 @@ top-level fields for mypy. Plain data: imports nothing of onnxfuse.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypedDict
+from collections.abc import Mapping
+from typing import Any, Protocol, TypeAlias, TypedDict
+
+#: What the presentation and the renderers read: a report dict (:class:`ReportDict`), an escaped copy of one, or the
+#: part of one a function needs (``{"symbols": ...}``).
+Doc: TypeAlias = Mapping[str, Any]
 
 #: ``schema_version`` of the JSON form.
 SCHEMA_VERSION = 2

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from onnxfuse.report import escape
@@ -23,7 +22,7 @@ from onnxfuse.report.present import (
     top_rows,
     unfused_label,
 )
-from onnxfuse.report.schema import SupportsToDict
+from onnxfuse.report.schema import Doc, SupportsToDict
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -73,7 +72,7 @@ def _table(title: str, columns: list[tuple[str, dict[str, Any]]]) -> Table:
     return t
 
 
-def _totals_table(doc: Mapping[str, Any]) -> Table:
+def _totals_table(doc: Doc) -> Table:
     t = doc["totals"]
     tab = _table("Totals (bytes moved to and from device memory)",
                  [("", {}), ("read", _RIGHT), ("written", _RIGHT), ("total", _RIGHT), ("nodes", _RIGHT),
@@ -88,7 +87,7 @@ def _totals_table(doc: Mapping[str, Any]) -> Table:
     return tab
 
 
-def _fusions(console: Console, doc: Mapping[str, Any], show_all: bool) -> None:
+def _fusions(console: Console, doc: Doc, show_all: bool) -> None:
     if not doc["fusions"]:
         return
     rows, hidden = top_rows(doc["fusions"], "saved_bytes", show_all)
@@ -103,7 +102,7 @@ def _fusions(console: Console, doc: Mapping[str, Any], show_all: bool) -> None:
         console.print(f"... {hidden} more fusions (use --all to show every row)")
 
 
-def _unfused(console: Console, doc: Mapping[str, Any], show_all: bool) -> None:
+def _unfused(console: Console, doc: Doc, show_all: bool) -> None:
     if not doc["unfused"]:
         return
     rows, hidden = top_rows(grouped_unfused(doc["unfused"]), "bytes", show_all)
@@ -117,7 +116,7 @@ def _unfused(console: Console, doc: Mapping[str, Any], show_all: bool) -> None:
         console.print(f"... {hidden} more patterns (use --all to show every row)")
 
 
-def _unknown_nodes(console: Console, doc: Mapping[str, Any], show_all: bool) -> None:
+def _unknown_nodes(console: Console, doc: Doc, show_all: bool) -> None:
     if not doc["unknown_nodes"]:
         return
     rows = doc["unknown_nodes"] if show_all else doc["unknown_nodes"][:DEFAULT_TOP_ROWS]
@@ -131,7 +130,7 @@ def _unknown_nodes(console: Console, doc: Mapping[str, Any], show_all: bool) -> 
         console.print(f"... {len(doc['unknown_nodes']) - len(rows)} more (use --all to show every row)")
 
 
-def _symbols_table(doc: Mapping[str, Any]) -> Table | None:
+def _symbols_table(doc: Doc) -> Table | None:
     if not doc["symbols"]:
         return None
     tab = _table("Symbols (the model's symbolic input dims)", [("symbol", {}), ("input", _FOLD), ("axis", _RIGHT),
@@ -143,7 +142,7 @@ def _symbols_table(doc: Mapping[str, Any]) -> Table | None:
     return tab
 
 
-def _passes_table(doc: Mapping[str, Any]) -> Table:
+def _passes_table(doc: Doc) -> Table:
     tab = _table("Passes", [("pass", {}), ("rewrites", _RIGHT), ("nodes removed", _RIGHT),
                             ("skipped by reason", _FOLD)])
     for s in doc["pass_stats"]:
@@ -154,7 +153,7 @@ def _passes_table(doc: Mapping[str, Any]) -> Table:
     return tab
 
 
-def _ops_table(doc: Mapping[str, Any]) -> Table:
+def _ops_table(doc: Doc) -> Table:
     ops = doc["op_counts"]
     tab = _table("Nodes by op type", [("op", {}), ("before", _RIGHT), ("after", _RIGHT)])
     for op in sorted(set(ops["before"]) | set(ops["after"])):
