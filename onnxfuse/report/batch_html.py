@@ -2,9 +2,10 @@
 fusions, bytes saved against the graph and against onnxruntime, time, peak memory, a link to the model's own
 report), sortable by any column. Never prints.
 
-Same rules as the per-model page (``report_html``): one self-contained file, no network (a Content-Security-Policy
-with ``default-src 'none'``), the summary's JSON embedded unchanged in ``<script type="application/json"
-id="onnxfuse-batch-summary">``. The rows are plain HTML written here; the script only sorts them.
+Same rules as the per-model page (``onnxfuse.report.html``): one self-contained file, no network (a
+Content-Security-Policy with ``default-src 'none'``), the summary's JSON embedded unchanged in
+``<script type="application/json" id="onnxfuse-batch-summary">``. The rows are plain HTML written here; the
+script only sorts them.
 """
 
 from __future__ import annotations

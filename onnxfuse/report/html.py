@@ -298,7 +298,7 @@ def _num(x: float | None) -> str:
 
 
 def _headline_html(doc: Doc) -> str:
-    """The summary lines of the text report (``report.headline``): the traffic and saved expressions, the share
+    """The summary lines of the text report (``present.headline``): the traffic and saved expressions, the share
     as the dims grow, the figures at the shapes used, unknowns and why."""
     return ('<ul class="headline">' + "".join(f"<li>{_e(line)}</li>" for line in headline(doc, plain=escape.text))
             + "</ul>")

@@ -20,8 +20,8 @@ from onnxfuse.report import escape
 from onnxfuse.report.remedies import remedy
 from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY, Doc, SupportsToDict
 
-#: Rows shown per table in text and Markdown unless ``show_all`` (largest byte figures first).
-DEFAULT_TOP_ROWS = 20
+# ---------------------------------------------------------------------------------------------------------------
+# Byte figures
 
 
 def human_bytes(n: int | None) -> str:
@@ -45,6 +45,12 @@ def human_time(ms: float | None) -> str:
         if abs(seconds) >= scale:
             return f"{seconds / scale:.3g} {unit}"
     return f"{seconds / 1e-9:.3g} ns"
+
+
+def percent(part: int | None, whole: int | None) -> float | None:
+    if part is None or not whole:
+        return None
+    return round(100.0 * part / whole, 2)
 
 
 def bytes_text(number: int | None, expr: str | None, code: bool = False) -> str:
@@ -107,12 +113,6 @@ def leading_terms(expr: str, doc: Doc) -> str:
     return "~" + text + (" (+ smaller terms)" if dropped else "")
 
 
-def cell(number: int | None, expr: str | None, doc: Doc, code: bool = False) -> str:
-    """A byte figure for a table cell or line: the number when there is one, else the expression (by its leading
-    terms when long, :func:`expr_text`)."""
-    return human_bytes(number) if number is not None else expr_text(expr, doc, code)
-
-
 def short_expression(expr: str, doc: Doc) -> str | None:
     """:func:`leading_terms` of a byte expression longer than LONG_EXPRESSION_CHARS; None when it is short, or
     when the leading terms cannot be taken (no polynomial once floors are dropped: ``Max``, ``Mod``), so that the
@@ -134,6 +134,210 @@ def expr_text(expr: str | None, doc: Doc, code: bool) -> str:
         return bytes_text(None, expr, code)
     return escape.markdown_code(text) if code else text
 
+
+def cell(number: int | None, expr: str | None, doc: Doc, code: bool = False) -> str:
+    """A byte figure for a table cell or line: the number when there is one, else the expression (by its leading
+    terms when long, :func:`expr_text`)."""
+    return human_bytes(number) if number is not None else expr_text(expr, doc, code)
+
+
+def bytes_of(obj: dict | None, key: str, doc: Doc | None = None) -> str:
+    """``obj[key]`` as KiB/MiB, else its ``key_expr`` (symbolic, schema 2) with a unit, else "unknown". With the
+    report ``doc``, a long expression is given by its leading terms (:func:`leading_terms`), as the text
+    report does."""
+    value = None if obj is None else obj.get(key)
+    if value is not None:
+        return human_bytes(value)
+    expr = None if obj is None else obj.get(f"{key}_expr")
+    if expr and expr.lstrip("-").isdigit():  # an expression without symbols is a number
+        return human_bytes(int(expr))
+    if expr and doc is not None and len(expr) > LONG_EXPRESSION_CHARS:
+        return _leading(expr, json.dumps(doc.get("symbols") or {}, sort_keys=True))
+    return f"{expr} B" if expr else "unknown"
+
+
+@functools.lru_cache(maxsize=4096)
+def _leading(expr: str, symbols_json: str) -> str:
+    return leading_terms(expr, {"symbols": json.loads(symbols_json)})
+
+
+def node_total(row: dict | None) -> tuple[int | None, str | None]:
+    """(read + written bytes or None, symbolic expression or None) of a ``nodes.before/after`` row."""
+    if row is None:
+        return None, None
+    r, w = row.get("read_bytes"), row.get("written_bytes")
+    if r is not None and w is not None:
+        return r + w, None
+    expr = row.get("total_bytes_expr")
+    if expr is None and row.get("read_bytes_expr") and row.get("written_bytes_expr"):
+        expr = _add_exprs(row["read_bytes_expr"], row["written_bytes_expr"])
+    return None, expr
+
+
+def _add_exprs(a: str, b: str) -> str:
+    """The sum of two byte expressions (read without eval, :func:`onnxfuse.analysis.expressions.parse`), else as
+    written."""
+    try:
+        return str(expressions.parse(a) + expressions.parse(b))
+    except ValueError:
+        return f"{a} + {b}"
+
+
+def _sum_expressions(exprs: list[str]) -> str:
+    """The sum of byte expressions (report strings), printed as the report prints them."""
+    total = add([expressions.parse(e) for e in exprs])
+    return printer()(total)
+
+
+def representative_values(doc: Doc) -> dict[str, int]:
+    """Symbol -> :data:`REPRESENTATIVE_BATCH` for a dim on axis 0 of an input, else :data:`REPRESENTATIVE_SIZE`,
+    for the symbols of a report dict."""
+    return {name: REPRESENTATIVE_BATCH if where["axis"] == 0 else REPRESENTATIVE_SIZE
+            for name, where in doc["symbols"].items()}
+
+
+def at_values(expr: str | None, values: dict[str, int]) -> int | None:
+    """A report's byte expression evaluated at ``values`` (symbol name -> size), read without eval
+    (:func:`onnxfuse.analysis.expressions.parse`); None when it is None, not in the grammar or not a number there."""
+    if expr is None:
+        return None
+    import sympy
+
+    try:
+        value = sympy.sympify(expressions.parse(expr).xreplace(
+            {make_symbol(k): sympy.Integer(v) for k, v in values.items()}))
+    except (ValueError, TypeError):
+        return None
+    return int(value) if value.is_number else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Names, chains and shapes
+
+
+def label(node: dict) -> str:
+    """A node's name, or its output tensor's name when the model left the node unnamed."""
+    return node["name"] or node["output"]
+
+
+def chain(nodes: list[dict], arrow: str = " -> ") -> str:
+    """The ops of ``nodes`` joined by ``arrow``: ``Conv -> BatchNormalization -> Relu``."""
+    return arrow.join(n["op"] for n in nodes)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def shapes_text(doc: Doc) -> str:
+    """``x=1x3x640x640, sr=scalar``: a scalar input has no dims to join."""
+    return ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in doc["input_shapes"].items())
+
+
+def kinds(doc: Doc) -> str:
+    """``11 FusedConv, 31 folds``, with ``1 FusedGemm`` where there is one (a fold keeps the op it folded into)."""
+    conv = sum(1 for f in doc["fusions"] if f["op"] == "FusedConv")
+    gemm = sum(1 for f in doc["fusions"] if f["op"] == "FusedGemm")
+    folds = plural(len(doc["fusions"]) - conv - gemm, "fold")
+    return f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "") + folds
+
+
+def fused_count(doc: Doc) -> str:
+    return f"{plural(len(doc['fusions']), 'fused node')} ({kinds(doc)})"
+
+
+def passes_text(passes: list[str]) -> str:
+    """``conv_affine x2, conv_hardswish``: the passes that built a node, each once with how often it applied."""
+    counts: dict[str, int] = {}
+    for p in passes:
+        counts[p] = counts.get(p, 0) + 1
+    return ", ".join(f"{p} x{n}" if n > 1 else p for p, n in counts.items())
+
+
+def made_by_onnxruntime(row: dict) -> str:
+    """``yes`` when onnxruntime makes this fusion itself at load (the report's level), ``no`` when it does not,
+    empty when the report did not compare."""
+    made = row.get("made_by_onnxruntime")
+    return "" if made is None else ("yes" if made else "no")
+
+
+def unfused_label(row: dict, name, ops) -> str:
+    """``conv1: Conv -> Relu``, or ``45 x Conv -> Relu (first conv1)`` for a group of :func:`grouped_unfused`;
+    ``name`` and ``ops`` format the node name and the chain (code span and escaping in Markdown)."""
+    first, ops_text = name(label(row["nodes"][0])), ops(chain(row["nodes"]))
+    if row.get("count", 1) > 1:
+        return f"{row['count']} x {ops_text} (first {first})"
+    return f"{first}: {ops_text}"
+
+
+def shape_text(row: dict, doc: Doc | None = None) -> str:
+    """``1x8x32x32 float32``; a symbolic shape as ``[N_, 8, H, W]`` (an ``x`` between expressions would read as a
+    product), a long dim by its leading terms (``~H/4``, :func:`short_dim`; the JSON has it exact)."""
+    dims = row["shape"] or ["?"]
+    if all(isinstance(d, int) for d in dims):
+        text = "x".join(map(str, dims))
+    else:
+        names = display_names(doc) if doc else {}
+        text = f"[{', '.join(short_dim(d, names) for d in dims)}]"
+    return f"{text} {row['dtype'] or '?'}"
+
+
+def short_dim(dim, names: dict[str, str]) -> str:
+    """A dim for a table cell, its symbols by their display names (``names``, :func:`display_names`): as it is
+    when short, else ``~`` and its highest-degree terms once floors and ceilings are dropped
+    (``floor(floor(H/2 - 1/2)/2) + 1`` -> ``~H/4``), or its first characters when it is no polynomial."""
+    text = str(dim)
+    if dim is None or isinstance(dim, int):
+        return "?" if dim is None else text
+    import sympy
+
+    try:
+        e = expressions.parse(text)
+        e = e.xreplace({s: sympy.Symbol(names.get(s.name, s.name)) for s in e.free_symbols})
+        if len(str(e)) <= 16:
+            return str(e)
+        e = sympy.expand(e.replace(sympy.floor, lambda a: a).replace(sympy.ceiling, lambda a: a))
+        poly = sympy.Poly(e, *sorted(e.free_symbols, key=str))
+        top = poly.total_degree()
+        lead = sum((c * sympy.prod(s**k for s, k in zip(poly.gens, m)) for m, c in poly.terms() if sum(m) == top),
+                   sympy.Integer(0))
+        return "~" + str(lead)
+    except (ValueError, TypeError, sympy.PolynomialError):
+        return text[:13] + "..."
+
+
+def dim_text(dim: int | str | None, doc: Doc) -> str:
+    """One output dim: its number; a symbolic one (schema 2) evaluated at ``symbol_values`` when those fix it,
+    else the expression with the symbols' display names, by its leading term when long (``~x[2]/4``, as the text
+    report shows it); "?" when unknown."""
+    if dim is None:
+        return "?"
+    if isinstance(dim, int):
+        return str(dim)
+    if doc.get("symbol_values"):
+        import sympy
+
+        try:
+            value = sympy.sympify(expressions.parse(str(dim)).xreplace(
+                {make_symbol(k): sympy.Integer(v) for k, v in doc["symbol_values"].items()}))
+            if value.is_number:
+                return str(int(value))
+        except (ValueError, TypeError):
+            pass
+    return short_dim(dim, display_names(doc))
+
+
+def display_name(doc: Doc, symbol: str) -> str:
+    """How the page names a symbol: the model's dim name when short and plain, else ``input[axis]``."""
+    return display_names(doc).get(symbol, symbol)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rows: order, top rows, grouping
+
+
+#: Rows shown per table in text and Markdown unless ``show_all`` (largest byte figures first).
+DEFAULT_TOP_ROWS = 20
 
 
 def _sort_value(row: dict, key: str) -> float:
@@ -157,43 +361,86 @@ def top_rows(rows: list[dict], key: str, show_all: bool) -> tuple[list[dict], in
     return ordered[:DEFAULT_TOP_ROWS], len(ordered) - DEFAULT_TOP_ROWS
 
 
-def chain(nodes: list[dict], arrow: str = " -> ") -> str:
-    """The ops of ``nodes`` joined by ``arrow``: ``Conv -> BatchNormalization -> Relu``."""
-    return arrow.join(n["op"] for n in nodes)
+def grouped_unfused(rows: list[dict]) -> list[dict]:
+    """Unfused rows with the same chain of ops and reason merged into one: ``count``, the first row's nodes and
+    detail, ``bytes`` summed when every one is known (``bytes_expr`` summed likewise). Order: first appearance."""
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        key = (tuple(n["op"] for n in r["nodes"]), r["reason"])
+        g = groups.get(key)
+        if g is None:
+            groups[key] = {**r, "count": 1, "_exprs": [r["bytes_expr"]]}
+            continue
+        g["count"] += 1
+        g["bytes"] = None if g["bytes"] is None or r["bytes"] is None else g["bytes"] + r["bytes"]
+        g["_exprs"].append(r["bytes_expr"])
+    out = []
+    for g in groups.values():
+        exprs = g.pop("_exprs")
+        if g["count"] > 1:
+            g["bytes_expr"] = None if None in exprs else _sum_expressions(exprs)
+        out.append(g)
+    return out
 
 
-def verification_line(doc: Doc) -> str:
-    v = doc["verification"]
-    if v.get("reason") == REPORT_DOES_NOT_VERIFY:
-        return "verification: not run (onnxfuse report only analyses; onnxfuse optimize verifies what it writes)"
-    detail = v.get("summary") or v.get("reason")
-    if not detail and v.get("max_abs_error") is not None:
-        detail = f"max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g}"
-    if v["status"] in ("passed", "failed") and v.get("input_shapes"):  # what was run: sizes may be generated
-        shapes = shapes_text({"input_shapes": v["input_shapes"]})
-        detail = f"{detail}; inputs {shapes}" if detail else f"inputs {shapes}"
-    return f"verification: {v['status']}" + (f" ({detail})" if detail else "")
+def unfused_groups(doc: Doc) -> list[tuple[str, int, str]]:
+    """The unfused patterns of a report dict grouped by reason: ``(reason, count, what would fuse them)``, most
+    frequent first (``onnxfuse.report.remedies.remedy``; for a target-dependent reason, the first pattern's)."""
+    counts: dict[str, int] = {}
+    first: dict[str, dict] = {}
+    for row in doc["unfused"]:
+        counts[row["reason"]] = counts.get(row["reason"], 0) + 1
+        first.setdefault(row["reason"], row)
+    order = sorted(counts, key=lambda r: (-counts[r], r))
+    return [(r, counts[r], remedy(first[r], doc["target"])) for r in order]
 
 
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
+# ---------------------------------------------------------------------------------------------------------------
+# Sentences: the summary and its lines
 
 
-def shapes_text(doc: Doc) -> str:
-    """``x=1x3x640x640, sr=scalar``: a scalar input has no dims to join."""
-    return ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in doc["input_shapes"].items())
+def summary_lines(report: SupportsToDict, hints: bool = True) -> list[str]:
+    """The short summary ``optimize`` prints: traffic, fusion count, unfused count, for a QDQ model what
+    onnxruntime does with its quantized patterns, verification, bandwidth, and (when ``hints``)
+    :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.report.escape.text`)."""
+    doc = escape.escaped(report.to_dict())
+    lines = [*headline(doc, hints=hints),
+             f"fusions: {fused_count(doc)}; {plural(len(doc['unfused']), 'pattern')} left unfused "
+             f"(target {doc['target']})"]
+    if doc["unfused"]:
+        lines.append(unfused_line(doc))
+    quantized = sum(u["reason"] == "quantized-conv" for u in doc["unfused"])
+    if quantized:  # a QDQ model: onnxfuse leaves its Conv/Gemm/MatMul groups to onnxruntime (passes/conv_unfused.py)
+        lines.append(f"quantized: {plural(quantized, 'pattern')} inside QuantizeLinear/DequantizeLinear pairs "
+                     "left as they are; onnxruntime turns them into quantized kernels (QLinearConv, QGemm, "
+                     "QLinearMatMul) at load, at level extended and above (core/optimizer/qdq_transformer)")
+    lines.append(verification_line(doc))
+    if doc["bandwidth"]:
+        lines.append(bandwidth_line(doc["bandwidth"]))
+    return lines
 
 
-def kinds(doc: Doc) -> str:
-    """``11 FusedConv, 31 folds``, with ``1 FusedGemm`` where there is one (a fold keeps the op it folded into)."""
-    conv = sum(1 for f in doc["fusions"] if f["op"] == "FusedConv")
-    gemm = sum(1 for f in doc["fusions"] if f["op"] == "FusedGemm")
-    folds = plural(len(doc["fusions"]) - conv - gemm, "fold")
-    return f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "") + folds
+def unknown_shapes_hint(report: SupportsToDict) -> str | None:
+    """``give --input-shape for the figures at one input size (symbols: N_ = x[0], ...)`` when the report has
+    symbols, no value for them and no figures at batch 1; else None. Names escaped for a terminal
+    (:func:`onnxfuse.report.escape.text`)."""
+    doc = escape.escaped(report.to_dict())
+    t = doc["totals"]
+    if not doc["symbols"] or t["saved_bytes"] is not None or (t["at_batch_1"] and
+                                                             t["at_batch_1"]["saved_bytes"] is not None):
+        return None
+    return input_shape_hint(doc)
 
 
-def fused_count(doc: Doc) -> str:
-    return f"{plural(len(doc['fusions']), 'fused node')} ({kinds(doc)})"
+def input_shape_hint(doc: Doc) -> str:
+    names = display_names(doc)
+
+    def symbol(k: str, where: dict) -> str:
+        dim = f"{where['input']}[{where['axis']}]"
+        return dim if names.get(k, k) == dim else f"{names.get(k, k)} = {dim}"
+
+    return ("give --input-shape for the figures at your input sizes (symbols: "
+            + ", ".join(symbol(k, v) for k, v in doc["symbols"].items()) + ")")
 
 
 def headline(doc: Doc, code: bool = False, hints: bool = True, plain=str) -> list[str]:
@@ -253,53 +500,6 @@ def headline(doc: Doc, code: bool = False, hints: bool = True, plain=str) -> lis
     return lines
 
 
-def file_line(doc: Doc) -> str | None:
-    """``model file: 11.1 MiB -> 11.1 MiB``: the input file (with its external data) and the optimized model's
-    serialized size (weights computed from compact constants, int8 x scale and the like, stay compact unless
-    ``--materialize-weights`` allows floats); None when a size is unknown."""
-    m = doc["model"]
-    after = m.get("optimized_bytes")
-    if after is None or not m.get("file_bytes"):
-        return None
-    return f"model file: {human_bytes(m['file_bytes'])} -> {human_bytes(after)}"
-
-
-def profile_line(doc: Doc, plain=str) -> str | None:
-    """``measured by onnxruntime's profiler at level all: 400 -> 238 kernels, 812 ms -> 655 ms, 1.9 GiB -> 1.2 GiB
-    read and written (at x=1x3x640x640)``; None without a ``profile`` section (``report --profile``)."""
-    p = doc.get("profile")
-    if not p:
-        return None
-    o, a = p["original"], p["optimized"]
-    shapes = ", ".join(f"{plain(k)}={'x'.join(map(str, v)) or 'scalar'}" for k, v in p["input_shapes"].items())
-    return (f"measured by onnxruntime's profiler at level {p['level']}, {p['threads']} thread(s), median of "
-            f"{p['runs']} runs: {o['kernels']} -> {a['kernels']} kernels, {o['total_ms']:.3f} ms -> "
-            f"{a['total_ms']:.3f} ms, {human_bytes(o['total_bytes'])} -> {human_bytes(a['total_bytes'])} read and "
-            f"written (at {shapes})")
-
-
-def representative_values(doc: Doc) -> dict[str, int]:
-    """Symbol -> :data:`REPRESENTATIVE_BATCH` for a dim on axis 0 of an input, else :data:`REPRESENTATIVE_SIZE`,
-    for the symbols of a report dict."""
-    return {name: REPRESENTATIVE_BATCH if where["axis"] == 0 else REPRESENTATIVE_SIZE
-            for name, where in doc["symbols"].items()}
-
-
-def at_values(expr: str | None, values: dict[str, int]) -> int | None:
-    """A report's byte expression evaluated at ``values`` (symbol name -> size), read without eval
-    (:func:`onnxfuse.analysis.expressions.parse`); None when it is None, not in the grammar or not a number there."""
-    if expr is None:
-        return None
-    import sympy
-
-    try:
-        value = sympy.sympify(expressions.parse(expr).xreplace(
-            {make_symbol(k): sympy.Integer(v) for k, v in values.items()}))
-    except (ValueError, TypeError):
-        return None
-    return int(value) if value.is_number else None
-
-
 def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
     """The summary's first line: what onnxfuse saves beyond what onnxruntime already makes of the original at
     load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared.
@@ -331,95 +531,17 @@ def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
             f"({kernels}), saving {saved}{at}")
 
 
-def input_shape_hint(doc: Doc) -> str:
-    names = display_names(doc)
-
-    def symbol(k: str, where: dict) -> str:
-        dim = f"{where['input']}[{where['axis']}]"
-        return dim if names.get(k, k) == dim else f"{names.get(k, k)} = {dim}"
-
-    return ("give --input-shape for the figures at your input sizes (symbols: "
-            + ", ".join(symbol(k, v) for k, v in doc["symbols"].items()) + ")")
-
-
-def unknown_shapes_hint(report: SupportsToDict) -> str | None:
-    """``give --input-shape for the figures at one input size (symbols: N_ = x[0], ...)`` when the report has
-    symbols, no value for them and no figures at batch 1; else None. Names escaped for a terminal
-    (:func:`onnxfuse.report.escape.text`)."""
-    doc = escape.escaped(report.to_dict())
-    t = doc["totals"]
-    if not doc["symbols"] or t["saved_bytes"] is not None or (t["at_batch_1"] and
-                                                             t["at_batch_1"]["saved_bytes"] is not None):
-        return None
-    return input_shape_hint(doc)
-
-
-def summary_lines(report: SupportsToDict, hints: bool = True) -> list[str]:
-    """The short summary ``optimize`` prints: traffic, fusion count, unfused count, for a QDQ model what
-    onnxruntime does with its quantized patterns, verification, bandwidth, and (when ``hints``)
-    :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.report.escape.text`)."""
-    doc = escape.escaped(report.to_dict())
-    lines = [*headline(doc, hints=hints),
-             f"fusions: {fused_count(doc)}; {plural(len(doc['unfused']), 'pattern')} left unfused "
-             f"(target {doc['target']})"]
-    if doc["unfused"]:
-        lines.append(unfused_line(doc))
-    quantized = sum(u["reason"] == "quantized-conv" for u in doc["unfused"])
-    if quantized:  # a QDQ model: onnxfuse leaves its Conv/Gemm/MatMul groups to onnxruntime (passes/conv_unfused.py)
-        lines.append(f"quantized: {plural(quantized, 'pattern')} inside QuantizeLinear/DequantizeLinear pairs "
-                     "left as they are; onnxruntime turns them into quantized kernels (QLinearConv, QGemm, "
-                     "QLinearMatMul) at load, at level extended and above (core/optimizer/qdq_transformer)")
-    lines.append(verification_line(doc))
-    if doc["bandwidth"]:
-        lines.append(bandwidth_line(doc["bandwidth"]))
-    return lines
-
-
-def unfused_groups(doc: Doc) -> list[tuple[str, int, str]]:
-    """The unfused patterns of a report dict grouped by reason: ``(reason, count, what would fuse them)``, most
-    frequent first (``onnxfuse.report.remedies.remedy``; for a target-dependent reason, the first pattern's)."""
-    counts: dict[str, int] = {}
-    first: dict[str, dict] = {}
-    for row in doc["unfused"]:
-        counts[row["reason"]] = counts.get(row["reason"], 0) + 1
-        first.setdefault(row["reason"], row)
-    order = sorted(counts, key=lambda r: (-counts[r], r))
-    return [(r, counts[r], remedy(first[r], doc["target"])) for r in order]
-
-
-def unfused_line(doc: Doc) -> str:
-    """``left unfused: 45 dtype-has-no-fusedconv-kernel (no target: ...); 1 ...``: one line, each reason with its
-    count and what would fuse those patterns, in the words of ``onnxfuse/report/remedies.py``."""
-    return "left unfused: " + "; ".join(f"{n} {reason} (what would fuse {'it' if n == 1 else 'them'}: {fix})"
-                                        for reason, n, fix in unfused_groups(doc))
-
-
-def grouped_unfused(rows: list[dict]) -> list[dict]:
-    """Unfused rows with the same chain of ops and reason merged into one: ``count``, the first row's nodes and
-    detail, ``bytes`` summed when every one is known (``bytes_expr`` summed likewise). Order: first appearance."""
-    groups: dict[tuple, dict] = {}
-    for r in rows:
-        key = (tuple(n["op"] for n in r["nodes"]), r["reason"])
-        g = groups.get(key)
-        if g is None:
-            groups[key] = {**r, "count": 1, "_exprs": [r["bytes_expr"]]}
-            continue
-        g["count"] += 1
-        g["bytes"] = None if g["bytes"] is None or r["bytes"] is None else g["bytes"] + r["bytes"]
-        g["_exprs"].append(r["bytes_expr"])
-    out = []
-    for g in groups.values():
-        exprs = g.pop("_exprs")
-        if g["count"] > 1:
-            g["bytes_expr"] = None if None in exprs else _sum_expressions(exprs)
-        out.append(g)
-    return out
-
-
-def _sum_expressions(exprs: list[str]) -> str:
-    """The sum of byte expressions (report strings), printed as the report prints them."""
-    total = add([expressions.parse(e) for e in exprs])
-    return printer()(total)
+def verification_line(doc: Doc) -> str:
+    v = doc["verification"]
+    if v.get("reason") == REPORT_DOES_NOT_VERIFY:
+        return "verification: not run (onnxfuse report only analyses; onnxfuse optimize verifies what it writes)"
+    detail = v.get("summary") or v.get("reason")
+    if not detail and v.get("max_abs_error") is not None:
+        detail = f"max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g}"
+    if v["status"] in ("passed", "failed") and v.get("input_shapes"):  # what was run: sizes may be generated
+        shapes = shapes_text({"input_shapes": v["input_shapes"]})
+        detail = f"{detail}; inputs {shapes}" if detail else f"inputs {shapes}"
+    return f"verification: {v['status']}" + (f" ({detail})" if detail else "")
 
 
 def bandwidth_line(b: Doc) -> str:
@@ -431,60 +553,11 @@ def bandwidth_line(b: Doc) -> str:
             f"{human_time(b['before_ms'])} -> {human_time(b['after_ms'])}")
 
 
-def unfused_label(row: dict, name, ops) -> str:
-    """``conv1: Conv -> Relu``, or ``45 x Conv -> Relu (first conv1)`` for a group of :func:`grouped_unfused`;
-    ``name`` and ``ops`` format the node name and the chain (code span and escaping in Markdown)."""
-    first, ops_text = name(label(row["nodes"][0])), ops(chain(row["nodes"]))
-    if row.get("count", 1) > 1:
-        return f"{row['count']} x {ops_text} (first {first})"
-    return f"{first}: {ops_text}"
-
-
-def label(node: dict) -> str:
-    """A node's name, or its output tensor's name when the model left the node unnamed."""
-    return node["name"] or node["output"]
-
-
-def shape_text(row: dict, doc: Doc | None = None) -> str:
-    """``1x8x32x32 float32``; a symbolic shape as ``[N_, 8, H, W]`` (an ``x`` between expressions would read as a
-    product), a long dim by its leading terms (``~H/4``, :func:`short_dim`; the JSON has it exact)."""
-    dims = row["shape"] or ["?"]
-    if all(isinstance(d, int) for d in dims):
-        text = "x".join(map(str, dims))
-    else:
-        names = display_names(doc) if doc else {}
-        text = f"[{', '.join(short_dim(d, names) for d in dims)}]"
-    return f"{text} {row['dtype'] or '?'}"
-
-
-def short_dim(dim, names: dict[str, str]) -> str:
-    """A dim for a table cell, its symbols by their display names (``names``, :func:`display_names`): as it is
-    when short, else ``~`` and its highest-degree terms once floors and ceilings are dropped
-    (``floor(floor(H/2 - 1/2)/2) + 1`` -> ``~H/4``), or its first characters when it is no polynomial."""
-    text = str(dim)
-    if dim is None or isinstance(dim, int):
-        return "?" if dim is None else text
-    import sympy
-
-    try:
-        e = expressions.parse(text)
-        e = e.xreplace({s: sympy.Symbol(names.get(s.name, s.name)) for s in e.free_symbols})
-        if len(str(e)) <= 16:
-            return str(e)
-        e = sympy.expand(e.replace(sympy.floor, lambda a: a).replace(sympy.ceiling, lambda a: a))
-        poly = sympy.Poly(e, *sorted(e.free_symbols, key=str))
-        top = poly.total_degree()
-        lead = sum((c * sympy.prod(s**k for s, k in zip(poly.gens, m)) for m, c in poly.terms() if sum(m) == top),
-                   sympy.Integer(0))
-        return "~" + str(lead)
-    except (ValueError, TypeError, sympy.PolynomialError):
-        return text[:13] + "..."
-
-
-def percent(part: int | None, whole: int | None) -> float | None:
-    if part is None or not whole:
-        return None
-    return round(100.0 * part / whole, 2)
+def unfused_line(doc: Doc) -> str:
+    """``left unfused: 45 dtype-has-no-fusedconv-kernel (no target: ...); 1 ...``: one line, each reason with its
+    count and what would fuse those patterns, in the words of ``onnxfuse/report/remedies.py``."""
+    return "left unfused: " + "; ".join(f"{n} {reason} (what would fuse {'it' if n == 1 else 'them'}: {fix})"
+                                        for reason, n, fix in unfused_groups(doc))
 
 
 def deployment_line(doc: Doc) -> str | None:
@@ -506,46 +579,33 @@ def deployment_line(doc: Doc) -> str | None:
             f"{'it' if len(newer) == 1 and newer[0]['count'] == 1 else 'them'} unfused)")
 
 
-def bytes_of(obj: dict | None, key: str, doc: Doc | None = None) -> str:
-    """``obj[key]`` as KiB/MiB, else its ``key_expr`` (symbolic, schema 2) with a unit, else "unknown". With the
-    report ``doc``, a long expression is given by its leading terms (``report.leading_terms``), as the text
-    report does."""
-    value = None if obj is None else obj.get(key)
-    if value is not None:
-        return human_bytes(value)
-    expr = None if obj is None else obj.get(f"{key}_expr")
-    if expr and expr.lstrip("-").isdigit():  # an expression without symbols is a number
-        return human_bytes(int(expr))
-    if expr and doc is not None and len(expr) > LONG_EXPRESSION_CHARS:
-        return _leading(expr, json.dumps(doc.get("symbols") or {}, sort_keys=True))
-    return f"{expr} B" if expr else "unknown"
+def file_line(doc: Doc) -> str | None:
+    """``model file: 11.1 MiB -> 11.1 MiB``: the input file (with its external data) and the optimized model's
+    serialized size (weights computed from compact constants, int8 x scale and the like, stay compact unless
+    ``--materialize-weights`` allows floats); None when a size is unknown."""
+    m = doc["model"]
+    after = m.get("optimized_bytes")
+    if after is None or not m.get("file_bytes"):
+        return None
+    return f"model file: {human_bytes(m['file_bytes'])} -> {human_bytes(after)}"
 
 
-@functools.lru_cache(maxsize=4096)
-def _leading(expr: str, symbols_json: str) -> str:
-    return leading_terms(expr, {"symbols": json.loads(symbols_json)})
+def profile_line(doc: Doc, plain=str) -> str | None:
+    """``measured by onnxruntime's profiler at level all: 400 -> 238 kernels, 812 ms -> 655 ms, 1.9 GiB -> 1.2 GiB
+    read and written (at x=1x3x640x640)``; None without a ``profile`` section (``report --profile``)."""
+    p = doc.get("profile")
+    if not p:
+        return None
+    o, a = p["original"], p["optimized"]
+    shapes = ", ".join(f"{plain(k)}={'x'.join(map(str, v)) or 'scalar'}" for k, v in p["input_shapes"].items())
+    return (f"measured by onnxruntime's profiler at level {p['level']}, {p['threads']} thread(s), median of "
+            f"{p['runs']} runs: {o['kernels']} -> {a['kernels']} kernels, {o['total_ms']:.3f} ms -> "
+            f"{a['total_ms']:.3f} ms, {human_bytes(o['total_bytes'])} -> {human_bytes(a['total_bytes'])} read and "
+            f"written (at {shapes})")
 
 
-def node_total(row: dict | None) -> tuple[int | None, str | None]:
-    """(read + written bytes or None, symbolic expression or None) of a ``nodes.before/after`` row."""
-    if row is None:
-        return None, None
-    r, w = row.get("read_bytes"), row.get("written_bytes")
-    if r is not None and w is not None:
-        return r + w, None
-    expr = row.get("total_bytes_expr")
-    if expr is None and row.get("read_bytes_expr") and row.get("written_bytes_expr"):
-        expr = _add_exprs(row["read_bytes_expr"], row["written_bytes_expr"])
-    return None, expr
-
-
-def _add_exprs(a: str, b: str) -> str:
-    """The sum of two byte expressions (read without eval, :func:`onnxfuse.analysis.expressions.parse`), else as
-    written."""
-    try:
-        return str(expressions.parse(a) + expressions.parse(b))
-    except ValueError:
-        return f"{a} + {b}"
+# ---------------------------------------------------------------------------------------------------------------
+# The HTML chart's layers and sizes
 
 
 def layer_units(doc: Doc) -> list[dict]:
@@ -623,46 +683,10 @@ def _ref(row: dict) -> dict:
     return {"name": row.get("name") or "", "op": row["op"], "output": row["output"]}
 
 
-def dim_text(dim: int | str | None, doc: Doc) -> str:
-    """One output dim: its number; a symbolic one (schema 2) evaluated at ``symbol_values`` when those fix it,
-    else the expression with the symbols' display names, by its leading term when long (``~x[2]/4``, as the text
-    report shows it); "?" when unknown."""
-    if dim is None:
-        return "?"
-    if isinstance(dim, int):
-        return str(dim)
-    if doc.get("symbol_values"):
-        import sympy
-
-        try:
-            value = sympy.sympify(expressions.parse(str(dim)).xreplace(
-                {make_symbol(k): sympy.Integer(v) for k, v in doc["symbol_values"].items()}))
-            if value.is_number:
-                return str(int(value))
-        except (ValueError, TypeError):
-            pass
-    return short_dim(dim, display_names(doc))
-
-
-def made_by_onnxruntime(row: dict) -> str:
-    """``yes`` when onnxruntime makes this fusion itself at load (the report's level), ``no`` when it does not,
-    empty when the report did not compare."""
-    made = row.get("made_by_onnxruntime")
-    return "" if made is None else ("yes" if made else "no")
-
-
-def passes_text(passes: list[str]) -> str:
-    """``conv_affine x2, conv_hardswish``: the passes that built a node, each once with how often it applied."""
-    counts: dict[str, int] = {}
-    for p in passes:
-        counts[p] = counts.get(p, 0) + 1
-    return ", ".join(f"{p} x{n}" if n > 1 else p for p, n in counts.items())
-
-
 def chart_sizes(doc: Doc) -> tuple[dict[str, int], str] | None:
     """``(symbol -> size, where the sizes come from)`` for a report with symbolic dims and no value for them: the
     input sizes verification ran with when every symbol appears in them, else the stated representative sizes
-    (``report.representative_values``). None when the report has numbers (no symbols, or values for them)."""
+    (:func:`representative_values`). None when the report has numbers (no symbols, or values for them)."""
     if not doc.get("symbols") or doc.get("symbol_values"):
         return None
     shapes = (doc.get("verification") or {}).get("input_shapes") or {}
@@ -676,11 +700,6 @@ def chart_sizes(doc: Doc) -> tuple[dict[str, int], str] | None:
 
     return (representative_values(doc),
             f"representative sizes: batch {REPRESENTATIVE_BATCH}, {REPRESENTATIVE_SIZE} for the other dims")
-
-
-def display_name(doc: Doc, symbol: str) -> str:
-    """How the page names a symbol: the model's dim name when short and plain, else ``input[axis]``."""
-    return display_names(doc).get(symbol, symbol)
 
 
 def draw_at(units: list[dict], values: dict[str, int]) -> None:
