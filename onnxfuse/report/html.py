@@ -21,7 +21,6 @@ import html
 import json
 from typing import Any
 
-from onnxfuse.ort.providers import TARGETS
 from onnxfuse.report import escape
 from onnxfuse.report.present import (
     bytes_of,
@@ -36,6 +35,7 @@ from onnxfuse.report.present import (
     layer_units,
     made_by_onnxruntime,
     passes_text,
+    target_providers,
 )
 from onnxfuse.report.remedies import remedy
 from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY, Doc
@@ -501,15 +501,13 @@ def to_html(doc: Doc) -> str:
     fused_units = sum(1 for u in units if u["kind"] == "fused")
     totals_fig = totals_figure(t)
     figures = {"traffic": traffic_figure(units, doc), "totals": totals_fig}
-    target = TARGETS.get(doc["target"])
-    providers = ", ".join(target.providers) if target and target.providers else "standard ONNX only"
     header = (
         "<h1>onnxfuse memory-traffic report</h1>"
         '<dl class="meta">'
         f'<dt>model</dt><dd><code id="model-path">{_e(m["path"])}</code> · {_e(human_bytes(m.get("file_bytes")))}'
         f"{' · external data' if m.get('external_data') else ''}</dd>"
         f'<dt>sha256</dt><dd><code id="model-sha256">{_e(m["sha256"])}</code></dd>'
-        f"<dt>target</dt><dd><code>{_e(doc['target'])}</code> ({_e(providers)})</dd>"
+        f"<dt>target</dt><dd><code>{_e(doc['target'])}</code> ({_e(target_providers(doc))})</dd>"
         f"<dt>input shapes</dt><dd>{_shapes_html(doc)}</dd>"
         f"<dt>verification</dt><dd>{_verification_html(doc)}</dd>"
         f"<dt>onnxfuse</dt><dd>{_e(doc['onnxfuse_version'])} · passes {_e(', '.join(doc['passes']))}</dd>"

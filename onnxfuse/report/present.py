@@ -16,6 +16,7 @@ from onnxfuse.analysis import expressions
 from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
 from onnxfuse.analysis.symbolic import make_symbol, printer
 from onnxfuse.analysis.traffic import add
+from onnxfuse.ort.providers import TARGETS
 from onnxfuse.report import escape
 from onnxfuse.report.remedies import remedy
 from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY, Doc, SupportsToDict
@@ -259,6 +260,12 @@ def made_by_onnxruntime(row: dict) -> str:
     empty when the report did not compare."""
     made = row.get("made_by_onnxruntime")
     return "" if made is None else ("yes" if made else "no")
+
+
+def target_providers(doc: Doc) -> str:
+    """The execution providers of the report's ``--target`` (``providers.TARGETS``), or "standard ONNX only"."""
+    target = TARGETS.get(doc["target"])
+    return ", ".join(target.providers) if target and target.providers else "standard ONNX only"
 
 
 def unfused_label(row: dict, name, ops) -> str:
