@@ -152,3 +152,18 @@ def test_the_checker_sees_lazy_and_upward_imports(tmp_path):
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
     assert "onnxfuse.cli.main" in _resolve("onnxfuse.model.io", False, node)
     assert _layer("onnxfuse.cli.main") > _layer("onnxfuse.model.io")
+
+
+def test_report_modules_keep_to_their_jobs():
+    """Inside report/: the presentation (``present``) reads the report's dict only, so it imports neither the data
+    module nor a renderer; the renderers import no data module (they read the dict through ``present``); no report
+    module but the data module imports from onnxfuse.passes (the passes' records it reads)."""
+    graph = import_graph()
+    report = {m for m in graph if m.startswith("onnxfuse.report.")}
+    renderers = {"onnxfuse.report.text", "onnxfuse.report.markdown", "onnxfuse.report.html"}
+    assert renderers | {"onnxfuse.report.present", "onnxfuse.report.model", "onnxfuse.report.formats"} <= report
+    assert not graph["onnxfuse.report.present"] & (renderers | {"onnxfuse.report.model", "onnxfuse.report.formats"})
+    for renderer in renderers:
+        assert "onnxfuse.report.model" not in graph[renderer], renderer
+    importing_passes = {m for m in report if any(d.split(".")[:2] == ["onnxfuse", "passes"] for d in graph[m])}
+    assert importing_passes <= {"onnxfuse.report.model"}, importing_passes
