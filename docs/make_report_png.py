@@ -18,7 +18,7 @@ from pathlib import Path
 
 from onnxfuse import pipeline
 from onnxfuse.analysis.shapes import parse_input_shape
-from onnxfuse.report import build as rep
+from onnxfuse.report import formats as report_formats
 from onnxfuse.report.html import TRACE_FUSED
 
 DEFAULT = ["../shared/models/rapidocr_det_ppocrv4.onnx", "x=1x3x640x640"]
@@ -33,7 +33,7 @@ def main(argv: list[str]) -> None:
     report.model["path"] = Path(model).name  # no folder of this machine in the picture
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
         page_path = Path(tmp) / "report.html"
-        page_path.write_text(rep.render(report, "html"), encoding="utf-8")
+        page_path.write_text(report_formats.render(report, "html"), encoding="utf-8")
         browser = p.chromium.launch(executable_path=shutil.which("chromium"),
                                     args=["--no-sandbox"] if os.geteuid() == 0 else [])
         page = browser.new_page(viewport={"width": 1280, "height": 1560})

@@ -40,7 +40,7 @@ def __getattr__(name: str):
 
         return Result
     if name == "Report":
-        from onnxfuse.report.build import Report
+        from onnxfuse.report.model import Report
 
         return Report
     if name == "Verification":

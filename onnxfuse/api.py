@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from onnxfuse.model.io import LoadedModel
     from onnxfuse.pipeline import Options, Result
-    from onnxfuse.report.build import Report
+    from onnxfuse.report.model import Report
     from onnxfuse.verification.result import Verification
 
 def _load(model, name: str | None = None) -> LoadedModel:
@@ -185,7 +185,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
 
     Returns:
         A :class:`onnxfuse.pipeline.Result`: ``model`` (the optimized ``ModelProto``), ``report`` (the
-        :class:`onnxfuse.report.build.Report`, its ``verification`` filled in), ``changed``, ``fusions``, ``skips``.
+        :class:`onnxfuse.report.model.Report`, its ``verification`` filled in), ``changed``, ``fusions``, ``skips``.
 
     Raises:
         InputError: as :func:`analyse`, or unreadable ``input_data``.

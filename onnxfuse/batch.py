@@ -424,7 +424,7 @@ def run_task(job: dict) -> dict:
 def _optimize_into(job: dict, stage: Path) -> dict:
     from onnxfuse import pipeline
     from onnxfuse.model import io as model_io
-    from onnxfuse.report import build as rep
+    from onnxfuse.report import model as rep
     from onnxfuse.report.html import to_html
     from onnxfuse.verification.options import VerifyOptions
 
@@ -915,7 +915,7 @@ def compare_summaries(old: dict, new: dict) -> dict:
 
 
 def _human(n: int | None) -> str:
-    from onnxfuse.report.build import human_bytes
+    from onnxfuse.report.present import human_bytes
 
     return human_bytes(n) if n is not None else "-"
 

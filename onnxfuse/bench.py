@@ -347,7 +347,7 @@ def profile_text(result: dict[str, Any], top: int = 12) -> str:
     from rich.table import Table
 
     from onnxfuse.report import escape
-    from onnxfuse.report.build import human_bytes
+    from onnxfuse.report.present import human_bytes
 
     buf = io.StringIO()
     console = Console(file=buf, width=120, color_system=None, highlight=False, markup=False, emoji=False)

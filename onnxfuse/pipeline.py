@@ -40,7 +40,7 @@ from onnxfuse.ort.providers import (
 from onnxfuse.passes import Context, Pass
 from onnxfuse.passes.driver import run_passes
 from onnxfuse.records import Fusion, Skip
-from onnxfuse.report import build as rep
+from onnxfuse.report import model as rep
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from onnxfuse import pipeline
 from onnxfuse.cli.main import main
 from onnxfuse.ort import providers
-from onnxfuse.report import build as rep
+from onnxfuse.report import present
 from tests.builders import GraphBuilder
 
 
@@ -86,7 +86,7 @@ def test_the_report_lists_each_form_with_the_release_it_needs(paths):
     assert d["min_onnxruntime"] == needed
     assert d["ort_version"] == providers.release_text(providers.parse_release(
         __import__("onnxfuse.ort.optimized_graph", fromlist=["x"]).installed_version()))
-    line = rep.deployment_line(report.to_dict())
+    line = present.deployment_line(report.to_dict())
     assert line == (f"runs on: onnxruntime >= {needed} (FusedConv(HardSwish) x1 needs {needed}; an older "
                     "--ort-version leaves it unfused)")
 

@@ -8,6 +8,7 @@ The layers, bottom first (CONTRIBUTING.md says what each holds):
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -60,8 +61,8 @@ def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the onnxfuse modules it imports (a ``from package import name`` counts the package, and the
-    submodule when ``name`` is one)."""
+    """Module -> the onnxfuse modules it imports. ``from package import name`` is an edge to the submodule
+    ``package.name`` when ``name`` is one, else to ``package`` (its ``__init__``)."""
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
@@ -70,7 +71,8 @@ def import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                targets = _resolve(name, path.name == "__init__.py", node)
+                package, *submodules = _resolve(name, path.name == "__init__.py", node)
+                targets = [sub if sub in modules else package for sub in submodules]
             else:
                 continue
             edges.update(t for t in targets if t in modules and t != name)
@@ -88,6 +90,57 @@ def test_imports_point_only_down():
     assert not upward, "imports that point up a layer:\n" + "\n".join(upward)
 
 
+def import_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Each cycle a depth-first walk of ``graph`` meets, as ``a -> b -> a``."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[str] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(nxt):], nxt]))
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    return cycles
+
+
+def test_no_import_cycles():
+    """No module imports itself through others (each import counts, lazy ones too: a cycle is a design that
+    works only while every import in it stays inside a function)."""
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_cycle_checker_finds_cycles_and_follows_submodules(tmp_path, monkeypatch):
+    """The checker itself, on a package written here: ``from pkg import name`` is an edge to the submodule
+    ``pkg.name`` when there is one (so ``a`` importing ``b`` from the package is no cycle through ``pkg``), else
+    to ``pkg``; a lazy import closes a cycle like any other."""
+    package = tmp_path / "onnxfuse"
+    (package / "report").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "report" / "__init__.py").write_text("from onnxfuse.report.a import A\n")
+    (package / "report" / "a.py").write_text("from onnxfuse.report import b\nA = 1\n")
+    (package / "report" / "b.py").write_text("def f():\n    from onnxfuse.report import c\n")
+    (package / "report" / "c.py").write_text("from onnxfuse.report import A\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    graph = import_graph()
+    assert graph["onnxfuse.report.a"] == {"onnxfuse.report.b"}
+    assert graph["onnxfuse.report.c"] == {"onnxfuse.report"}
+    assert import_cycles(graph) == ["onnxfuse.report -> onnxfuse.report.a -> onnxfuse.report.b -> "
+                                    "onnxfuse.report.c -> onnxfuse.report"]
+    (package / "report" / "c.py").write_text("X = 1\n")
+    assert import_cycles(import_graph()) == []
+
+
 def test_every_module_has_a_layer():
     for module in import_graph():
         _layer(module)
@@ -99,3 +152,18 @@ def test_the_checker_sees_lazy_and_upward_imports(tmp_path):
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
     assert "onnxfuse.cli.main" in _resolve("onnxfuse.model.io", False, node)
     assert _layer("onnxfuse.cli.main") > _layer("onnxfuse.model.io")
+
+
+def test_report_modules_keep_to_their_jobs():
+    """Inside report/: the presentation (``present``) reads the report's dict only, so it imports neither the data
+    module nor a renderer; the renderers import no data module (they read the dict through ``present``); no report
+    module but the data module imports from onnxfuse.passes (the passes' records it reads)."""
+    graph = import_graph()
+    report = {m for m in graph if m.startswith("onnxfuse.report.")}
+    renderers = {"onnxfuse.report.text", "onnxfuse.report.markdown", "onnxfuse.report.html"}
+    assert renderers | {"onnxfuse.report.present", "onnxfuse.report.model", "onnxfuse.report.formats"} <= report
+    assert not graph["onnxfuse.report.present"] & (renderers | {"onnxfuse.report.model", "onnxfuse.report.formats"})
+    for renderer in renderers:
+        assert "onnxfuse.report.model" not in graph[renderer], renderer
+    importing_passes = {m for m in report if any(d.split(".")[:2] == ["onnxfuse", "passes"] for d in graph[m])}
+    assert importing_passes <= {"onnxfuse.report.model"}, importing_passes

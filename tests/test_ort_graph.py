@@ -10,7 +10,9 @@ import pytest
 
 from onnxfuse import pipeline
 from onnxfuse.ort import optimized_graph as ort_graph
-from onnxfuse.report import build as rep
+from onnxfuse.report import formats as report_formats
+from onnxfuse.report import markdown as report_markdown
+from onnxfuse.report import present
 from tests.builders import GraphBuilder
 
 
@@ -51,7 +53,7 @@ def test_fusions_onnxruntime_makes_itself_save_nothing_beyond_it():
     assert rt["fusions_made_by_onnxruntime"] == rt["fusions"] == 1
     assert rt["kernels_before"] == rt["kernels_after"] and rt["saved_bytes_beyond"] == 0
     assert doc["totals"]["saved_bytes"] > 0  # the graph as exported still gains: a different measure
-    line = rep.runtime_line(doc)
+    line = present.runtime_line(doc)
     assert "onnxruntime makes all 1 of these fusions itself" in line and "nothing is saved beyond it" in line
 
 
@@ -66,10 +68,10 @@ def test_fusions_beyond_onnxruntime_are_counted_with_their_kernels_and_bytes():
     # nothing of this chain is made by onnxruntime: all of the fusion's saving is beyond it
     assert 0 < rt["saved_bytes_beyond"] == row["saved_bytes"]
     assert rt["saved_bytes_beyond_expr"] == str(rt["saved_bytes_beyond"])
-    line = rep.runtime_line(doc)
+    line = present.runtime_line(doc)
     assert line.startswith(f"vs onnxruntime {rt['installed']} (installed, CPU provider) at level all: 1 of 1 "
                            "fusions go beyond")
-    assert rep.summary_lines(pipeline.analyse(None, pipeline.Options(target="cpu"),
+    assert present.summary_lines(pipeline.analyse(None, pipeline.Options(target="cpu"),
                                               loaded=_loaded(_written_out_hardswish())).report)[0] == line
 
 
@@ -107,7 +109,7 @@ def test_a_model_onnxruntime_cannot_optimize_is_reported_not_compared(monkeypatc
     rt = doc["onnxruntime"]
     assert rt["status"] == "unavailable" and "a made-up load failure" in rt["reason"]
     assert "made_by_onnxruntime" not in doc["fusions"][0]
-    assert rep.runtime_line(doc).endswith(f"not compared ({rt['reason']})")
+    assert present.runtime_line(doc).endswith(f"not compared ({rt['reason']})")
 
 
 def test_no_comparison_without_fusions_or_when_not_asked():
@@ -116,13 +118,13 @@ def test_no_comparison_without_fusions_or_when_not_asked():
     assert "onnxruntime" not in _analyse(b.build(b.op("Sigmoid", [x])))
     doc = pipeline.analyse(None, pipeline.Options(target="cpu", compare_with_onnxruntime=False),
                            loaded=_loaded(_conv_bn_relu())).report.to_dict()
-    assert "onnxruntime" not in doc and rep.runtime_line(doc) is None
+    assert "onnxruntime" not in doc and present.runtime_line(doc) is None
 
 
 @pytest.mark.parametrize("fmt", ["text", "markdown", "html"])
 def test_every_format_leads_with_the_runtime_figure(fmt):
     report = pipeline.analyse(None, pipeline.Options(target="cpu"), loaded=_loaded(_written_out_hardswish())).report
-    text = " ".join(rep.render(report, fmt).split())  # the text format wraps long lines
+    text = " ".join(report_formats.render(report, fmt).split())  # the text format wraps long lines
     assert "go beyond what onnxruntime makes itself at load" in text
     assert text.index("go beyond what onnxruntime") < text.index("vs the graph as exported")
 
@@ -133,7 +135,8 @@ def test_fusion_tables_say_which_fusions_onnxruntime_makes_too():
 
     beyond = pipeline.analyse(None, pipeline.Options(target="cpu"), loaded=_loaded(_written_out_hardswish())).report
     made = pipeline.analyse(None, pipeline.Options(target="cpu"), loaded=_loaded(_conv_bn_relu())).report
-    assert "| onnxruntime makes it too |" in rep.to_markdown(beyond)
-    assert rep.to_markdown(beyond).rstrip().count("| no |") == 1 and "| yes |" in rep.to_markdown(made)
+    assert "| onnxruntime makes it too |" in report_markdown.to_markdown(beyond)
+    assert report_markdown.to_markdown(beyond).rstrip().count("| no |") == 1
+    assert "| yes |" in report_markdown.to_markdown(made)
     assert "<td>no</td></tr>" in report_html.to_html(beyond.to_dict())
     assert "<td>yes</td></tr>" in report_html.to_html(made.to_dict())

@@ -16,7 +16,10 @@ from click.testing import CliRunner
 
 from onnxfuse import pipeline
 from onnxfuse.cli.main import main
-from onnxfuse.report import build as rep
+from onnxfuse.report import markdown as report_markdown
+from onnxfuse.report import model as report_model
+from onnxfuse.report import present
+from onnxfuse.report import text as report_text
 from tests.conftest import REPO
 
 SCHEMA = json.loads((REPO / "onnxfuse" / "report.schema.json").read_text())
@@ -27,7 +30,7 @@ def validate(doc: dict) -> None:
     jsonschema.validate(doc, SCHEMA, cls=jsonschema.Draft202012Validator)
 
 
-def sample_report(name: str, monkeypatch, target: str = "cpu") -> rep.Report:
+def sample_report(name: str, monkeypatch, target: str = "cpu") -> report_model.Report:
     monkeypatch.chdir(REPO)
     return pipeline.analyse(Path("sample_models") / name, pipeline.Options(target=target)).report
 
@@ -35,7 +38,7 @@ def sample_report(name: str, monkeypatch, target: str = "cpu") -> rep.Report:
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "sample_models").glob("*.onnx")))
 @pytest.mark.parametrize("target", ["cpu", "cpu+cuda", "onnx"])
 def test_json_report_validates_and_totals_are_sums(name, target, monkeypatch):
-    doc = json.loads(rep.to_json(sample_report(name, monkeypatch, target)))
+    doc = json.loads(report_model.to_json(sample_report(name, monkeypatch, target)))
     validate(doc)
     assert doc["schema_version"] == 2
     for side in ("before", "after"):
@@ -59,12 +62,12 @@ def test_json_report_validates_and_totals_are_sums(name, target, monkeypatch):
 
 
 def test_minimum_fields_tools_rely_on(monkeypatch):
-    doc = json.loads(rep.to_json(sample_report("resnet_block.onnx", monkeypatch)))
+    doc = json.loads(report_model.to_json(sample_report("resnet_block.onnx", monkeypatch)))
     assert len(doc["model"]["sha256"]) == 64 and doc["target"] == "cpu"
     assert doc["totals"]["before"]["total_bytes"] > doc["totals"]["after"]["total_bytes"]
     assert {"node", "replaced", "activation", "saved_bytes"} <= set(doc["fusions"][0])
     assert doc["verification"]["status"] == "skipped" and doc["unknown_shapes"] == []
-    doc = json.loads(rep.to_json(sample_report("refuse_two_consumers.onnx", monkeypatch)))
+    doc = json.loads(report_model.to_json(sample_report("refuse_two_consumers.onnx", monkeypatch)))
     assert {"nodes", "reason", "bytes"} <= set(doc["unfused"][0])
     assert doc["unfused"][0]["reason"] == "intermediate-has-other-consumers"
 
@@ -73,7 +76,7 @@ def test_text_report_matches_golden(monkeypatch):
     from onnxfuse.ort import optimized_graph as ort_graph
 
     monkeypatch.setattr(ort_graph, "installed_version", lambda: "1.32.0")  # the golden file names a release
-    text = rep.to_text(sample_report("resnet_block.onnx", monkeypatch))
+    text = report_text.to_text(sample_report("resnet_block.onnx", monkeypatch))
     golden = GOLDEN / "resnet_block.txt"
     if os.environ.get("ONNXFUSE_UPDATE_GOLDEN"):
         golden.write_text(text)
@@ -81,7 +84,7 @@ def test_text_report_matches_golden(monkeypatch):
 
 
 def test_markdown_report(monkeypatch):
-    md = rep.to_markdown(sample_report("resnet_block.onnx", monkeypatch))
+    md = report_markdown.to_markdown(sample_report("resnet_block.onnx", monkeypatch))
     assert md.startswith("### onnxfuse memory-traffic report")
     # at ORT_ENABLE_ALL (the default level) the residual block's FusedConv(Z, Relu) is left unfused for speed
     assert "| before |" in md and "#### Fusions applied (2: 1 FusedConv, 1 fold)" in md and "\x1b[" not in md
@@ -90,23 +93,23 @@ def test_markdown_report(monkeypatch):
     assert "#### Left unfused (1)" in md
     relu = sample_report("conv_relu.onnx", monkeypatch)
     assert relu.unfused == []
-    assert "Left unfused" not in rep.to_markdown(relu)  # an empty section is left out
-    assert "Left unfused" not in rep.to_text(relu)
+    assert "Left unfused" not in report_markdown.to_markdown(relu)  # an empty section is left out
+    assert "Left unfused" not in report_text.to_text(relu)
 
 
 def test_human_bytes():
-    assert rep.human_bytes(512) == "512 B"
-    assert rep.human_bytes(2048) == "2.0 KiB"
-    assert rep.human_bytes(3 * 1024**3) == "3.0 GiB"
-    assert rep.human_bytes(None) == "unknown"
+    assert present.human_bytes(512) == "512 B"
+    assert present.human_bytes(2048) == "2.0 KiB"
+    assert present.human_bytes(3 * 1024**3) == "3.0 GiB"
+    assert present.human_bytes(None) == "unknown"
 
 
 def test_human_time_picks_units():
-    assert rep.human_time(0.000123) == "123 ns"
-    assert rep.human_time(0.0456) == "45.6 µs"
-    assert rep.human_time(12.5) == "12.5 ms"
-    assert rep.human_time(2500.0) == "2.5 s"
-    assert rep.human_time(None) == "unknown"
+    assert present.human_time(0.000123) == "123 ns"
+    assert present.human_time(0.0456) == "45.6 µs"
+    assert present.human_time(12.5) == "12.5 ms"
+    assert present.human_time(2500.0) == "2.5 s"
+    assert present.human_time(None) == "unknown"
 
 
 def test_bandwidth_estimate_is_labelled(monkeypatch):
@@ -114,7 +117,7 @@ def test_bandwidth_estimate_is_labelled(monkeypatch):
     report.set_bandwidth(100.0)
     before = report.totals["before"]["total_bytes"]
     assert report.bandwidth["before_ms"] == pytest.approx(before / 100e9 * 1e3)
-    text = rep.to_text(report)
+    text = report_text.to_text(report)
     flat = " ".join(text.split())  # rich wraps long lines
     assert "an estimate" in flat and "0.000 ms" not in flat and "µs" in flat  # 124.8 KiB at 100 GB/s: 1.28 µs
     validate(report.to_dict())
@@ -170,11 +173,11 @@ def test_symbolic_json_validates_and_expressions_evaluate_to_the_numbers(fuse):
     b = GraphBuilder()
     x = b.input("x", ["batch", 3, "height", "width"])
     model = b.build(b.op("Relu", [b.bn(b.conv(b.op("Relu", [b.conv(x, 3, 8, strides=[2, 2])]), 8, 8), 8)]))
-    symbolic_doc = json.loads(rep.to_json(fuse(model).report))
+    symbolic_doc = json.loads(report_model.to_json(fuse(model).report))
     validate(symbolic_doc)
     assert symbolic_doc["totals"]["saved_bytes"] is None and symbolic_doc["totals"]["before"]["total_bytes"] is None
     concrete = fuse(model, input_shapes={"x": (2, 3, 33, 20)}).report
-    doc = json.loads(rep.to_json(concrete))
+    doc = json.loads(report_model.to_json(concrete))
     validate(doc)
     values = {sympy.Symbol(k): v for k, v in doc["symbol_values"].items()}
     assert values == {sympy.Symbol("batch"): 2, sympy.Symbol("height"): 33, sympy.Symbol("width"): 20}
@@ -190,9 +193,9 @@ def test_symbolic_json_validates_and_expressions_evaluate_to_the_numbers(fuse):
             assert at(row["read_bytes_expr"]) == row["read_bytes"]
     for row in doc["fusions"]:
         assert at(row["saved_bytes_expr"]) == row["saved_bytes"]
-    md = rep.to_markdown(fuse(model).report)
+    md = report_markdown.to_markdown(fuse(model).report)
     assert "Saved `" in md and not re.search(r"\d\*batch", re.sub(r"`[^`]*`", "", md))  # expressions in code spans
-    text = rep.to_text(fuse(model).report)
+    text = report_text.to_text(fuse(model).report)
     assert not re.search(r"(?<![\d.])0 B\b", text) and "give --input-shape" in text  # unknown is never 0 B
 
 
@@ -242,12 +245,12 @@ def test_long_expressions_are_shown_by_their_leading_terms():
                        "p2o_D_2": {"input": "x", "axis": 3, "dim_param": "p2o.D.2"}}}
     # a stride-2 conv output: floor((H - 1)/2) + 1 ~ H/2; the weights (the constant) in KiB
     expr = "64*N_*(floor(p2o_D_1/2 - 1/2) + 1)*(floor(p2o_D_2/2 - 1/2) + 1) + 12*N_*p2o_D_1 + 2048"
-    assert rep.leading_terms(expr, doc) == "~16*N*x[2]*x[3] bytes + 2.0 KiB (+ smaller terms)"
-    assert rep.leading_terms("12*N_*p2o_D_1*p2o_D_2", doc) == "~12*N*x[2]*x[3] bytes"
-    assert rep.leading_terms("3072", doc) == "3.0 KiB"
+    assert present.leading_terms(expr, doc) == "~16*N*x[2]*x[3] bytes + 2.0 KiB (+ smaller terms)"
+    assert present.leading_terms("12*N_*p2o_D_1*p2o_D_2", doc) == "~12*N*x[2]*x[3] bytes"
+    assert present.leading_terms("3072", doc) == "3.0 KiB"
     # short expressions stay exact in the headline; long ones are approximated
-    assert rep._expr_text("12*N_", doc, code=False) == "12*N_ B"
-    assert rep._expr_text(expr, doc, code=True).startswith("`~16*N*x[2]*x[3] bytes")
+    assert present.expr_text("12*N_", doc, code=False) == "12*N_ B"
+    assert present.expr_text(expr, doc, code=True).startswith("`~16*N*x[2]*x[3] bytes")
 
 
 def test_nothing_fused_on_a_symbolic_model_says_saved_0_and_never_unknown_totals():
@@ -257,7 +260,7 @@ def test_nothing_fused_on_a_symbolic_model_says_saved_0_and_never_unknown_totals
     b = GraphBuilder()
     x = b.input("x", ["batch", 3, 8, 8])
     report = onnxfuse.analyse(b.build(b.op("Sigmoid", [b.conv(x, 3, 4)])), target="onnx")
-    lines = rep.summary_lines(report)
+    lines = present.summary_lines(report)
     assert not report.fusions and report.saved_bytes == 0
     assert not any("unknown" in line for line in lines), lines
     assert any(line.startswith("vs the graph as exported, at batch 1 (batch is the only symbolic dim)")
@@ -292,9 +295,9 @@ def test_long_expression_that_is_no_polynomial_is_shown_exact():
     doc = {"symbols": {"H": {"input": "x", "axis": 2, "dim_param": "H"}}}
     expr = "4*Max(H, 3)*floor(H/2 - 1/2) + 12*Mod(H, 7)*floor(floor(H/2 - 1/2)/2) + 100000"
     with pytest.raises(sympy.PolynomialError):
-        rep.leading_terms(expr, doc)
-    assert rep._cell(None, expr, doc) == f"{expr} B"
-    assert rep._cell(None, expr, doc, code=True) == f"`{expr}` B"
+        present.leading_terms(expr, doc)
+    assert present.cell(None, expr, doc) == f"{expr} B"
+    assert present.cell(None, expr, doc, code=True) == f"`{expr}` B"
 
 
 #: A name that tries everything: clear the screen and colour (ANSI CSI), return and overwrite (\r), add a line
@@ -386,7 +389,7 @@ def test_names_in_baseline_lines_are_escaped(tmp_path):
     from onnxfuse.report import baseline
 
     model = evil_model(tmp_path / "m.onnx")
-    new = json.loads(rep.to_json(pipeline.analyse(model, pipeline.Options(target="cpu+cuda")).report))
+    new = json.loads(report_model.to_json(pipeline.analyse(model, pipeline.Options(target="cpu+cuda")).report))
     new["unfused"][0]["detail"] = f"detail {EVIL}"
     old = {**new, "unfused": []}
     comparison = baseline.compare(old, new)
@@ -415,12 +418,12 @@ def test_unfused_patterns_are_grouped_by_reason_with_what_would_fuse_them(tmp_pa
         y = b.op("Relu", [b.conv(y, 4, 4)])
     report = pipeline.analyse(None, pipeline.Options(target="cpu", compare_with_onnxruntime=False),
                               loaded=__import__("onnxfuse.model.io", fromlist=["x"]).load_proto(b.build(y))).report
-    lines = rep.summary_lines(report)
+    lines = present.summary_lines(report)
     assert ("left unfused: 3 dtype-has-no-fusedconv-kernel (what would fuse them: no target: onnxruntime has "
             "FusedConv kernels for float32 only)") in lines
-    text = rep.to_text(report)
+    text = report_text.to_text(report)
     assert text.count("3 x Conv -> Relu (first") == 1  # one row for the three patterns
-    md = rep.to_markdown(report)
+    md = report_markdown.to_markdown(report)
     assert md.count("| 3 x Conv -\\> Relu (first `conv3`) | `dtype-has-no-fusedconv-kernel` |") == 1
     assert len(report.to_dict()["unfused"]) == 3  # the JSON keeps every pattern
 
@@ -436,10 +439,10 @@ def test_reports_carry_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
     model.write_bytes((REPO / "sample_models" / "resnet_block.onnx").read_bytes())
     loaded = model_io.load_model(model)
     monkeypatch.chdir(tmp_path / "work")
-    assert rep.report_path_text(loaded) == "models/m.onnx"
+    assert report_model.report_path_text(loaded) == "models/m.onnx"
     monkeypatch.chdir(REPO)
-    assert rep.report_path_text(loaded) == "m.onnx"
-    assert rep.report_path_text(model_io.load_model(Path("sample_models/resnet_block.onnx"))) == \
+    assert report_model.report_path_text(loaded) == "m.onnx"
+    assert report_model.report_path_text(model_io.load_model(Path("sample_models/resnet_block.onnx"))) == \
         "sample_models/resnet_block.onnx"
     doc = pipeline.analyse(model, pipeline.Options(compare_with_onnxruntime=False)).report.to_dict()
     assert doc["model"]["path"] == "m.onnx"
@@ -450,8 +453,8 @@ def test_the_summary_says_what_the_model_file_became(monkeypatch):
     report = sample_report("resnet_block.onnx", monkeypatch)
     m = report.to_dict()["model"]
     assert m["optimized_bytes"] == report_model_bytes(monkeypatch)
-    assert f"model file: {rep.human_bytes(m['file_bytes'])} -> {rep.human_bytes(m['optimized_bytes'])}" in \
-        rep.summary_lines(report)
+    assert f"model file: {present.human_bytes(m['file_bytes'])} -> {present.human_bytes(m['optimized_bytes'])}" in \
+        present.summary_lines(report)
 
 
 def report_model_bytes(monkeypatch) -> int:

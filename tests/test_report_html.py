@@ -14,9 +14,10 @@ from click.testing import CliRunner
 from onnxfuse import pipeline
 from onnxfuse.cli.main import main
 from onnxfuse.records import Reason
-from onnxfuse.report import build as rep
+from onnxfuse.report import formats as report_formats
 from onnxfuse.report import html as rh
-from onnxfuse.report import remedies
+from onnxfuse.report import model as report_model
+from onnxfuse.report import present, remedies
 from tests.builders import GraphBuilder
 from tests.conftest import REPO
 from tests.test_real_models import INPUT_SHAPES
@@ -40,7 +41,7 @@ def reason_values() -> list[str]:
 def analysed(path: Path, target: str = "cpu", shapes: dict | None = None) -> dict:
     """The JSON form of ``onnxfuse report`` for ``path``."""
     report = pipeline.analyse(path, pipeline.Options(target=target, input_shapes=shapes or {})).report
-    return json.loads(rep.to_json(report))
+    return json.loads(report_model.to_json(report))
 
 
 def expected_layers(doc: dict) -> int:
@@ -101,25 +102,25 @@ def test_every_reason_says_what_would_allow_it():
 def test_remedy_for_an_activation_names_the_targets_that_accept_it():
     row = {"reason": "activation-not-supported-by-target",
            "nodes": [{"name": "c", "op": "Conv", "output": "y"}, {"name": "h", "op": "HardSigmoid", "output": "z"}]}
-    assert rh.remedy(row, "cpu+cuda") == "--target cpu"
+    assert remedies.remedy(row, "cpu+cuda") == "--target cpu"
     row["nodes"][1]["op"] = "Relu"
-    assert rh.remedy(row, "onnx") == "--target cpu+cuda or --target cpu or --target cuda"
+    assert remedies.remedy(row, "onnx") == "--target cpu+cuda or --target cpu or --target cuda"
     row["nodes"][1]["op"] = "Gelu"
-    assert rh.remedy(row, "cpu").startswith("no target: onnxruntime's FusedConv")
+    assert remedies.remedy(row, "cpu").startswith("no target: onnxruntime's FusedConv")
     gemm = {"reason": "activation-not-supported-by-target",
             "nodes": [{"name": "g", "op": "Gemm", "output": "y"}, {"name": "r", "op": "Relu", "output": "z"}]}
-    assert rh.remedy(gemm, "cpu+cuda") == "--target cpu"  # only the CPU provider has FusedGemm
-    assert rh.remedy({**gemm, "reason": "target-allows-no-contrib-ops"}, "onnx") == "--target cpu"
+    assert remedies.remedy(gemm, "cpu+cuda") == "--target cpu"  # only the CPU provider has FusedGemm
+    assert remedies.remedy({**gemm, "reason": "target-allows-no-contrib-ops"}, "onnx") == "--target cpu"
     conv = {**row, "reason": "target-allows-no-contrib-ops"}
-    assert rh.remedy(conv, "onnx") == "--target cpu+cuda or --target cpu or --target cuda"
-    assert rh.remedy({"reason": "initializer-is-graph-input", "nodes": []}, "cpu").startswith(
+    assert remedies.remedy(conv, "onnx") == "--target cpu+cuda or --target cpu or --target cuda"
+    assert remedies.remedy({"reason": "initializer-is-graph-input", "nodes": []}, "cpu").startswith(
         "--constant-initializer-inputs")
-    assert rh.remedy({"reason": "a-reason-from-the-future", "nodes": []}, "cpu") == "see the detail"
+    assert remedies.remedy({"reason": "a-reason-from-the-future", "nodes": []}, "cpu") == "see the detail"
 
 
 def test_layers_one_bar_per_fused_group_and_per_other_node():
     doc = analysed(SAMPLES / "resnet_block.onnx")
-    units = rh.layer_units(doc)
+    units = present.layer_units(doc)
     assert len(units) == expected_layers(doc) == len(doc["nodes"]["after"])
     fused = [u for u in units if u["kind"] == "fused"]
     assert len(fused) == len(doc["fusions"]) == 2
@@ -135,7 +136,7 @@ def test_layers_one_bar_per_fused_group_and_per_other_node():
 def test_chart_kinds_differ_without_colour():
     """Each kind of bar has its own fill pattern and width, so the chart reads in greyscale and in print."""
     doc = analysed(SAMPLES / "conv_hardsigmoid.onnx", target="cpu+cuda")
-    traces = rh.traffic_figure(rh.layer_units(doc))["data"]
+    traces = rh.traffic_figure(present.layer_units(doc))["data"]
     looks = {(t["width"], t["marker"].get("pattern", {}).get("shape", "")) for t in traces}
     assert len(looks) == len(traces) == 4
     assert all("(" in t["name"] for t in traces if "pattern" in t["marker"])  # the legend names the pattern
@@ -190,7 +191,7 @@ def test_cli_writes_html_from_report_and_optimize(tmp_path):
     assert result.exit_code == 0, result.output
     doc = embedded(report.read_text(encoding="utf-8"), "onnxfuse-report")
     assert doc["verification"]["status"] == "passed"
-    assert rep.format_for_path("a.htm") == "html"
+    assert report_formats.format_for_path("a.htm") == "html"
 
 
 def test_symbolic_output_shape_is_evaluated_at_the_symbol_values():

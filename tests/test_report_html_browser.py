@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from onnxfuse.cli.main import main
-from onnxfuse.report import build as rep
 from onnxfuse.report import html as rh
+from onnxfuse.report import present
 from tests.conftest import shared_model
 from tests.test_report_html import (
     MAX_PAGE_BYTES,
@@ -118,14 +118,14 @@ class Opened:
                            ("saved", t["saved_bytes"])):
             cell = self.page.locator(f"#total-{key}")
             assert int(cell.get_attribute("data-bytes")) == value
-            assert cell.inner_text().startswith(rep.human_bytes(value))
+            assert cell.inner_text().startswith(present.human_bytes(value))
         assert self.page.locator("#model-sha256").inner_text() == doc["model"]["sha256"]
 
     def check_hover(self, doc: dict, k: int = 0) -> None:
         """Hovering fused bar ``k`` names every node of one fusion of ``doc``."""
         text = self.hover_fused_bar(k)
         assert "fused group" in text
-        assert any(all(rh._short(rh._label(n)) in text for n in f["replaced"]) for f in doc["fusions"]), text
+        assert any(all(rh._short(present.label(n)) in text for n in f["replaced"]) for f in doc["fusions"]), text
 
 
 def test_browser_sample_report(browser, tmp_path):

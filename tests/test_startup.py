@@ -89,13 +89,13 @@ def test_spelled_out_choices_match_the_library():
     from onnxfuse.cli import main as cli
     from onnxfuse.ort import providers
     from onnxfuse.passes import PASS_NAMES
-    from onnxfuse.report import build as rep
+    from onnxfuse.report import formats as report_formats
 
     assert cli.TARGET_NAMES == tuple(providers.TARGETS)
     assert cli.DEFAULT_TARGET == providers.DEFAULT_TARGET
     assert cli.ORT_LEVELS == tuple(providers.ORT_LEVELS)
     assert cli.DEFAULT_ORT_LEVEL == providers.DEFAULT_ORT_LEVEL
-    assert cli.REPORT_FORMATS == tuple(rep.FORMATS)
+    assert cli.REPORT_FORMATS == tuple(report_formats.FORMATS)
     assert cli._PassChoice().choices == tuple(PASS_NAMES)
     from onnxfuse.verification.options import DEFAULT_TIMEOUT_S
 

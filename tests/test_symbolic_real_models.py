@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from onnxfuse import pipeline
 from onnxfuse.cli.main import main
-from onnxfuse.report import build as rep
+from onnxfuse.report import model as report_model
 from tests.conftest import shared_model
 from tests.test_real_models import INPUT_SHAPES
 from tests.test_report import validate
@@ -27,7 +27,7 @@ README_SHAPES = INPUT_SHAPES
 @pytest.mark.parametrize("name", sorted(README_SHAPES))
 def test_saved_bytes_expression_evaluates_to_the_input_shape_number(name):
     path = shared_model(name)
-    symbolic = json.loads(rep.to_json(pipeline.analyse(path, pipeline.Options(target="cpu")).report))
+    symbolic = json.loads(report_model.to_json(pipeline.analyse(path, pipeline.Options(target="cpu")).report))
     concrete = pipeline.analyse(path, pipeline.Options(target="cpu", input_shapes=README_SHAPES[name])).report
     validate(symbolic)
     validate(concrete.to_dict())

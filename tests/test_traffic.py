@@ -13,7 +13,8 @@ from onnx import TensorProto, helper
 
 from onnxfuse.analysis import shapes, symbolic, traffic
 from onnxfuse.model import proto
-from onnxfuse.report import build as rep
+from onnxfuse.report import present
+from onnxfuse.report import text as report_text
 from tests.builders import GraphBuilder
 
 
@@ -229,7 +230,7 @@ def test_data_dependent_size_is_unknown_and_named_never_zero(fuse):
     assert unknown["node"] == "nz" and "depends on the values" in unknown["reason"]
     assert report.totals["before"]["unknown_nodes"] == 1
     assert report.totals["saved_bytes"] == 2 * 1024  # the fusion itself is known: Relu reads and writes 1 KiB
-    text = rep.to_text(report)
+    text = report_text.to_text(report)
     assert "unknown" in text and "nz" in text
 
 
@@ -347,7 +348,7 @@ def test_counting_at_the_input_shapes_only_gives_the_numbers_of_the_expressions(
     assert _numbers(quick) == _numbers(full)
     assert quick.totals["saved_bytes"] > 0
     assert quick.totals["saved_bytes_expr"] == str(quick.totals["saved_bytes"])
-    assert "vs the graph as exported at x=2x3x37x50:" in "\n".join(rep.summary_lines(quick))
+    assert "vs the graph as exported at x=2x3x37x50:" in "\n".join(present.summary_lines(quick))
 
 
 def test_counting_at_the_input_shapes_falls_back_to_expressions_where_a_size_stays_unknown(fuse):
@@ -388,7 +389,7 @@ def test_optimize_without_report_counts_at_the_given_shapes_without_sympy(tmp_pa
                         str(tmp_path / "r.json")], capture_output=True, text=True, check=True)
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["symbols"] and "N_" in doc["totals"]["saved_bytes_expr"]
-    saved = rep.human_bytes(doc["totals"]["saved_bytes"])
+    saved = present.human_bytes(doc["totals"]["saved_bytes"])
     assert f"(saved {saved}," in out.stdout and f"(saved {saved}," in r.stdout
 
 

@@ -41,7 +41,7 @@ from onnxfuse.report import escape
 if TYPE_CHECKING:
     from onnxfuse import pipeline
     from onnxfuse.model import io as model_io
-    from onnxfuse.report import build as rep
+    from onnxfuse.report import model as rep
 
 # The library (onnx, numpy, onnx-graphsurgeon, onnxruntime, sympy) is imported in the command bodies, not here:
 # click parses the command line before it calls a command, so --help, --version and usage errors (an unknown
@@ -54,7 +54,7 @@ DEFAULT_TARGET = "cpu+cuda"
 #: providers.ORT_LEVELS and providers.DEFAULT_ORT_LEVEL.
 ORT_LEVELS = ("disable", "basic", "extended", "all")
 DEFAULT_ORT_LEVEL = "all"
-#: report.FORMATS.
+#: report.formats.FORMATS.
 REPORT_FORMATS = ("text", "json", "markdown", "html")
 #: verification.DEFAULT_TIMEOUT_S.
 DEFAULT_TIMEOUT_S = 300.0
@@ -418,7 +418,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     _shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
     from onnxfuse import pipeline
     from onnxfuse.model import io as model_io
-    from onnxfuse.report import build as rep
+    from onnxfuse.report import formats, present
 
     output_path = Path(output_arg)
     if output_path.is_dir() or output_arg.endswith(("/", os.sep)):
@@ -462,7 +462,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     report_texts = []
     for report_path, fmt in reports:
         _check_not_data_file(report_path, "--report", result.loaded)
-        report_texts.append((report_path, rep.render(report, fmt, show_all=True)))
+        report_texts.append((report_path, formats.render(report, fmt, show_all=True)))
         if refused:  # the report says why no model is written
             _write_text(report_path, report_texts[-1][1])
     if not (verification.status == "skipped" and require_verify):
@@ -491,7 +491,7 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
     if _verbosity(ctx) >= 0:  # the results; -q prints nothing on success
         if verification.status == "skipped":
             click.echo(f"NOT VERIFIED: {verification.reason}")
-        for line in rep.summary_lines(report, hints=False):
+        for line in present.summary_lines(report, hints=False):
             click.echo(line)
     _hints(report)
     if not result.changed:
@@ -501,10 +501,10 @@ def optimize(ctx, input_path, output_arg, target, only, skip, input_shape, ort_l
 
 def _chart_note(report, formats) -> None:
     """Say on stderr (INFO) at which sizes an HTML report's chart is drawn when the model's dims are symbolic and
-    have no value (``report_html.chart_sizes``)."""
+    have no value (``report.present.chart_sizes``)."""
     if "html" not in formats:
         return
-    from onnxfuse.report.html import chart_sizes
+    from onnxfuse.report.present import chart_sizes
 
     sizes = chart_sizes(report.to_dict())
     if sizes is not None:
@@ -521,16 +521,16 @@ def _report_files(paths: tuple[Path, ...], report_format: str | None, option: st
     Raises:
         InputError: an extension without a format, ``--report-format`` with several reports, or one file twice.
     """
-    from onnxfuse.report import build as rep
+    from onnxfuse.report import formats
 
     if report_format is not None and len(paths) > 1:
         raise InputError(f"{format_option} applies to a single {option}; with several, each format comes from "
                          "its file's extension")
     out = []
     for path in paths:
-        fmt = report_format or rep.format_for_path(str(path))
+        fmt = report_format or formats.format_for_path(str(path))
         if fmt is None:
-            raise InputError(f"{option} {path}: give a {', '.join(rep.REPORT_EXTENSIONS)} name, or {format_option}")
+            raise InputError(f"{option} {path}: give a {', '.join(formats.REPORT_EXTENSIONS)} name, or {format_option}")
         if any(os.path.abspath(path) == os.path.abspath(p) for p, _ in out):
             raise InputError(f"{option} {path}: given twice")
         out.append((path, fmt))
@@ -597,9 +597,9 @@ def _diagnostics(report: rep.Report) -> None:
 
 def _hints(report: rep.Report) -> None:
     """What the user could do to get a fuller result (stderr, INFO)."""
-    from onnxfuse.report import build as rep
+    from onnxfuse.report import present
 
-    hint = rep.unknown_shapes_hint(report)
+    hint = present.unknown_shapes_hint(report)
     if hint:
         log.info("%s", hint)
     refused = sum(1 for u in report.unfused if u["reason"] == "activation-not-supported-by-target")
@@ -687,7 +687,7 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
     _shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
     from onnxfuse import pipeline
     from onnxfuse.model import io as model_io
-    from onnxfuse.report import build as rep
+    from onnxfuse.report import formats
 
     if baseline is not None:
         from onnxfuse.report import baseline as baseline_mod  # it imports sympy: only --baseline needs it
@@ -724,12 +724,12 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
     for path, _ in files:
         _check_not_data_file(path, "-o", result.loaded)
     for path, path_fmt in files:
-        _write_text(path, rep.render(result.report, path_fmt, show_all, width=_text_width(path)))
+        _write_text(path, formats.render(result.report, path_fmt, show_all, width=_text_width(path)))
     if files:
         _chart_note(result.report, [f for _, f in files])
         log.info("wrote %s", ", ".join(str(p) for p, _ in files))
     elif old is None:
-        click.echo(rep.render(result.report, fmt, show_all, width=_text_width(None)), nl=False)
+        click.echo(formats.render(result.report, fmt, show_all, width=_text_width(None)), nl=False)
     if old is not None:
         differences = baseline_mod.option_differences(old, result.report.to_dict())
         if differences:

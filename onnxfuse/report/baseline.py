@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import sympy
 
@@ -161,7 +162,7 @@ class Comparison:
         growth_expr: new - old optimized traffic, exact (None when it did not grow anywhere).
         worse_at: where the optimized traffic grew, ``"symbol=value, ...: +N MiB"`` strings (empty: it did
             not): at the new report's input shapes when it has them, else at the stated representative size
-            (``report.representative_values``: batch 1, 224 for the other dims) when it grew
+            (``present.representative_values``: batch 1, 224 for the other dims) when it grew
             there, else at the first of :data:`SAMPLE_SIZES` where it did.
         unknown_before / unknown_after: unknown node counts of the optimized models.
         symbols: the two reports' ``symbols``, to show long expressions by their leading terms in :meth:`lines`.
@@ -236,11 +237,11 @@ class Comparison:
         return out
 
     def _short(self, expr: str | None) -> str:
-        """A byte expression for people: by its leading terms when long (``report.short_expression``), else as
+        """A byte expression for people: by its leading terms when long (``present.short_expression``), else as
         written; the JSON of the comparison keeps it exact."""
-        from onnxfuse.report import build as rep
+        from onnxfuse.report import present
 
-        return (rep.short_expression(expr, {"symbols": self.symbols}) if expr is not None else None) or str(expr)
+        return (present.short_expression(expr, {"symbols": self.symbols}) if expr is not None else None) or str(expr)
 
 
 #: Where a lost fusion was, at most this many places per kind.
@@ -253,10 +254,11 @@ def option_differences(old: dict, new: dict) -> list[str]:
     options are not comparable (the gate would report a change of options as a regression)."""
     out = []
 
-    def pick(doc: dict, *keys):
+    def pick(doc: dict, *keys: str) -> Any:
+        value: Any = doc
         for key in keys:
-            doc = doc.get(key) if isinstance(doc, dict) else None
-        return doc
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
 
     for label, keys in (("--target", ("target",)), ("--ort-level", ("onnxruntime", "level")),
                         ("--ort-version", ("deployment", "ort_version")), ("--input-shape", ("input_shapes",)),
@@ -278,7 +280,7 @@ def _option_text(value) -> str:
 def compare(old: dict, new: dict) -> Comparison:
     """Compare report dicts ``old`` (the baseline) and ``new`` (see the module docstring for the rules)."""
     from onnxfuse.analysis.symbolic import make_symbol
-    from onnxfuse.report import build as rep
+    from onnxfuse.report import present
 
     old_f = Counter(_fusion_kind(r) for r in old["fusions"])
     new_f = Counter(_fusion_kind(r) for r in new["fusions"])
@@ -309,7 +311,7 @@ def compare(old: dict, new: dict) -> Comparison:
         return c
     free = sorted(diff.free_symbols, key=str)
     given = {make_symbol(k): sympy.Integer(v) for k, v in new.get("symbol_values", {}).items()}
-    sizes = rep.representative_values({"symbols": {s.name: symbols.get(s.name, {"axis": None}) for s in free}})
+    sizes = present.representative_values({"symbols": {s.name: symbols.get(s.name, {"axis": None}) for s in free}})
     representative = {s: sympy.Integer(sizes[s.name]) for s in free}
     points = [given] if given and all(s in given for s in free) else [representative]
     points += [{s: sympy.Integer(size) for s in free} for size in SAMPLE_SIZES]
@@ -317,7 +319,7 @@ def compare(old: dict, new: dict) -> Comparison:
         value = diff.xreplace(point)
         if value.is_number and value > 0:
             at = ", ".join(f"{s}={v}" for s, v in point.items()) or "every size"
-            c.worse_at.append(f"{at}: +{rep.human_bytes(int(value))}")
+            c.worse_at.append(f"{at}: +{present.human_bytes(int(value))}")
             c.growth_expr = str(diff)
             break
     return c

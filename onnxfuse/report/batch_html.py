@@ -2,15 +2,16 @@
 fusions, bytes saved against the graph and against onnxruntime, time, peak memory, a link to the model's own
 report), sortable by any column. Never prints.
 
-Same rules as the per-model page (``report_html``): one self-contained file, no network (a Content-Security-Policy
-with ``default-src 'none'``), the summary's JSON embedded unchanged in ``<script type="application/json"
-id="onnxfuse-batch-summary">``. The rows are plain HTML written here; the script only sorts them.
+Same rules as the per-model page (``onnxfuse.report.html``): one self-contained file, no network (a
+Content-Security-Policy with ``default-src 'none'``), the summary's JSON embedded unchanged in
+``<script type="application/json" id="onnxfuse-batch-summary">``. The rows are plain HTML written here; the
+script only sorts them.
 """
 
 from __future__ import annotations
 
-from onnxfuse.report.build import human_bytes
 from onnxfuse.report.html import _e, _json_for_script
+from onnxfuse.report.present import human_bytes
 
 #: Columns: heading, sort kind (``num`` sorts by the cell's ``data-v``), the row's key.
 COLUMNS = (("model", "text", "name"), ("status", "text", "status"), ("fusions", "num", "fusions"),

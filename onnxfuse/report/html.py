@@ -21,9 +21,24 @@ import html
 import json
 from typing import Any
 
-from onnxfuse.ort.providers import TARGETS
-from onnxfuse.report.build import LONG_EXPRESSION_CHARS, human_bytes
+from onnxfuse.report import escape
+from onnxfuse.report.present import (
+    bytes_of,
+    chain,
+    chart_sizes,
+    dim_text,
+    display_name,
+    draw_at,
+    headline,
+    human_bytes,
+    label,
+    layer_units,
+    made_by_onnxruntime,
+    passes_text,
+    target_providers,
+)
 from onnxfuse.report.remedies import remedy
+from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY, Doc
 
 #: Chart trace names, one per kind of layer; the legend shows them, the tests look them up.
 TRACE_BEFORE = "before: original nodes"
@@ -34,34 +49,15 @@ TRACE_UNFUSED = "after: in a pattern left unfused (dotted)"
 #: Most node names listed in one hover label (the rest are counted).
 HOVER_NODES = 8
 
+#: Between the ops of a chain in the tables.
+_ARROW = " → "
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # Numbers
 
 
-def _bytes_text(obj: dict | None, key: str, doc: dict | None = None) -> str:
-    """``obj[key]`` as KiB/MiB, else its ``key_expr`` (symbolic, schema 2) with a unit, else "unknown". With the
-    report ``doc``, a long expression is given by its leading terms (``report.leading_terms``), as the text
-    report does."""
-    value = None if obj is None else obj.get(key)
-    if value is not None:
-        return human_bytes(value)
-    expr = None if obj is None else obj.get(f"{key}_expr")
-    if expr and expr.lstrip("-").isdigit():  # an expression without symbols is a number
-        return human_bytes(int(expr))
-    if expr and doc is not None and len(expr) > LONG_EXPRESSION_CHARS:
-        return _leading(expr, json.dumps(doc.get("symbols") or {}, sort_keys=True))
-    return f"{expr} B" if expr else "unknown"
-
-
-@functools.lru_cache(maxsize=4096)
-def _leading(expr: str, symbols_json: str) -> str:
-    from onnxfuse.report.build import leading_terms
-
-    return leading_terms(expr, {"symbols": json.loads(symbols_json)})
-
-
-def _bytes_cell(obj: dict | None, key: str, doc: dict | None = None) -> str:
+def _bytes_cell(obj: dict | None, key: str, doc: Doc | None = None) -> str:
     """A ``<td>`` for a byte count, sortable by its exact value (unknown sorts first), exact bytes on hover; an
     expression wraps (class ``expr``), long ones show their leading terms and open to the exact expression."""
     value = None if obj is None else obj.get(key)
@@ -71,10 +67,10 @@ def _bytes_cell(obj: dict | None, key: str, doc: dict | None = None) -> str:
     return f'<td class="{kind}" data-value="{sort}"{title}>{_expression(obj, key, doc)}</td>'
 
 
-def _expression(obj: dict | None, key: str, doc: dict | None, fold: bool = True) -> str:
+def _expression(obj: dict | None, key: str, doc: Doc | None, fold: bool = True) -> str:
     """HTML of a byte figure: the number, an expression (folded past :data:`FOLD_CHARS` when ``fold``), or the
     leading terms of a long expression opening to the exact one."""
-    exact, readable = _bytes_text(obj, key), _bytes_text(obj, key, doc)
+    exact, readable = bytes_of(obj, key), bytes_of(obj, key, doc)
     if readable == exact:
         return _folded(exact) if fold else html.escape(exact)
     return (f'<details class="fold"><summary>{html.escape(readable)}</summary>'
@@ -98,112 +94,8 @@ def _cell_class(obj: dict, key: str) -> str:
     return "num" if obj.get(key) is not None or not obj.get(f"{key}_expr") else "num expr"
 
 
-def _node_total(row: dict | None) -> tuple[int | None, str | None]:
-    """(read + written bytes or None, symbolic expression or None) of a ``nodes.before/after`` row."""
-    if row is None:
-        return None, None
-    r, w = row.get("read_bytes"), row.get("written_bytes")
-    if r is not None and w is not None:
-        return r + w, None
-    expr = row.get("total_bytes_expr")
-    if expr is None and row.get("read_bytes_expr") and row.get("written_bytes_expr"):
-        expr = _add_exprs(row["read_bytes_expr"], row["written_bytes_expr"])
-    return None, expr
-
-
-def _add_exprs(a: str, b: str) -> str:
-    """The sum of two byte expressions (read without eval, :func:`onnxfuse.analysis.expressions.parse`), else as
-    written."""
-    from onnxfuse.analysis import expressions
-
-    try:
-        return str(expressions.parse(a) + expressions.parse(b))
-    except ValueError:
-        return f"{a} + {b}"
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Layers of the chart
-
-
-def layer_units(doc: dict) -> list[dict]:
-    """The chart's bars: the model's nodes in execution order (``nodes.before``), one bar per node, except that
-    each fused group (a ``fusions`` row) is one bar placed at its first original node, and ``Constant`` nodes
-    (which move no bytes) are left out. Nodes that only the optimized model has come after the bar of the node
-    before them in ``nodes.after``.
-
-    Returns dicts with ``kind`` (``node``, ``fused``, ``unfused``: in a pattern left unfused, ``removed``,
-    ``new``), ``nodes`` (``{name, op, output}`` of the original nodes), ``before``/``after`` (bytes or None),
-    ``before_expr``/``after_expr`` (symbolic or None), ``into`` (the fused node, for ``fused``) and
-    ``reason`` (for ``unfused``).
-    """
-    before_rows, after_rows = doc["nodes"]["before"], doc["nodes"]["after"]
-    after_by_key = {r["output"]: r for r in after_rows}
-    before_keys = {r["output"] for r in before_rows}
-    group_of = {n["output"]: i for i, f in enumerate(doc["fusions"]) for n in f["replaced"]}
-    fusion_outputs = {f["output"]: i for i, f in enumerate(doc["fusions"])}
-    unfused_of: dict[str, dict] = {}
-    for u in doc["unfused"]:
-        for n in u["nodes"]:
-            unfused_of.setdefault(n["output"], u)
-
-    units: list[dict] = []
-    unit_of_after: dict[str, int] = {}
-    emitted: set[int] = set()
-    for row in before_rows:
-        key = row["output"]
-        if key in group_of:
-            i = group_of[key]
-            if i in emitted:
-                continue
-            emitted.add(i)
-            f = doc["fusions"][i]
-            unit_of_after[f["output"]] = len(units)
-            units.append({"kind": "fused", "nodes": [_ref(n) for n in f["replaced"]],
-                          "before": f.get("bytes_before"), "before_expr": f.get("bytes_before_expr"),
-                          "after": f.get("bytes_after"), "after_expr": f.get("bytes_after_expr"),
-                          "into": {"name": f["node"], "op": f["op"]}, "reason": None})
-            continue
-        if row["op"] == "Constant":
-            continue
-        before, before_expr = _node_total(row)
-        after_row = after_by_key.get(key) if key not in fusion_outputs else None
-        after, after_expr = _node_total(after_row) if after_row is not None else (0, None)
-        kind = "unfused" if key in unfused_of else ("node" if after_row is not None else "removed")
-        if after_row is not None:
-            unit_of_after[key] = len(units)
-        units.append({"kind": kind, "nodes": [_ref(row)], "before": before, "before_expr": before_expr,
-                      "after": after, "after_expr": after_expr, "into": None,
-                      "reason": unfused_of[key]["reason"] if key in unfused_of else None})
-
-    # nodes only the optimized model has: after the bar of the node that precedes them there
-    extra: dict[int, list[dict]] = {}
-    last = -1
-    for row in after_rows:
-        key = row["output"]
-        if key in unit_of_after:
-            last = unit_of_after[key]
-        elif key not in before_keys and row["op"] != "Constant":
-            after, after_expr = _node_total(row)
-            extra.setdefault(last, []).append({"kind": "new", "nodes": [_ref(row)], "before": 0,
-                                               "before_expr": None, "after": after, "after_expr": after_expr,
-                                               "into": None, "reason": None})
-    if not extra:
-        return units
-    out = list(extra.get(-1, []))
-    for i, u in enumerate(units):
-        out.append(u)
-        out.extend(extra.get(i, []))
-    return out
-
-
-def _ref(row: dict) -> dict:
-    return {"name": row.get("name") or "", "op": row["op"], "output": row["output"]}
-
-
-def _label(node: dict) -> str:
-    """A node's name, or its output tensor's name when the model left it unnamed."""
-    return node["name"] or node["output"]
 
 
 def _short(text: str, limit: int = 48) -> str:
@@ -217,7 +109,7 @@ def _hover(index: int, unit: dict) -> str:
             "removed": "removed by a rewrite", "new": "added by a rewrite", "node": "unchanged"}[unit["kind"]]
     lines = [f"<b>layer {index}: {kind}</b>"]
     for n in nodes[:HOVER_NODES]:
-        lines.append(html.escape(f"{n['op']} {_short(_label(n))}"))
+        lines.append(html.escape(f"{n['op']} {_short(label(n))}"))
     if len(nodes) > HOVER_NODES:
         lines.append(f"… and {len(nodes) - HOVER_NODES} more")
     if unit["into"]:
@@ -227,17 +119,17 @@ def _hover(index: int, unit: dict) -> str:
     return "<br>".join(lines)
 
 
-def _exact(obj: dict, key: str, doc: dict | None = None) -> str:
+def _exact(obj: dict, key: str, doc: Doc | None = None) -> str:
     """Hover text of a byte count: KiB/MiB and the exact bytes, or the symbolic expression, or unknown; a number
     drawn at the chart's sizes (:func:`chart_sizes`) comes with its expression."""
     value = obj.get(key)
     expr = obj.get(f"{key}_expr")
     if value is not None and expr is not None and doc is not None and chart_sizes(doc) is not None:
         return (f"{human_bytes(value)} at the chart's sizes; "
-                f"{html.escape(_short(_bytes_text({key: None, f'{key}_expr': expr}, key, doc), 100))}")
+                f"{html.escape(_short(bytes_of({key: None, f'{key}_expr': expr}, key, doc), 100))}")
     if value is not None:
         return f"{human_bytes(value)} ({value:,} B)"
-    return html.escape(_short(_bytes_text(obj, key, doc), 100))  # the tables give exact expressions
+    return html.escape(_short(bytes_of(obj, key, doc), 100))  # the tables give exact expressions
 
 
 def chart_unit(largest: int | None) -> tuple[str, int]:
@@ -255,7 +147,7 @@ def _scaled(value: int | None, size: int) -> float:
     return 0 if value is None else value / size
 
 
-def traffic_figure(units: list[dict], doc: dict | None = None) -> dict:
+def traffic_figure(units: list[dict], doc: Doc | None = None) -> dict:
     """The plotly figure (``data``, ``layout``) of bytes per layer: a wide light bar per layer for the original
     nodes and a narrow dark bar inside it for the optimized model, hatched for a fused group and dotted for a
     pattern left unfused, so that the kinds differ without colour. The x axis is the layer's position in
@@ -354,7 +246,7 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
-def _shapes_html(doc: dict) -> str:
+def _shapes_html(doc: Doc) -> str:
     parts = [f"<code>{_e(k)}</code> = {_e('x'.join(map(str, v)))}" for k, v in doc["input_shapes"].items()]
     for u in doc.get("unknown_shapes") or []:
         dims = ", ".join(map(str, u.get("shape") or []))
@@ -371,10 +263,8 @@ def _shapes_html(doc: dict) -> str:
     return text
 
 
-def _verification_html(doc: dict) -> str:
+def _verification_html(doc: Doc) -> str:
     """Status, its summary (or the reason it was skipped), and each output's errors against its tolerance."""
-    from onnxfuse.report.build import REPORT_DOES_NOT_VERIFY
-
     v = doc["verification"] or {}
     status = v.get("status", "unknown")
     if v.get("reason") == REPORT_DOES_NOT_VERIFY:  # onnxfuse report: nothing was run, nothing failed
@@ -407,17 +297,14 @@ def _num(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.3g}"
 
 
-def _headline_html(doc: dict) -> str:
-    """The summary lines of the text report (``report.headline``): the traffic and saved expressions, the share
+def _headline_html(doc: Doc) -> str:
+    """The summary lines of the text report (``present.headline``): the traffic and saved expressions, the share
     as the dims grow, the figures at the shapes used, unknowns and why."""
-    from onnxfuse.report import escape
-    from onnxfuse.report.build import headline
-
     return ('<ul class="headline">' + "".join(f"<li>{_e(line)}</li>" for line in headline(doc, plain=escape.text))
             + "</ul>")
 
 
-def _totals_html(doc: dict) -> str:
+def _totals_html(doc: Doc) -> str:
     t = doc["totals"]
     rows = []
     for side in ("before", "after"):
@@ -451,56 +338,11 @@ def _sortable(table_id: str, columns: list[tuple[str, str]], rows: list[str], em
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
-def _chain(nodes: list[dict]) -> str:
-    return " → ".join(n["op"] for n in nodes)
-
-
-def _dim_text(dim: int | str | None, doc: dict) -> str:
-    """One output dim: its number; a symbolic one (schema 2) evaluated at ``symbol_values`` when those fix it,
-    else the expression with the symbols' display names, by its leading term when long (``~x[2]/4``, as the text
-    report shows it); "?" when unknown."""
-    from onnxfuse.report.build import _display_names, _short_dim
-
-    if dim is None:
-        return "?"
-    if isinstance(dim, int):
-        return str(dim)
-    if doc.get("symbol_values"):
-        import sympy
-
-        from onnxfuse.analysis import expressions
-        from onnxfuse.analysis.symbolic import make_symbol
-
-        try:
-            value = sympy.sympify(expressions.parse(str(dim)).xreplace(
-                {make_symbol(k): sympy.Integer(v) for k, v in doc["symbol_values"].items()}))
-            if value.is_number:
-                return str(int(value))
-        except (ValueError, TypeError):
-            pass
-    return _short_dim(dim, _display_names(doc))
-
-
-def _made_by_onnxruntime(row: dict) -> str:
-    """``yes`` when onnxruntime makes this fusion itself at load (the report's level), ``no`` when it does not,
-    empty when the report did not compare."""
-    made = row.get("made_by_onnxruntime")
-    return "" if made is None else ("yes" if made else "no")
-
-
-def _passes_text(passes: list[str]) -> str:
-    """``conv_affine x2, conv_hardswish``: the passes that built a node, each once with how often it applied."""
-    counts: dict[str, int] = {}
-    for p in passes:
-        counts[p] = counts.get(p, 0) + 1
-    return ", ".join(f"{p} x{n}" if n > 1 else p for p, n in counts.items())
-
-
-def _fusion_rows(doc: dict) -> list[str]:
+def _fusion_rows(doc: Doc) -> list[str]:
     rows = []
     for f in doc["fusions"]:
-        names = ", ".join(_label(n) for n in f["replaced"])
-        dims = [_dim_text(d, doc) for d in f["shape"]] if f.get("shape") else None
+        names = ", ".join(label(n) for n in f["replaced"])
+        dims = [dim_text(d, doc) for d in f["shape"]] if f.get("shape") else None
         shape = ("unknown" if dims is None else "x".join(dims) if all(d.isdigit() for d in dims)
                  else f"[{', '.join(dims)}]")
         output = f"{shape} {f.get('dtype') or ''}"
@@ -508,25 +350,26 @@ def _fusion_rows(doc: dict) -> list[str]:
         if f.get("saved_bytes") is None and f.get("unknown_reason"):
             saved = saved.replace("<td ", f'<td title="{_e(f["unknown_reason"])}" ', 1)
         rows.append(f"<tr><td><code>{_e(f['node'])}</code></td><td>{_e(f['op'])}</td>"
-                    f'<td title="{_e(names)}">{_e(_chain(f["replaced"]))}</td><td>{_e(f.get("activation") or "")}'
-                    f"</td><td>{_e(_passes_text(f.get('passes') or []))}</td><td class=\"shape\">{_e(output)}"
+                    f'<td title="{_e(names)}">{_e(chain(f["replaced"], _ARROW))}</td>'
+                    f'<td>{_e(f.get("activation") or "")}</td>'
+                    f"<td>{_e(passes_text(f.get('passes') or []))}</td><td class=\"shape\">{_e(output)}"
                     f"</td>{_bytes_cell(f, 'bytes_before', doc)}{_bytes_cell(f, 'bytes_after', doc)}"
-                    f"{saved}<td>{_made_by_onnxruntime(f)}</td></tr>")
+                    f"{saved}<td>{made_by_onnxruntime(f)}</td></tr>")
     return rows
 
 
-def _unfused_rows(doc: dict) -> list[str]:
+def _unfused_rows(doc: Doc) -> list[str]:
     rows = []
     for u in doc["unfused"]:
-        first = _label(u["nodes"][0]) if u["nodes"] else ""
-        rows.append(f"<tr><td><code>{_e(first)}</code></td><td>{_e(_chain(u['nodes']))}</td>"
+        first = label(u["nodes"][0]) if u["nodes"] else ""
+        rows.append(f"<tr><td><code>{_e(first)}</code></td><td>{_e(chain(u['nodes'], _ARROW))}</td>"
                     f"<td>{_e(u.get('pass') or '')}</td><td><code>{_e(u['reason'])}</code></td>"
                     f"<td>{_e(u.get('detail') or '')}</td>{_bytes_cell(u, 'bytes', doc)}"
                     f"<td>{_e(remedy(u, doc['target']))}</td></tr>")
     return rows
 
 
-def _other_html(doc: dict) -> str:
+def _other_html(doc: Doc) -> str:
     stats = "".join(
         f"<tr><td>{_e(s['name'])}</td><td class=num>{_e(s['applied'])}</td><td>"
         f"{_e(', '.join(f'{k} {v}' for k, v in s['skipped'].items()) or '-')}</td></tr>" for s in doc["pass_stats"])
@@ -540,7 +383,7 @@ def _other_html(doc: dict) -> str:
             f"<th>after</th></tr></thead><tbody>{op_rows}</tbody></table></div></div>")
 
 
-def _unknown_html(doc: dict) -> str:
+def _unknown_html(doc: Doc) -> str:
     """The nodes of the optimized model whose traffic is unknown, with their tensors and (schema 2) the reason."""
     rows = "".join(
         f"<tr><td><code>{_e(u.get('node') or u.get('output'))}</code></td><td>{_e(u.get('op'))}</td>"
@@ -554,54 +397,7 @@ def _unknown_html(doc: dict) -> str:
             f"<th>why</th></tr></thead><tbody>{rows}</tbody></table></section>")
 
 
-def chart_sizes(doc: dict) -> tuple[dict[str, int], str] | None:
-    """``(symbol -> size, where the sizes come from)`` for a report with symbolic dims and no value for them: the
-    input sizes verification ran with when every symbol appears in them, else the stated representative sizes
-    (``report.representative_values``). None when the report has numbers (no symbols, or values for them)."""
-    if not doc.get("symbols") or doc.get("symbol_values"):
-        return None
-    shapes = (doc.get("verification") or {}).get("input_shapes") or {}
-    values = {}
-    for name, where in doc["symbols"].items():
-        dims = shapes.get(where["input"])
-        if dims and where["axis"] < len(dims):
-            values[name] = int(dims[where["axis"]])
-    if len(values) == len(doc["symbols"]):
-        return values, "the input sizes verification ran with"
-    from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
-    from onnxfuse.report.build import representative_values
-
-    return (representative_values(doc),
-            f"representative sizes: batch {REPRESENTATIVE_BATCH}, {REPRESENTATIVE_SIZE} for the other dims")
-
-
-def _display(doc: dict, symbol: str) -> str:
-    """How the page names a symbol: the model's dim name when short and plain, else ``input[axis]``."""
-    from onnxfuse.report.build import _display_names
-
-    return _display_names(doc).get(symbol, symbol)
-
-
-def _draw_at(units: list[dict], values: dict[str, int]) -> None:
-    """Give each layer whose bytes are only an expression its number at ``values`` (symbol -> size), in place; the
-    expressions stay for the hover labels."""
-    import sympy
-
-    from onnxfuse.analysis import expressions
-    from onnxfuse.analysis.symbolic import make_symbol
-
-    at = {make_symbol(k): sympy.Integer(v) for k, v in values.items()}
-    for u in units:
-        for side in ("before", "after"):
-            if u[side] is None and u.get(f"{side}_expr"):
-                try:
-                    value = sympy.sympify(expressions.parse(u[f"{side}_expr"]).xreplace(at))
-                    u[side] = int(value) if value.is_number else None
-                except (ValueError, TypeError):
-                    u[side] = None
-
-
-def _notes_html(doc: dict, units: list[dict]) -> str:
+def _notes_html(doc: Doc, units: list[dict]) -> str:
     notes = [f'<p class="warning"><b>Warning:</b> {_e(w)}</p>' for w in doc.get("warnings") or []]
     if doc.get("unknown_shapes"):
         notes.append('<p class="warning"><b>Unknown shapes:</b> give <code>--input-shape</code> for '
@@ -626,7 +422,7 @@ def _notes_html(doc: dict, units: list[dict]) -> str:
         values, source = sizes
         notes.append('<p class="note" id="chart-sizes">The model has symbolic dims and no value was given for them: '
                      "the chart draws every layer at " + ", ".join(
-                         f"<code>{_e(_display(doc, s))}={v}</code>" for s, v in values.items())
+                         f"<code>{_e(display_name(doc, s))}={v}</code>" for s, v in values.items())
                      + f" ({_e(source)}). The tables and hover labels give every byte count as an expression; "
                      "give <code>--input-shape NAME=DIMS</code> to draw your sizes.</p>")
     unknown = sum(1 for u in units if u["before"] is None or u["after"] is None)
@@ -641,7 +437,7 @@ def _notes_html(doc: dict, units: list[dict]) -> str:
     return "".join(notes)
 
 
-def _profile_html(doc: dict) -> str:
+def _profile_html(doc: Doc) -> str:
     """The "Measured in onnxruntime" panel of a report made with ``--profile``: per op, the kernels, time and the
     bytes onnxruntime's profiler records for the original and the optimized model, with bars to compare beside
     the counted traffic; per fusion, the kernel that computes it. Empty without a ``profile`` section."""
@@ -689,7 +485,7 @@ def _profile_html(doc: dict) -> str:
         + "</section>")
 
 
-def to_html(doc: dict) -> str:
+def to_html(doc: Doc) -> str:
     """The self-contained HTML page (UTF-8 text, about 2 MB) for the report ``doc``: the dict of
     ``Report.to_dict()``, schema_version 2.
 
@@ -700,20 +496,18 @@ def to_html(doc: dict) -> str:
     units = layer_units(doc)
     sizes = chart_sizes(doc)
     if sizes is not None:
-        _draw_at(units, sizes[0])
+        draw_at(units, sizes[0])
     constants = sum(1 for r in doc["nodes"]["before"] if r["op"] == "Constant")
     fused_units = sum(1 for u in units if u["kind"] == "fused")
     totals_fig = totals_figure(t)
     figures = {"traffic": traffic_figure(units, doc), "totals": totals_fig}
-    target = TARGETS.get(doc["target"])
-    providers = ", ".join(target.providers) if target and target.providers else "standard ONNX only"
     header = (
         "<h1>onnxfuse memory-traffic report</h1>"
         '<dl class="meta">'
         f'<dt>model</dt><dd><code id="model-path">{_e(m["path"])}</code> · {_e(human_bytes(m.get("file_bytes")))}'
         f"{' · external data' if m.get('external_data') else ''}</dd>"
         f'<dt>sha256</dt><dd><code id="model-sha256">{_e(m["sha256"])}</code></dd>'
-        f"<dt>target</dt><dd><code>{_e(doc['target'])}</code> ({_e(providers)})</dd>"
+        f"<dt>target</dt><dd><code>{_e(doc['target'])}</code> ({_e(target_providers(doc))})</dd>"
         f"<dt>input shapes</dt><dd>{_shapes_html(doc)}</dd>"
         f"<dt>verification</dt><dd>{_verification_html(doc)}</dd>"
         f"<dt>onnxfuse</dt><dd>{_e(doc['onnxfuse_version'])} · passes {_e(', '.join(doc['passes']))}</dd>"

@@ -7,7 +7,7 @@ import pytest
 
 from onnxfuse.passes import PASS_NAMES
 from onnxfuse.records import Reason
-from onnxfuse.report.build import summary_lines
+from onnxfuse.report.present import summary_lines
 from tests.builders import GraphBuilder, skip_of
 from tests.conftest import ATOL, RTOL, assert_same_outputs, op_counts
 

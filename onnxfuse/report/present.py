@@ -1,0 +1,725 @@
+"""What every report format shows, decided once: the byte rules (:func:`human_bytes`, :func:`bytes_text`,
+:func:`leading_terms`: KiB/MiB/GiB in powers of 1024, long expressions by their leading terms), the cells and
+sentences (:func:`headline`, :func:`summary_lines`, the verification, bandwidth, deployment and profile lines),
+the grouping of unfused patterns and their remedies, the representative sizes a symbolic report is shown at, and
+the layers of the HTML chart. It reads the report's dict (``Report.to_dict()``, ``report.schema.json``) only: it
+imports neither the data module (``report.model``) nor any renderer, which only lay out what it gives
+(``report.text``, ``report.markdown``, ``report.html``). Never prints.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+from onnxfuse.analysis import expressions
+from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
+from onnxfuse.analysis.symbolic import make_symbol, printer
+from onnxfuse.analysis.traffic import add
+from onnxfuse.ort.providers import TARGETS
+from onnxfuse.report import escape
+from onnxfuse.report.remedies import remedy
+from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY, Doc, SupportsToDict
+
+# ---------------------------------------------------------------------------------------------------------------
+# Byte figures
+
+
+def human_bytes(n: int | None) -> str:
+    """``n`` bytes as B/KiB/MiB/GiB (powers of 1024) with one decimal; "unknown" for None."""
+    if n is None:
+        return "unknown"
+    sign, v = ("-" if n < 0 else ""), float(abs(n))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if v < 1024 or unit == "GiB":
+            return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{v:.1f} {unit}"
+        v /= 1024
+    return f"{sign}{v:.1f} TiB"  # pragma: no cover
+
+
+def human_time(ms: float | None) -> str:
+    """A duration given in milliseconds, in ns/µs/ms/s with three significant digits; "unknown" for None."""
+    if ms is None:
+        return "unknown"
+    seconds = ms / 1e3
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def percent(part: int | None, whole: int | None) -> float | None:
+    if part is None or not whole:
+        return None
+    return round(100.0 * part / whole, 2)
+
+
+def bytes_text(number: int | None, expr: str | None, code: bool = False) -> str:
+    """A byte figure for people: the number when there is one (KiB/MiB...), else the expression in bytes (in a
+    Markdown code span when ``code``: its ``*`` would start emphasis), else "unknown"."""
+    if number is not None:
+        return human_bytes(number)
+    if expr is None:
+        return "unknown"
+    try:
+        return human_bytes(int(expr))
+    except ValueError:
+        return f"{escape.markdown_code(expr)} B" if code else f"{expr} B"
+
+
+#: Expressions longer than this are shown to people by their leading terms (:func:`leading_terms`).
+LONG_EXPRESSION_CHARS = 60
+
+
+def display_names(doc: Doc) -> dict[str, str]:
+    """Symbol -> how people read it: the model's own dim name when it is short and plain (``N``, ``height``),
+    else ``input[axis]`` (``x[2]`` instead of ``p2o_DynamicDimension_1``)."""
+    names = {}
+    for sym, where in doc.get("symbols", {}).items():
+        dim = where.get("dim_param") or ""
+        names[sym] = dim if dim.isidentifier() and len(dim) <= 12 else f"{where['input']}[{where['axis']}]"
+    return names
+
+
+def leading_terms(expr: str, doc: Doc) -> str:
+    """A byte expression as people read it: floor/ceiling dropped (``floor((H - 1)/2) + 1`` ~ ``H/2``), expanded,
+    only the terms of the highest degree in the symbols kept plus the constant term (weights), coefficients to 4
+    significant digits, the constant in KiB/MiB; symbols by :func:`display_names`. An approximation for large
+    inputs, prefixed "~"; the exact expression stays in the JSON report."""
+    import sympy
+
+    values = {name: make_symbol(name) for name in doc.get("symbols", {})}
+    e = expressions.parse(expr, values)
+    e = sympy.expand(e.replace(sympy.floor, lambda a: a).replace(sympy.ceiling, lambda a: a))
+    poly = sympy.Poly(e, *values.values()) if values else None
+    if poly is None or not poly.free_symbols:
+        return human_bytes(int(sympy.ceiling(e)))
+    top = poly.total_degree()
+    names = display_names(doc)
+    parts, dropped = [], False
+    for monom, coeff in sorted(poly.terms(), key=lambda t: (-sum(t[0]), [-m for m in t[0]])):
+        degree = sum(monom)
+        if degree == 0:
+            continue
+        if degree < top:
+            dropped = True
+            continue
+        factors = [names[str(s)] + (f"^{k}" if k > 1 else "") for s, k in zip(values.values(), monom, strict=True)
+                   if k]
+        parts.append(f"{float(coeff):.4g}*" + "*".join(factors))
+    const = poly.coeff_monomial(1)
+    text = " + ".join(parts) + " bytes"  # not "B": a model may call its batch dim B
+    if const:
+        text += f" + {human_bytes(int(sympy.ceiling(const)))}"
+    return "~" + text + (" (+ smaller terms)" if dropped else "")
+
+
+def short_expression(expr: str, doc: Doc) -> str | None:
+    """:func:`leading_terms` of a byte expression longer than LONG_EXPRESSION_CHARS; None when it is short, or
+    when the leading terms cannot be taken (no polynomial once floors are dropped: ``Max``, ``Mod``), so that the
+    caller shows it exact. ``doc``: a report dict, or any dict with its ``symbols``."""
+    if len(expr) <= LONG_EXPRESSION_CHARS:
+        return None
+    import sympy
+
+    try:
+        return leading_terms(expr, doc)
+    except (sympy.PolynomialError, TypeError, ValueError, KeyError):  # ExpressionError is a ValueError
+        return None
+
+
+def expr_text(expr: str | None, doc: Doc, code: bool) -> str:
+    """An expression for the headline: :func:`short_expression` where it gives one, else exact."""
+    text = short_expression(expr, doc) if expr is not None else None
+    if text is None:
+        return bytes_text(None, expr, code)
+    return escape.markdown_code(text) if code else text
+
+
+def cell(number: int | None, expr: str | None, doc: Doc, code: bool = False) -> str:
+    """A byte figure for a table cell or line: the number when there is one, else the expression (by its leading
+    terms when long, :func:`expr_text`)."""
+    return human_bytes(number) if number is not None else expr_text(expr, doc, code)
+
+
+def bytes_of(obj: dict | None, key: str, doc: Doc | None = None) -> str:
+    """``obj[key]`` as KiB/MiB, else its ``key_expr`` (symbolic, schema 2) with a unit, else "unknown". With the
+    report ``doc``, a long expression is given by its leading terms (:func:`leading_terms`), as the text
+    report does."""
+    value = None if obj is None else obj.get(key)
+    if value is not None:
+        return human_bytes(value)
+    expr = None if obj is None else obj.get(f"{key}_expr")
+    if expr and expr.lstrip("-").isdigit():  # an expression without symbols is a number
+        return human_bytes(int(expr))
+    if expr and doc is not None and len(expr) > LONG_EXPRESSION_CHARS:
+        return _leading(expr, json.dumps(doc.get("symbols") or {}, sort_keys=True))
+    return f"{expr} B" if expr else "unknown"
+
+
+@functools.lru_cache(maxsize=4096)
+def _leading(expr: str, symbols_json: str) -> str:
+    return leading_terms(expr, {"symbols": json.loads(symbols_json)})
+
+
+def node_total(row: dict | None) -> tuple[int | None, str | None]:
+    """(read + written bytes or None, symbolic expression or None) of a ``nodes.before/after`` row."""
+    if row is None:
+        return None, None
+    r, w = row.get("read_bytes"), row.get("written_bytes")
+    if r is not None and w is not None:
+        return r + w, None
+    expr = row.get("total_bytes_expr")
+    if expr is None and row.get("read_bytes_expr") and row.get("written_bytes_expr"):
+        expr = _add_exprs(row["read_bytes_expr"], row["written_bytes_expr"])
+    return None, expr
+
+
+def _add_exprs(a: str, b: str) -> str:
+    """The sum of two byte expressions (read without eval, :func:`onnxfuse.analysis.expressions.parse`), else as
+    written."""
+    try:
+        return str(expressions.parse(a) + expressions.parse(b))
+    except ValueError:
+        return f"{a} + {b}"
+
+
+def _sum_expressions(exprs: list[str]) -> str:
+    """The sum of byte expressions (report strings), printed as the report prints them."""
+    total = add([expressions.parse(e) for e in exprs])
+    return printer()(total)
+
+
+def representative_values(doc: Doc) -> dict[str, int]:
+    """Symbol -> :data:`REPRESENTATIVE_BATCH` for a dim on axis 0 of an input, else :data:`REPRESENTATIVE_SIZE`,
+    for the symbols of a report dict."""
+    return {name: REPRESENTATIVE_BATCH if where["axis"] == 0 else REPRESENTATIVE_SIZE
+            for name, where in doc["symbols"].items()}
+
+
+def at_values(expr: str | None, values: dict[str, int]) -> int | None:
+    """A report's byte expression evaluated at ``values`` (symbol name -> size), read without eval
+    (:func:`onnxfuse.analysis.expressions.parse`); None when it is None, not in the grammar or not a number there."""
+    if expr is None:
+        return None
+    import sympy
+
+    try:
+        value = sympy.sympify(expressions.parse(expr).xreplace(
+            {make_symbol(k): sympy.Integer(v) for k, v in values.items()}))
+    except (ValueError, TypeError):
+        return None
+    return int(value) if value.is_number else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Names, chains and shapes
+
+
+def label(node: dict) -> str:
+    """A node's name, or its output tensor's name when the model left the node unnamed."""
+    return node["name"] or node["output"]
+
+
+def chain(nodes: list[dict], arrow: str = " -> ") -> str:
+    """The ops of ``nodes`` joined by ``arrow``: ``Conv -> BatchNormalization -> Relu``."""
+    return arrow.join(n["op"] for n in nodes)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def shapes_text(doc: Doc) -> str:
+    """``x=1x3x640x640, sr=scalar``: a scalar input has no dims to join."""
+    return ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in doc["input_shapes"].items())
+
+
+def kinds(doc: Doc) -> str:
+    """``11 FusedConv, 31 folds``, with ``1 FusedGemm`` where there is one (a fold keeps the op it folded into)."""
+    conv = sum(1 for f in doc["fusions"] if f["op"] == "FusedConv")
+    gemm = sum(1 for f in doc["fusions"] if f["op"] == "FusedGemm")
+    folds = plural(len(doc["fusions"]) - conv - gemm, "fold")
+    return f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "") + folds
+
+
+def fused_count(doc: Doc) -> str:
+    return f"{plural(len(doc['fusions']), 'fused node')} ({kinds(doc)})"
+
+
+def passes_text(passes: list[str]) -> str:
+    """``conv_affine x2, conv_hardswish``: the passes that built a node, each once with how often it applied."""
+    counts: dict[str, int] = {}
+    for p in passes:
+        counts[p] = counts.get(p, 0) + 1
+    return ", ".join(f"{p} x{n}" if n > 1 else p for p, n in counts.items())
+
+
+def made_by_onnxruntime(row: dict) -> str:
+    """``yes`` when onnxruntime makes this fusion itself at load (the report's level), ``no`` when it does not,
+    empty when the report did not compare."""
+    made = row.get("made_by_onnxruntime")
+    return "" if made is None else ("yes" if made else "no")
+
+
+def target_providers(doc: Doc) -> str:
+    """The execution providers of the report's ``--target`` (``providers.TARGETS``), or "standard ONNX only"."""
+    target = TARGETS.get(doc["target"])
+    return ", ".join(target.providers) if target and target.providers else "standard ONNX only"
+
+
+def unfused_label(row: dict, name, ops) -> str:
+    """``conv1: Conv -> Relu``, or ``45 x Conv -> Relu (first conv1)`` for a group of :func:`grouped_unfused`;
+    ``name`` and ``ops`` format the node name and the chain (code span and escaping in Markdown)."""
+    first, ops_text = name(label(row["nodes"][0])), ops(chain(row["nodes"]))
+    if row.get("count", 1) > 1:
+        return f"{row['count']} x {ops_text} (first {first})"
+    return f"{first}: {ops_text}"
+
+
+def shape_text(row: dict, doc: Doc | None = None) -> str:
+    """``1x8x32x32 float32``; a symbolic shape as ``[N_, 8, H, W]`` (an ``x`` between expressions would read as a
+    product), a long dim by its leading terms (``~H/4``, :func:`short_dim`; the JSON has it exact)."""
+    dims = row["shape"] or ["?"]
+    if all(isinstance(d, int) for d in dims):
+        text = "x".join(map(str, dims))
+    else:
+        names = display_names(doc) if doc else {}
+        text = f"[{', '.join(short_dim(d, names) for d in dims)}]"
+    return f"{text} {row['dtype'] or '?'}"
+
+
+def short_dim(dim, names: dict[str, str]) -> str:
+    """A dim for a table cell, its symbols by their display names (``names``, :func:`display_names`): as it is
+    when short, else ``~`` and its highest-degree terms once floors and ceilings are dropped
+    (``floor(floor(H/2 - 1/2)/2) + 1`` -> ``~H/4``), or its first characters when it is no polynomial."""
+    text = str(dim)
+    if dim is None or isinstance(dim, int):
+        return "?" if dim is None else text
+    import sympy
+
+    try:
+        e = expressions.parse(text)
+        e = e.xreplace({s: sympy.Symbol(names.get(s.name, s.name)) for s in e.free_symbols})
+        if len(str(e)) <= 16:
+            return str(e)
+        e = sympy.expand(e.replace(sympy.floor, lambda a: a).replace(sympy.ceiling, lambda a: a))
+        poly = sympy.Poly(e, *sorted(e.free_symbols, key=str))
+        top = poly.total_degree()
+        lead = sum((c * sympy.prod(s**k for s, k in zip(poly.gens, m)) for m, c in poly.terms() if sum(m) == top),
+                   sympy.Integer(0))
+        return "~" + str(lead)
+    except (ValueError, TypeError, sympy.PolynomialError):
+        return text[:13] + "..."
+
+
+def dim_text(dim: int | str | None, doc: Doc) -> str:
+    """One output dim: its number; a symbolic one (schema 2) evaluated at ``symbol_values`` when those fix it,
+    else the expression with the symbols' display names, by its leading term when long (``~x[2]/4``, as the text
+    report shows it); "?" when unknown."""
+    if dim is None:
+        return "?"
+    if isinstance(dim, int):
+        return str(dim)
+    if doc.get("symbol_values"):
+        import sympy
+
+        try:
+            value = sympy.sympify(expressions.parse(str(dim)).xreplace(
+                {make_symbol(k): sympy.Integer(v) for k, v in doc["symbol_values"].items()}))
+            if value.is_number:
+                return str(int(value))
+        except (ValueError, TypeError):
+            pass
+    return short_dim(dim, display_names(doc))
+
+
+def display_name(doc: Doc, symbol: str) -> str:
+    """How the page names a symbol: the model's dim name when short and plain, else ``input[axis]``."""
+    return display_names(doc).get(symbol, symbol)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rows: order, top rows, grouping
+
+
+#: Rows shown per table in text and Markdown unless ``show_all`` (largest byte figures first).
+DEFAULT_TOP_ROWS = 20
+
+
+def _sort_value(row: dict, key: str) -> float:
+    """Rows largest first: by the number, else by the expression with every symbol at 64 (a mid-size dim)."""
+    if row.get(key) is not None:
+        return float(row[key])
+    text = row.get(f"{key}_expr")
+    if text is None:
+        return 0.0
+    try:
+        expr = expressions.parse(text)
+        return float(expr.xreplace({s: 64 for s in expr.free_symbols}))
+    except (TypeError, ValueError):  # ExpressionError is a ValueError
+        return 0.0
+
+
+def top_rows(rows: list[dict], key: str, show_all: bool) -> tuple[list[dict], int]:
+    ordered = sorted(rows, key=lambda r: -_sort_value(r, key))
+    if show_all or len(ordered) <= DEFAULT_TOP_ROWS:
+        return ordered, 0
+    return ordered[:DEFAULT_TOP_ROWS], len(ordered) - DEFAULT_TOP_ROWS
+
+
+def grouped_unfused(rows: list[dict]) -> list[dict]:
+    """Unfused rows with the same chain of ops and reason merged into one: ``count``, the first row's nodes and
+    detail, ``bytes`` summed when every one is known (``bytes_expr`` summed likewise). Order: first appearance."""
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        key = (tuple(n["op"] for n in r["nodes"]), r["reason"])
+        g = groups.get(key)
+        if g is None:
+            groups[key] = {**r, "count": 1, "_exprs": [r["bytes_expr"]]}
+            continue
+        g["count"] += 1
+        g["bytes"] = None if g["bytes"] is None or r["bytes"] is None else g["bytes"] + r["bytes"]
+        g["_exprs"].append(r["bytes_expr"])
+    out = []
+    for g in groups.values():
+        exprs = g.pop("_exprs")
+        if g["count"] > 1:
+            g["bytes_expr"] = None if None in exprs else _sum_expressions(exprs)
+        out.append(g)
+    return out
+
+
+def unfused_groups(doc: Doc) -> list[tuple[str, int, str]]:
+    """The unfused patterns of a report dict grouped by reason: ``(reason, count, what would fuse them)``, most
+    frequent first (``onnxfuse.report.remedies.remedy``; for a target-dependent reason, the first pattern's)."""
+    counts: dict[str, int] = {}
+    first: dict[str, dict] = {}
+    for row in doc["unfused"]:
+        counts[row["reason"]] = counts.get(row["reason"], 0) + 1
+        first.setdefault(row["reason"], row)
+    order = sorted(counts, key=lambda r: (-counts[r], r))
+    return [(r, counts[r], remedy(first[r], doc["target"])) for r in order]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sentences: the summary and its lines
+
+
+def summary_lines(report: SupportsToDict, hints: bool = True) -> list[str]:
+    """The short summary ``optimize`` prints: traffic, fusion count, unfused count, for a QDQ model what
+    onnxruntime does with its quantized patterns, verification, bandwidth, and (when ``hints``)
+    :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.report.escape.text`)."""
+    doc = escape.escaped(report.to_dict())
+    lines = [*headline(doc, hints=hints),
+             f"fusions: {fused_count(doc)}; {plural(len(doc['unfused']), 'pattern')} left unfused "
+             f"(target {doc['target']})"]
+    if doc["unfused"]:
+        lines.append(unfused_line(doc))
+    quantized = sum(u["reason"] == "quantized-conv" for u in doc["unfused"])
+    if quantized:  # a QDQ model: onnxfuse leaves its Conv/Gemm/MatMul groups to onnxruntime (passes/conv_unfused.py)
+        lines.append(f"quantized: {plural(quantized, 'pattern')} inside QuantizeLinear/DequantizeLinear pairs "
+                     "left as they are; onnxruntime turns them into quantized kernels (QLinearConv, QGemm, "
+                     "QLinearMatMul) at load, at level extended and above (core/optimizer/qdq_transformer)")
+    lines.append(verification_line(doc))
+    if doc["bandwidth"]:
+        lines.append(bandwidth_line(doc["bandwidth"]))
+    return lines
+
+
+def unknown_shapes_hint(report: SupportsToDict) -> str | None:
+    """``give --input-shape for the figures at one input size (symbols: N_ = x[0], ...)`` when the report has
+    symbols, no value for them and no figures at batch 1; else None. Names escaped for a terminal
+    (:func:`onnxfuse.report.escape.text`)."""
+    doc = escape.escaped(report.to_dict())
+    t = doc["totals"]
+    if not doc["symbols"] or t["saved_bytes"] is not None or (t["at_batch_1"] and
+                                                             t["at_batch_1"]["saved_bytes"] is not None):
+        return None
+    return input_shape_hint(doc)
+
+
+def input_shape_hint(doc: Doc) -> str:
+    names = display_names(doc)
+
+    def symbol(k: str, where: dict) -> str:
+        dim = f"{where['input']}[{where['axis']}]"
+        return dim if names.get(k, k) == dim else f"{names.get(k, k)} = {dim}"
+
+    return ("give --input-shape for the figures at your input sizes (symbols: "
+            + ", ".join(symbol(k, v) for k, v in doc["symbols"].items()) + ")")
+
+
+def headline(doc: Doc, code: bool = False, hints: bool = True, plain=str) -> list[str]:
+    """The traffic lines of the summary, each saying what it is measured against: first what onnxfuse saves beyond
+    what onnxruntime already runs (:func:`runtime_line`), then against the graph as exported, at the input shapes
+    used, else (symbolic dims without values) at batch 1 when that is the only symbolic dim, else at the stated
+    representative sizes (:func:`representative_values`) with the expressions beside, else as expressions alone;
+    one percentage, at the sizes it names. Unknown figures say "unknown" and why. ``code``: expressions in Markdown
+    code spans. ``hints``: also the line that says which ``--input-shape`` would give the figures at one's own
+    sizes. Long expressions are shown by their leading terms (:func:`leading_terms`); the JSON report has them
+    exact. ``plain``: applied to the text taken from the model (input names, reasons), e.g.
+    :func:`onnxfuse.report.escape.markdown`."""
+    t = doc["totals"]
+    before, after = t["before"], t["after"]
+    unknown_fusions = [f for f in doc["fusions"] if f["saved_bytes_expr"] is None]
+    lines = [line] if (line := runtime_line(doc, code, plain)) else []
+    at = None
+    if t["saved_bytes"] is not None and before["total_bytes"] is not None:
+        label = f" at {plain(shapes_text(doc))}" if doc["input_shapes"] else ""
+        at = (f"vs the graph as exported{label}", before["total_bytes"], after["total_bytes"], t["saved_bytes"])
+    elif t["at_batch_1"] and t["at_batch_1"]["saved_bytes"] is not None:
+        b = t["at_batch_1"]
+        at = (f"vs the graph as exported, at batch 1 ({plain(b['symbol'])} is the only symbolic dim)",
+              b["before_total_bytes"], b["after_total_bytes"], b["saved_bytes"])
+    elif doc["symbols"] and not doc["symbol_values"]:
+        values = representative_values(doc)
+        before_n, after_n = (at_values(x, values) for x in (before["total_bytes_expr"], after["total_bytes_expr"]))
+        if before_n is not None and after_n is not None:
+            names = display_names(doc)
+            sizes = ", ".join(f"{plain(names.get(k, k))}={v}" for k, v in values.items())
+            at = (f"vs the graph as exported, at representative sizes {sizes}", before_n, after_n, before_n - after_n)
+    if doc["fusions"] and len(unknown_fusions) == len(doc["fusions"]):
+        lines.append(f"saved vs the graph as exported: unknown ({plain(unknown_fusions[0]['unknown_reason'])})")
+    elif at is not None:
+        pct = f", {percent(at[3], at[1]):.1f}%" if at[1] else ""
+        lines.append(f"{at[0]}: {human_bytes(at[1])} -> {human_bytes(at[2])} (saved {human_bytes(at[3])}{pct})")
+    if doc["symbols"] and not doc["symbol_values"]:
+        lines.append(f"as expressions in the input dims: {expr_text(before['total_bytes_expr'], doc, code)} -> "
+                     f"{expr_text(after['total_bytes_expr'], doc, code)} (saved "
+                     f"{expr_text(t['saved_bytes_expr'], doc, code)})")
+        if hints:
+            lines.append(plain(input_shape_hint(doc)))
+    if unknown_fusions and len(unknown_fusions) < len(doc["fusions"]):
+        lines.append(f"{plural(len(unknown_fusions), 'fusion')} of unknown size not counted in the saving "
+                     f"({plain(unknown_fusions[0]['unknown_reason'])})")
+    if before["unknown_nodes"] or after["unknown_nodes"]:
+        first = doc["unknown_nodes"][0]["reason"] if doc["unknown_nodes"] else ""
+        lines.append(f"unknown: {before['unknown_nodes']} of {before['nodes']} nodes before and "
+                     f"{after['unknown_nodes']} of {after['nodes']} after are left out of these totals "
+                     f"({plain(first)})")
+    if (line := deployment_line(doc)) is not None:
+        lines.append(line)
+    if (line := file_line(doc)) is not None:
+        lines.append(line)
+    if (line := profile_line(doc, plain)) is not None:
+        lines.append(line)
+    return lines
+
+
+def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
+    """The summary's first line: what onnxfuse saves beyond what onnxruntime already makes of the original at
+    load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared.
+    ``plain``: applied to text taken from the model or onnxruntime's messages (as in :func:`headline`)."""
+    rt = doc.get("onnxruntime")
+    if not rt or not doc["fusions"]:
+        return None
+    head = f"vs onnxruntime {rt['installed']} (installed, CPU provider) at level {rt['level']}"
+    if rt["status"] != "compared":
+        return f"{head}: not compared ({plain(rt['reason'])})"
+    made, total = rt["fusions_made_by_onnxruntime"], rt["fusions"]
+    kernels = f"{rt['kernels_before']} -> {rt['kernels_after']} kernels"
+    if made == total and rt["kernels_after"] >= rt["kernels_before"]:
+        return (f"{head}: onnxruntime makes all {total} of these fusions itself when it loads the original "
+                f"({kernels}); nothing is saved beyond it")
+    at = ""
+    representative = (at_values(rt["saved_bytes_beyond_expr"], representative_values(doc))
+                      if rt["saved_bytes_beyond"] is None and doc["symbols"] and not doc["symbol_values"] else None)
+    if rt["saved_bytes_beyond"] is not None:
+        saved = human_bytes(rt["saved_bytes_beyond"])
+        at = f" at {plain(shapes_text(doc))}" if doc["input_shapes"] else ""
+    elif representative is not None:
+        saved, at = human_bytes(representative), " at representative sizes"
+    elif rt["saved_bytes_beyond_expr"] is not None:
+        saved = expr_text(rt["saved_bytes_beyond_expr"], doc, code)
+    else:
+        saved = "an unknown number of bytes"
+    return (f"{head}: {total - made} of {total} fusions go beyond what onnxruntime makes itself at load "
+            f"({kernels}), saving {saved}{at}")
+
+
+def verification_line(doc: Doc) -> str:
+    v = doc["verification"]
+    if v.get("reason") == REPORT_DOES_NOT_VERIFY:
+        return "verification: not run (onnxfuse report only analyses; onnxfuse optimize verifies what it writes)"
+    detail = v.get("summary") or v.get("reason")
+    if not detail and v.get("max_abs_error") is not None:
+        detail = f"max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g}"
+    if v["status"] in ("passed", "failed") and v.get("input_shapes"):  # what was run: sizes may be generated
+        shapes = shapes_text({"input_shapes": v["input_shapes"]})
+        detail = f"{detail}; inputs {shapes}" if detail else f"inputs {shapes}"
+    return f"verification: {v['status']}" + (f" ({detail})" if detail else "")
+
+
+def bandwidth_line(b: Doc) -> str:
+    if b["at"] is None:
+        return (f"estimated memory time at {b['gb_per_s']:g} GB/s: unknown (no input size: give --input-shape)")
+    at = "" if b["at"] == "input shapes" else f", at {b['at']}"
+    return (f"estimated memory time at {b['gb_per_s']:g} GB/s of the graph as exported and of the optimized one "
+            f"(bytes / bandwidth, an estimate{at}; onnxruntime's own fusions at load are not in it): "
+            f"{human_time(b['before_ms'])} -> {human_time(b['after_ms'])}")
+
+
+def unfused_line(doc: Doc) -> str:
+    """``left unfused: 45 dtype-has-no-fusedconv-kernel (no target: ...); 1 ...``: one line, each reason with its
+    count and what would fuse those patterns, in the words of ``onnxfuse/report/remedies.py``."""
+    return "left unfused: " + "; ".join(f"{n} {reason} (what would fuse {'it' if n == 1 else 'them'}: {fix})"
+                                        for reason, n, fix in unfused_groups(doc))
+
+
+def deployment_line(doc: Doc) -> str | None:
+    """``runs on: onnxruntime >= 1.30 (FusedConv(HardSwish) x24 needs it; ...)``: the oldest onnxruntime release
+    that loads what was written, and what an older ``--ort-version`` would leave unfused; None without a
+    ``deployment`` section."""
+    d = doc.get("deployment")
+    if not d:
+        return None
+    oldest, newest = d["probed"]
+    if not d["forms"]:
+        return "runs on: any onnxruntime that runs the original (no onnxruntime-specific op was written)"
+    newer = [f for f in d["forms"] if f["min_onnxruntime"] != oldest]
+    if not newer:
+        return (f"runs on: onnxruntime >= {oldest} for what onnxfuse wrote (every release probed, {oldest} to "
+                f"{newest}, loads each form; the model's other ops need what the original needs)")
+    needs = ", ".join(f"{f['form']} x{f['count']} needs {f['min_onnxruntime']}" for f in newer)
+    return (f"runs on: onnxruntime >= {d['min_onnxruntime']} ({needs}; an older --ort-version leaves "
+            f"{'it' if len(newer) == 1 and newer[0]['count'] == 1 else 'them'} unfused)")
+
+
+def file_line(doc: Doc) -> str | None:
+    """``model file: 11.1 MiB -> 11.1 MiB``: the input file (with its external data) and the optimized model's
+    serialized size (weights computed from compact constants, int8 x scale and the like, stay compact unless
+    ``--materialize-weights`` allows floats); None when a size is unknown."""
+    m = doc["model"]
+    after = m.get("optimized_bytes")
+    if after is None or not m.get("file_bytes"):
+        return None
+    return f"model file: {human_bytes(m['file_bytes'])} -> {human_bytes(after)}"
+
+
+def profile_line(doc: Doc, plain=str) -> str | None:
+    """``measured by onnxruntime's profiler at level all: 400 -> 238 kernels, 812 ms -> 655 ms, 1.9 GiB -> 1.2 GiB
+    read and written (at x=1x3x640x640)``; None without a ``profile`` section (``report --profile``)."""
+    p = doc.get("profile")
+    if not p:
+        return None
+    o, a = p["original"], p["optimized"]
+    shapes = ", ".join(f"{plain(k)}={'x'.join(map(str, v)) or 'scalar'}" for k, v in p["input_shapes"].items())
+    return (f"measured by onnxruntime's profiler at level {p['level']}, {p['threads']} thread(s), median of "
+            f"{p['runs']} runs: {o['kernels']} -> {a['kernels']} kernels, {o['total_ms']:.3f} ms -> "
+            f"{a['total_ms']:.3f} ms, {human_bytes(o['total_bytes'])} -> {human_bytes(a['total_bytes'])} read and "
+            f"written (at {shapes})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The HTML chart's layers and sizes
+
+
+def layer_units(doc: Doc) -> list[dict]:
+    """The chart's bars: the model's nodes in execution order (``nodes.before``), one bar per node, except that
+    each fused group (a ``fusions`` row) is one bar placed at its first original node, and ``Constant`` nodes
+    (which move no bytes) are left out. Nodes that only the optimized model has come after the bar of the node
+    before them in ``nodes.after``.
+
+    Returns dicts with ``kind`` (``node``, ``fused``, ``unfused``: in a pattern left unfused, ``removed``,
+    ``new``), ``nodes`` (``{name, op, output}`` of the original nodes), ``before``/``after`` (bytes or None),
+    ``before_expr``/``after_expr`` (symbolic or None), ``into`` (the fused node, for ``fused``) and
+    ``reason`` (for ``unfused``).
+    """
+    before_rows, after_rows = doc["nodes"]["before"], doc["nodes"]["after"]
+    after_by_key = {r["output"]: r for r in after_rows}
+    before_keys = {r["output"] for r in before_rows}
+    group_of = {n["output"]: i for i, f in enumerate(doc["fusions"]) for n in f["replaced"]}
+    fusion_outputs = {f["output"]: i for i, f in enumerate(doc["fusions"])}
+    unfused_of: dict[str, dict] = {}
+    for u in doc["unfused"]:
+        for n in u["nodes"]:
+            unfused_of.setdefault(n["output"], u)
+
+    units: list[dict] = []
+    unit_of_after: dict[str, int] = {}
+    emitted: set[int] = set()
+    for row in before_rows:
+        key = row["output"]
+        if key in group_of:
+            i = group_of[key]
+            if i in emitted:
+                continue
+            emitted.add(i)
+            f = doc["fusions"][i]
+            unit_of_after[f["output"]] = len(units)
+            units.append({"kind": "fused", "nodes": [_ref(n) for n in f["replaced"]],
+                          "before": f.get("bytes_before"), "before_expr": f.get("bytes_before_expr"),
+                          "after": f.get("bytes_after"), "after_expr": f.get("bytes_after_expr"),
+                          "into": {"name": f["node"], "op": f["op"]}, "reason": None})
+            continue
+        if row["op"] == "Constant":
+            continue
+        before, before_expr = node_total(row)
+        after_row = after_by_key.get(key) if key not in fusion_outputs else None
+        after, after_expr = node_total(after_row) if after_row is not None else (0, None)
+        kind = "unfused" if key in unfused_of else ("node" if after_row is not None else "removed")
+        if after_row is not None:
+            unit_of_after[key] = len(units)
+        units.append({"kind": kind, "nodes": [_ref(row)], "before": before, "before_expr": before_expr,
+                      "after": after, "after_expr": after_expr, "into": None,
+                      "reason": unfused_of[key]["reason"] if key in unfused_of else None})
+
+    # nodes only the optimized model has: after the bar of the node that precedes them there
+    extra: dict[int, list[dict]] = {}
+    last = -1
+    for row in after_rows:
+        key = row["output"]
+        if key in unit_of_after:
+            last = unit_of_after[key]
+        elif key not in before_keys and row["op"] != "Constant":
+            after, after_expr = node_total(row)
+            extra.setdefault(last, []).append({"kind": "new", "nodes": [_ref(row)], "before": 0,
+                                               "before_expr": None, "after": after, "after_expr": after_expr,
+                                               "into": None, "reason": None})
+    if not extra:
+        return units
+    out = list(extra.get(-1, []))
+    for i, u in enumerate(units):
+        out.append(u)
+        out.extend(extra.get(i, []))
+    return out
+
+
+def _ref(row: dict) -> dict:
+    return {"name": row.get("name") or "", "op": row["op"], "output": row["output"]}
+
+
+def chart_sizes(doc: Doc) -> tuple[dict[str, int], str] | None:
+    """``(symbol -> size, where the sizes come from)`` for a report with symbolic dims and no value for them: the
+    input sizes verification ran with when every symbol appears in them, else the stated representative sizes
+    (:func:`representative_values`). None when the report has numbers (no symbols, or values for them)."""
+    if not doc.get("symbols") or doc.get("symbol_values"):
+        return None
+    shapes = (doc.get("verification") or {}).get("input_shapes") or {}
+    values = {}
+    for name, where in doc["symbols"].items():
+        dims = shapes.get(where["input"])
+        if dims and where["axis"] < len(dims):
+            values[name] = int(dims[where["axis"]])
+    if len(values) == len(doc["symbols"]):
+        return values, "the input sizes verification ran with"
+
+    return (representative_values(doc),
+            f"representative sizes: batch {REPRESENTATIVE_BATCH}, {REPRESENTATIVE_SIZE} for the other dims")
+
+
+def draw_at(units: list[dict], values: dict[str, int]) -> None:
+    """Give each layer whose bytes are only an expression its number at ``values`` (symbol -> size), in place; the
+    expressions stay for the hover labels."""
+    import sympy
+
+    at = {make_symbol(k): sympy.Integer(v) for k, v in values.items()}
+    for u in units:
+        for side in ("before", "after"):
+            if u[side] is None and u.get(f"{side}_expr"):
+                try:
+                    value = sympy.sympify(expressions.parse(u[f"{side}_expr"]).xreplace(at))
+                    u[side] = int(value) if value.is_number else None
+                except (ValueError, TypeError):
+                    u[side] = None
