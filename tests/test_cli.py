@@ -537,13 +537,13 @@ def test_bench_results_go_to_stdout():
 def test_each_command_line_configures_logging_afresh_and_removes_it_after():
     import logging
 
-    from onnxfuse.cli import main as cli
+    from onnxfuse.cli.console import StderrHandler
 
     sample = REPO / "sample_models" / "refuse_two_consumers.onnx"
     for args in (["-v", "report", sample], ["-q", "report", sample], ["report", sample, "-v"]):
         result = run_cli(*args)
         assert result.stderr.count("pass conv_activation: 0 rewrites") == (0 if "-q" in args else 1), args
-        assert not [h for h in logging.getLogger("onnxfuse").handlers if isinstance(h, cli._StderrHandler)]
+        assert not [h for h in logging.getLogger("onnxfuse").handlers if isinstance(h, StderrHandler)]
         assert logging.getLogger("onnxfuse").level == logging.NOTSET
 
 
