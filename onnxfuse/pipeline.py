@@ -121,7 +121,7 @@ class Result:
 
     @property
     def verification(self):
-        """The ``onnxfuse.verification.verify.Verification`` of :func:`optimize` (``report.verification``)."""
+        """The ``onnxfuse.verification.result.Verification`` of :func:`optimize` (``report.verification``)."""
         return self.report.verification
 
     def save(self, path: str | os.PathLike) -> list[os.PathLike]:
@@ -387,14 +387,15 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
             inputs numpy cannot even size (more bytes than a pointer can count).
     """
     from onnxfuse.verification import verify
+    from onnxfuse.verification.result import Verification
 
     if verify_options is not None and verify_options.input_data and not options.input_data:
         options = replace(options, input_data=verify_options.input_data)  # real inputs fix the report's shapes
     result = analyse(path, options, loaded)
     if verify_options is None:
-        result.report.verification = verify.Verification.skipped_by_user()
+        result.report.verification = Verification.skipped_by_user()
     elif not result.changed:  # the output computes exactly what the input does: nothing to run
-        result.report.verification = verify.Verification.unchanged()
+        result.report.verification = Verification.unchanged()
     else:
         # the shapes analyse() used: the given ones plus those their named dims complete
         verify_options.input_shapes = {k: tuple(v) for k, v in result.report.input_shapes.items()}

@@ -97,7 +97,7 @@ def test_spelled_out_choices_match_the_library():
     assert optimization.DEFAULT_ORT_LEVEL == providers.DEFAULT_ORT_LEVEL
     assert report_output.REPORT_FORMATS == tuple(rep.FORMATS)
     assert optimization.PassChoice().choices == tuple(PASS_NAMES)
-    from onnxfuse.verification.verify import DEFAULT_TIMEOUT_S
+    from onnxfuse.verification.options import DEFAULT_TIMEOUT_S
 
     assert verification.DEFAULT_TIMEOUT_S == DEFAULT_TIMEOUT_S
 

@@ -20,7 +20,7 @@ from onnxfuse.report import escape
 
 if TYPE_CHECKING:
     from onnxfuse.report import build as rep
-    from onnxfuse.verification.verify import Verification
+    from onnxfuse.verification.result import Verification
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -15,7 +15,7 @@ from onnxfuse.errors import InputError, VerificationError
 from onnxfuse.report import escape
 
 if TYPE_CHECKING:
-    from onnxfuse.verification.verify import Verification
+    from onnxfuse.verification.result import Verification
 
 VERIFY_EXIT_CODES_HELP = """\b
 Exit codes:

@@ -60,7 +60,7 @@ class Report:
             ``unknown_nodes``), ``saved_bytes``, ``saved_percent``.
         fusions: one dict per fused node (``node``, ``op``, ``replaced``, ``activation``, ``saved_bytes``...).
         unfused: one dict per pattern left unfused (``nodes``, ``reason``, ``detail``, ``bytes``).
-        verification: an ``onnxfuse.verification.verify.Verification`` (None for ``analyse``).
+        verification: an ``onnxfuse.verification.result.Verification`` (None for ``analyse``).
         The rest is documented field by field in ``onnxfuse/report.schema.json``.
     """
 

@@ -1,5 +1,5 @@
 """The options that say how to compare the optimized model with the original: real or generated inputs, how
-many input sets, fixed tolerances and a time limit, read into ``verification.verify.VerifyOptions``."""
+many input sets, fixed tolerances and a time limit, read into ``verification.options.VerifyOptions``."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from onnxfuse.cli.args.model_inputs import input_data_option, input_value_option
 from onnxfuse.errors import InputError
 
 if TYPE_CHECKING:
-    from onnxfuse.verification.verify import VerifyOptions
+    from onnxfuse.verification.options import VerifyOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: verification.DEFAULT_TIMEOUT_S.
+#: verification.options.DEFAULT_TIMEOUT_S.
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -51,7 +51,7 @@ def to_verify_options(input_shapes: dict[str, tuple[int, ...]], input_data: str 
     Raises:
         InputError: a tolerance or time that is not finite, or a bad input feed (:func:`parse_input_feeds`).
     """
-    from onnxfuse.verification.verify import VerifyOptions, timeout_seconds
+    from onnxfuse.verification.options import VerifyOptions, timeout_seconds
 
     for name, value in (("--rtol", rtol), ("--atol", atol), ("--verify-timeout", verify_timeout)):
         if value is not None and not math.isfinite(value):
