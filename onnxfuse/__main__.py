@@ -13,6 +13,7 @@ installed package Python stops before this file runs ("No module named onnxfuse.
 import importlib.util
 import os
 import sys
+from types import FrameType
 
 
 def _use_this_package() -> None:
@@ -32,7 +33,7 @@ def _use_this_package() -> None:
     spec.loader.exec_module(module)
 
 
-def _stop(signum: int, frame) -> None:
+def _stop(signum: int, frame: FrameType | None) -> None:
     """Signal handler for SIGTERM and SIGHUP: raise :class:`onnxfuse.errors.Interrupted` in the main thread, as
     Python's own SIGINT handler raises KeyboardInterrupt. Termination signals that follow are ignored, so that they
     cannot cut short the clean-up the first one started."""
