@@ -13,6 +13,7 @@ installed package Python stops before this file runs ("No module named onnxfuse.
 import importlib.util
 import os
 import sys
+from types import FrameType
 
 
 def _use_this_package() -> None:
@@ -25,12 +26,14 @@ def _use_this_package() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     spec = importlib.util.spec_from_file_location("onnxfuse", os.path.join(here, "__init__.py"),
                                                   submodule_search_locations=[here])
+    if spec is None or spec.loader is None:  # an existing .py file always has a spec and a loader
+        raise ImportError(f"cannot load the onnxfuse package in {here}")
     module = importlib.util.module_from_spec(spec)
     sys.modules["onnxfuse"] = module
     spec.loader.exec_module(module)
 
 
-def _stop(signum: int, frame) -> None:
+def _stop(signum: int, frame: FrameType | None) -> None:
     """Signal handler for SIGTERM and SIGHUP: raise :class:`onnxfuse.errors.Interrupted` in the main thread, as
     Python's own SIGINT handler raises KeyboardInterrupt. Termination signals that follow are ignored, so that they
     cannot cut short the clean-up the first one started."""
@@ -60,7 +63,7 @@ def run() -> None:
     """The ``onnxfuse`` command (the console script's entry point, and ``python -m onnxfuse``): install the
     SIGTERM/SIGHUP handlers, import the CLI (click; the library is imported by the command that runs), then run it.
     A Ctrl-C or SIGTERM during that import, before the CLI's own handling is in place, exits 130 or 143 with one
-    line, as one later does. An exception that escapes the commands' own handling (``cli._fail_cleanly``) exits 3
+    line, as one later does. An exception that escapes the commands' own handling (``cli.exits.fail_cleanly``) exits 3
     with one line (``errors.internal_error_line``; ``ONNXFUSE_DEBUG=1`` keeps the traceback), never 1, the code for
     "the optimized model does not match"."""
     from onnxfuse.errors import EXIT_INTERNAL, debug_requested, internal_error_line, interrupted_exit

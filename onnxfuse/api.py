@@ -241,8 +241,9 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
     timeout = timeout_seconds(verify_timeout)
     _check_inputs(input_values, input_ranges, input_sets)
     ref = _load(original)
-    cand = _load(candidate)
+    cand = _load(candidate).model
+    assert cand is not None  # a model just loaded; only pipeline.analyse sets it to None
     opts = VerifyOptions(_shapes(input_shapes), None if input_data is None else str(input_data),
                          dict(input_values or {}), dict(input_ranges or {}), input_sets, rtol=rtol, atol=atol,
                          timeout=timeout)
-    return verify_models(ref.ort_source(), cand.model, opts)
+    return verify_models(ref.ort_source(), cand, opts)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import hashlib
 import json
 import os
@@ -167,6 +168,7 @@ def read_manifest(path: Path, defaults: ModelOptions) -> list[tuple[Path, ModelO
     from onnxfuse.model.files import read_option_file
 
     text = read_option_file(path, "manifest", 64 * 2**20).decode("utf-8", errors="replace")
+    rows: list[dict[str, Any]]
     if path.suffix.lower() == ".csv":
         rows = list(csv.DictReader(text.splitlines()))
     else:
@@ -174,9 +176,10 @@ def read_manifest(path: Path, defaults: ModelOptions) -> list[tuple[Path, ModelO
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"manifest {path}: not JSON ({exc})") from None
-        rows = doc.get("models") if isinstance(doc, dict) else doc
-        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        found = doc.get("models") if isinstance(doc, dict) else doc
+        if not isinstance(found, list) or not all(isinstance(r, dict) for r in found):
             raise InputError(f"manifest {path}: expected {{\"models\": [{{\"path\": ...}}, ...]}}")
+        rows = found
     out = []
     for i, row in enumerate(rows, 1):
         where = f"manifest {path}, model {i}"
@@ -271,7 +274,7 @@ def _content_hash(path: Path) -> str:
     for f in [path, *(path.parent / n for n in sorted(referenced_data_files(path)))]:
         h.update(f.name.encode() + b"\0")
         with contextlib.suppress(OSError), open(f, "rb") as fh:
-            for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+            for chunk in iter(functools.partial(fh.read, 1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
 
@@ -635,6 +638,46 @@ def _death_reason(exitcode: int | None) -> tuple[str, str]:
     return "crashed", f"the worker exited with status {exitcode} while processing the model"
 
 
+def _start_jobs(pool: list[_Worker], pending: list[dict], outdir: Outdir) -> None:
+    """Send the next job of ``pending`` (taken from its end) to each worker that is ready and has none."""
+    for w in pool:
+        if w.ready and w.job is None and pending:
+            job = pending.pop()
+            w.job = {**job, "stage": str(outdir.stage_for(job["key"]))}
+            w.started = time.monotonic()
+            w.conn.send(w.job)
+
+
+def _receive(w: _Worker, ready: list[Any]) -> tuple[dict | None, bool]:
+    """What worker ``w`` sent (None: nothing) and whether it died, from the objects that
+    ``multiprocessing.connection.wait`` found ``ready``."""
+    if w.conn in ready:
+        try:
+            return w.conn.recv(), False
+        except (EOFError, OSError):
+            return None, True
+    return None, w.process.sentinel in ready
+
+
+def _dead_worker_row(w: _Worker, pool: list[_Worker], now: float) -> dict | None:
+    """The row of the job of worker ``w``, which died (``now - w.started`` seconds into it); None when it had no
+    job.
+
+    Raises:
+        InputError: the worker died before it was ready (it is killed and taken out of ``pool`` first).
+    """
+    w.process.join(5)
+    if w.job is None and not w.ready:
+        w.kill()
+        pool.remove(w)
+        _, why = _death_reason(w.process.exitcode)
+        raise InputError(f"a batch worker could not start ({why})")
+    if w.job is None:
+        return None
+    status, why = _death_reason(w.process.exitcode)
+    return _row(w.job, status, why, time_s=round(now - w.started, 3))
+
+
 def run_local(jobs: list[dict], outdir: Outdir, workers: int, timeout: float | None = None,
               max_memory: int | None = None, recycle_bytes: int | None = None,
               on_result: Callable[[dict], None] | None = None) -> list[dict]:
@@ -666,23 +709,11 @@ def run_local(jobs: list[dict], outdir: Outdir, workers: int, timeout: float | N
         while pending or any(w.job for w in pool):
             while len(pool) < min(workers, len(pending) + sum(1 for w in pool if w.job)):
                 pool.append(_Worker(ctx, max_memory))
-            for w in pool:
-                if w.ready and w.job is None and pending:
-                    job = pending.pop()
-                    w.job = {**job, "stage": str(outdir.stage_for(job["key"]))}
-                    w.started = time.monotonic()
-                    w.conn.send(w.job)
+            _start_jobs(pool, pending, outdir)
             ready = wait([w.conn for w in pool] + [w.process.sentinel for w in pool], timeout=0.2)
             now = time.monotonic()
             for w in list(pool):
-                message, dead = None, False
-                if w.conn in ready:
-                    try:
-                        message = w.conn.recv()
-                    except (EOFError, OSError):
-                        dead = True
-                elif w.process.sentinel in ready:
-                    dead = True
+                message, dead = _receive(w, ready)
                 if message is not None and message.get("ready"):
                     w.ready = True
                     continue
@@ -699,15 +730,9 @@ def run_local(jobs: list[dict], outdir: Outdir, workers: int, timeout: float | N
                         pool.remove(w)
                     continue
                 if dead:
-                    w.process.join(5)
-                    if w.job is None and not w.ready:
-                        w.kill()
-                        pool.remove(w)
-                        status, why = _death_reason(w.process.exitcode)
-                        raise InputError(f"a batch worker could not start ({why})")
-                    if w.job is not None:
-                        status, why = _death_reason(w.process.exitcode)
-                        finish(_row(w.job, status, why, time_s=round(now - w.started, 3)))
+                    row = _dead_worker_row(w, pool, now)
+                    if row is not None:
+                        finish(row)
                     w.kill()
                     pool.remove(w)
                     continue

@@ -37,10 +37,13 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
+
+if TYPE_CHECKING:
+    from onnxfuse.ort.sessions import InputSpec
 
 LEVELS = ("disable", "basic", "extended", "all")
 
@@ -207,7 +210,11 @@ def look_confidence(min_rounds: int, max_rounds: int = MAX_ROUNDS, family: float
     return 1 - (1 - family) / (looks + 1)
 
 
-def kernels(path: str) -> Counter:
+#: A kernel as :func:`kernels` counts it: (domain, op type, number of non-empty inputs).
+Kernel = tuple[str, str, int]
+
+
+def kernels(path: str) -> Counter[Kernel]:
     """The multiset of nodes of an ONNX file, each as (domain, op type, number of non-empty inputs): the kernels
     onnxruntime runs for that graph, names, order and weights aside.
 
@@ -225,7 +232,7 @@ def invented_inputs(sess, input_shapes: dict[str, tuple[int, ...]], given: dict 
     from onnxfuse.model.proto import is_placeholder_dim
 
     given = given or {}
-    bound = set()
+    bound: set[str] = set()
     for inp in sess.get_inputs():
         dims = input_shapes.get(inp.name) or (given[inp.name].shape if inp.name in given else None)
         if dims is not None:
@@ -256,7 +263,7 @@ def bench(original: str, optimized: str | dict[str, str], opts: BenchOptions) ->
     Raises:
         RuntimeError: onnxruntime cannot load or run one of the models (the message says which).
     """
-    from onnxfuse.ort.sessions import InputSpec, check_names, load_npz, make_inputs, random_inputs_hint, session, short
+    from onnxfuse.ort.sessions import InputSpec, check_names, load_npz, make_inputs, session
 
     spec = InputSpec(shapes=dict(opts.input_shapes), data=load_npz(opts.input_data) if opts.input_data else {},
                      values=dict(opts.input_values), ranges=dict(opts.input_ranges))
@@ -272,18 +279,7 @@ def bench(original: str, optimized: str | dict[str, str], opts: BenchOptions) ->
                 pass
         for level in opts.levels:
             models = {"original": original, "optimized": per_level[level]}
-            sessions, sides, graphs = {}, {}, {}
-            for key, path in models.items():
-                saved = str(Path(tmp) / f"{key}.{level}.onnx")
-                start = time.perf_counter()
-                try:
-                    sessions[key] = session(path, level, opts.threads, saved)
-                except Exception as exc:
-                    raise RuntimeError(f"onnxruntime cannot load the {key} model at level {level}: "
-                                       f"{short(exc)}") from None
-                graphs[key] = kernels(saved) if Path(saved).exists() else None
-                sides[key] = {"session_ms": (time.perf_counter() - start) * 1e3,
-                              "nodes_after_ort": None if graphs[key] is None else graphs[key].total()}
+            sessions, sides, graphs = _load_sessions(models, level, opts.threads, Path(tmp))
             if feeds is None:
                 check_names(sessions["original"], spec)
                 try:
@@ -291,15 +287,7 @@ def bench(original: str, optimized: str | dict[str, str], opts: BenchOptions) ->
                 except ValueError as exc:  # an input type onnxfuse cannot generate (optional, sequence)
                     raise RuntimeError(f"{exc}; give it with --input-data") from None
                 invented = invented_inputs(sessions["original"], spec.shapes, spec.data)
-            for key, sess in sessions.items():
-                try:
-                    sess.run(None, feeds)  # a first run that fails says why, before any timing
-                except Exception as exc:
-                    shapes = {k: list(v.shape) for k, v in feeds.items()}
-                    raise RuntimeError(f"onnxruntime cannot run the {key} model on inputs {shapes}: "
-                                       f"{short(exc)}{random_inputs_hint(sess, spec)}") from None
-                for _ in range(opts.warmup):
-                    sess.run(None, feeds)
+            _first_runs(sessions, feeds, spec, opts.warmup)
             same = graphs["original"] is not None and graphs["original"] == graphs["optimized"]
             m = measure(partial(sessions["original"].run, None, feeds), partial(sessions["optimized"].run, None, feeds),
                         opts.runs, opts.max_time, opts.margin, stop_at_min=same)
@@ -317,6 +305,53 @@ def bench(original: str, optimized: str | dict[str, str], opts: BenchOptions) ->
             "margin": opts.margin, "confidence": CONFIDENCE, "warmup": opts.warmup,
             "input_shapes": {k: list(v.shape) for k, v in (feeds or {}).items()}, "invented_shapes": invented,
             "levels": results}
+
+
+def _load_sessions(models: dict[str, str], level: str, threads: int, tmp: Path
+                   ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Counter[Kernel] | None]]:
+    """An onnxruntime session per side of ``models`` (side -> file) at ``level``, each writing the graph it runs
+    into ``tmp``: the sessions, each side's ``session_ms`` and ``nodes_after_ort``, and its kernels
+    (:func:`kernels`; None when onnxruntime wrote no graph).
+
+    Raises:
+        RuntimeError: onnxruntime cannot load a model (the message says which).
+    """
+    from onnxfuse.ort.sessions import session, short
+
+    sessions: dict[str, Any] = {}
+    sides: dict[str, dict[str, Any]] = {}
+    graphs: dict[str, Counter[Kernel] | None] = {}
+    for key, path in models.items():
+        saved = str(tmp / f"{key}.{level}.onnx")
+        start = time.perf_counter()
+        try:
+            sessions[key] = session(path, level, threads, saved)
+        except Exception as exc:
+            raise RuntimeError(f"onnxruntime cannot load the {key} model at level {level}: "
+                               f"{short(exc)}") from None
+        graph = graphs[key] = kernels(saved) if Path(saved).exists() else None
+        sides[key] = {"session_ms": (time.perf_counter() - start) * 1e3,
+                      "nodes_after_ort": None if graph is None else graph.total()}
+    return sessions, sides, graphs
+
+
+def _first_runs(sessions: dict[str, Any], feeds: dict[str, Any], spec: InputSpec, warmup: int) -> None:
+    """Run each session once (a run that fails says why, before any timing), then ``warmup`` untimed runs.
+
+    Raises:
+        RuntimeError: onnxruntime cannot run a model on ``feeds`` (the message says which, and the shapes fed).
+    """
+    from onnxfuse.ort.sessions import random_inputs_hint, short
+
+    for key, sess in sessions.items():
+        try:
+            sess.run(None, feeds)  # a first run that fails says why, before any timing
+        except Exception as exc:
+            shapes = {k: list(v.shape) for k, v in feeds.items()}
+            raise RuntimeError(f"onnxruntime cannot run the {key} model on inputs {shapes}: "
+                               f"{short(exc)}{random_inputs_hint(sess, spec)}") from None
+        for _ in range(warmup):
+            sess.run(None, feeds)
 
 
 def _profile(models: dict[str, str], feeds: dict, level: str, opts: BenchOptions) -> dict[str, Any]:

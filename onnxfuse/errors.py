@@ -93,8 +93,9 @@ def interrupted_exit(exc: KeyboardInterrupt, working: bool = True) -> tuple[str,
     return f"error: interrupted{tail}", 130
 
 
-def one_line(exc: BaseException, limit: int = 300) -> str:
-    """``exc``'s message on one line (whitespace runs collapsed), cut to ``limit`` characters with "..."."""
+def one_line(exc: BaseException | str, limit: int = 300) -> str:
+    """``exc``'s message (or a message) on one line (whitespace runs collapsed), cut to ``limit`` characters with
+    "..."."""
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -54,6 +54,24 @@ def test_python_dash_m_runs_the_cli():
     assert out.returncode == 0 and __version__ in out.stdout
 
 
+def test_commands_that_take_an_option_group_take_the_same_options():
+    """The option groups of onnxfuse/cli/args/ are declared once: every command that takes one has its options in
+    the same order, with the same flags, type and help."""
+    def group(command: str, names: tuple[str, ...]) -> list[tuple]:
+        return [(p.name, p.opts, p.type.to_info_dict(), getattr(p, "help", None), p.multiple)
+                for p in main.commands[command].params if p.name in names]
+
+    optimization = ("target", "only", "skip", "input_shape", "ort_level", "ort_version", "constant_initializer_inputs")
+    assert len(group("optimize", optimization)) == len(optimization)
+    assert group("optimize", optimization) == group("report", optimization) == group("bench", optimization)
+    verification = ("input_data", "input_value", "input_range", "input_sets", "rtol", "atol", "verify_timeout")
+    assert len(group("optimize", verification)) == len(verification)
+    assert group("optimize", verification) == group("verify", verification)
+    for names in (("input_shape",), ("input_value", "input_range")):
+        assert group("optimize", names) == group("verify", names) == group("bench", names) != []
+    assert group("optimize", ("bandwidth",)) == group("report", ("bandwidth",)) != []
+
+
 def test_passes_lists_every_pass_in_order():
     result = invoke("passes")
     names = [line.split()[0] for line in result.output.splitlines() if line and not line[0].isspace()]
@@ -537,13 +555,13 @@ def test_bench_results_go_to_stdout():
 def test_each_command_line_configures_logging_afresh_and_removes_it_after():
     import logging
 
-    from onnxfuse.cli import main as cli
+    from onnxfuse.cli.console import StderrHandler
 
     sample = REPO / "sample_models" / "refuse_two_consumers.onnx"
     for args in (["-v", "report", sample], ["-q", "report", sample], ["report", sample, "-v"]):
         result = run_cli(*args)
         assert result.stderr.count("pass conv_activation: 0 rewrites") == (0 if "-q" in args else 1), args
-        assert not [h for h in logging.getLogger("onnxfuse").handlers if isinstance(h, cli._StderrHandler)]
+        assert not [h for h in logging.getLogger("onnxfuse").handlers if isinstance(h, StderrHandler)]
         assert logging.getLogger("onnxfuse").level == logging.NOTSET
 
 

@@ -277,13 +277,13 @@ def test_a_model_that_cannot_be_written_leaves_no_report(tmp_path, monkeypatch):
 
 
 def test_a_report_that_cannot_be_written_after_the_model_says_the_model_was(tmp_path, monkeypatch):
-    from onnxfuse.cli import main as cli
+    from onnxfuse.cli import files
     from onnxfuse.errors import InputError
 
     def fail(path, text):
         raise InputError(f"{path}: cannot write the report (No space left on device)")
 
-    monkeypatch.setattr(cli, "_write_text", fail)
+    monkeypatch.setattr(files, "write_text", fail)
     out = tmp_path / "o.onnx"
     result = run_cli("optimize", SAMPLE, out, "--no-verify", "--report", tmp_path / "r.json")
     assert result.exit_code == 2

@@ -86,20 +86,20 @@ def test_pass_names_are_still_checked_when_given():
 
 
 def test_spelled_out_choices_match_the_library():
-    from onnxfuse.cli import main as cli
+    from onnxfuse.cli.args import optimization, report_output, verification
     from onnxfuse.ort import providers
     from onnxfuse.passes import PASS_NAMES
     from onnxfuse.report import formats as report_formats
 
-    assert cli.TARGET_NAMES == tuple(providers.TARGETS)
-    assert cli.DEFAULT_TARGET == providers.DEFAULT_TARGET
-    assert cli.ORT_LEVELS == tuple(providers.ORT_LEVELS)
-    assert cli.DEFAULT_ORT_LEVEL == providers.DEFAULT_ORT_LEVEL
-    assert cli.REPORT_FORMATS == tuple(report_formats.FORMATS)
-    assert cli._PassChoice().choices == tuple(PASS_NAMES)
+    assert optimization.TARGET_NAMES == tuple(providers.TARGETS)
+    assert optimization.DEFAULT_TARGET == providers.DEFAULT_TARGET
+    assert optimization.ORT_LEVELS == tuple(providers.ORT_LEVELS)
+    assert optimization.DEFAULT_ORT_LEVEL == providers.DEFAULT_ORT_LEVEL
+    assert report_output.REPORT_FORMATS == tuple(report_formats.FORMATS)
+    assert optimization.PassChoice().choices == tuple(PASS_NAMES)
     from onnxfuse.verification.options import DEFAULT_TIMEOUT_S
 
-    assert cli.DEFAULT_TIMEOUT_S == DEFAULT_TIMEOUT_S
+    assert verification.DEFAULT_TIMEOUT_S == DEFAULT_TIMEOUT_S
 
 
 def test_version_names_the_libraries_that_decide_the_output():
@@ -122,7 +122,7 @@ def test_version_names_the_libraries_that_decide_the_output():
 
 def test_version_shows_the_gpu_build_and_a_missing_library(monkeypatch):
     """onnxruntime-gpu is named when it is the build installed; a library that is missing says so."""
-    from onnxfuse.cli import main as cli
+    from onnxfuse.cli.version import version_lines
 
     installed = {"onnxruntime-gpu": "9.8.7", "onnx": "1.2.3"}
 
@@ -132,4 +132,4 @@ def test_version_shows_the_gpu_build_and_a_missing_library(monkeypatch):
         return installed[name]
 
     monkeypatch.setattr(metadata, "version", fake_version)
-    assert cli.version_lines()[1:] == ["onnxruntime-gpu 9.8.7", "onnx 1.2.3", "onnx-graphsurgeon not installed"]
+    assert version_lines()[1:] == ["onnxruntime-gpu 9.8.7", "onnx 1.2.3", "onnx-graphsurgeon not installed"]

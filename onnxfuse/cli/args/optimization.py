@@ -1,0 +1,99 @@
+"""The options that say what to optimize for: ``--target``, ``--only``/``--skip``, ``--input-shape``,
+``--ort-level``, ``--ort-version`` and ``--constant-initializer-inputs``, read into ``pipeline.Options``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from onnxfuse.cli.args.model_inputs import input_shape_option, parse_input_shapes
+from onnxfuse.errors import InputError
+
+if TYPE_CHECKING:
+    from onnxfuse import pipeline
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: providers.TARGETS (its keys, in order) and providers.DEFAULT_TARGET.
+TARGET_NAMES = ("cpu+cuda", "cpu", "cuda", "onnx")
+DEFAULT_TARGET = "cpu+cuda"
+#: providers.ORT_LEVELS and providers.DEFAULT_ORT_LEVEL.
+ORT_LEVELS = ("disable", "basic", "extended", "all")
+DEFAULT_ORT_LEVEL = "all"
+
+
+class PassChoice(click.Choice):
+    """``click.Choice`` over ``onnxfuse.passes.PASS_NAMES``, looked up (which imports the passes and
+    onnx-graphsurgeon) only when a value is checked: --only and --skip show the metavar PASS in --help."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from onnxfuse.passes import PASS_NAMES
+
+        return tuple(PASS_NAMES)
+
+    @choices.setter
+    def choices(self, value: Sequence[str]) -> None:
+        pass  # click.Choice.__init__ assigns the (empty) sequence given above; the names come from the property
+
+
+def target_option(help: str) -> Callable[[F], F]:
+    """``--target``, one of :data:`TARGET_NAMES` (default :data:`DEFAULT_TARGET`), with the command's help."""
+    return click.option("--target", type=click.Choice(TARGET_NAMES), default=DEFAULT_TARGET, show_default=True,
+                        help=help)
+
+
+def ort_level_option(help: str, default: str | None) -> Callable[[F], F]:
+    """``--ort-level``, one of :data:`ORT_LEVELS`, with the command's help; a default is shown in --help."""
+    return click.option("--ort-level", type=click.Choice(list(ORT_LEVELS)), default=default,
+                        show_default=default is not None, help=help)
+
+
+def optimization_options(fn: F) -> F:
+    """Options shared by ``optimize``, ``report`` and ``bench``; :func:`to_options` reads them."""
+    decorators = [
+        target_option("What the output must run on: cpu+cuda (float32 FusedConv with Relu only), cpu (every "
+                      "activation the CPU kernel has), cuda, or onnx (folds only, no contrib ops)."),
+        click.option("--only", multiple=True, type=PassChoice(), metavar="PASS",
+                     help="Run only this pass (repeatable). See: onnxfuse passes."),
+        click.option("--skip", multiple=True, type=PassChoice(), metavar="PASS",
+                     help="Do not run this pass (repeatable)."),
+        input_shape_option,
+        ort_level_option("The onnxruntime graph optimization level your sessions run at (default: all, "
+                         "onnxruntime's own default). Forms measured slower than the unfused original at that "
+                         "level are left unfused (today: FusedConv with a residual input at all, where "
+                         "onnxruntime's NCHWc convs run the unfused chain faster).", default=None),
+        click.option("--ort-version", metavar="X.Y",
+                     help="The onnxruntime release the model will run on (default: the installed one). Forms "
+                          "that release cannot load are left unfused; the summary and the model's metadata say "
+                          "which release the output needs."),
+        click.option("--constant-initializer-inputs", is_flag=True,
+                     help="Treat initializers that are also graph inputs (IR < 4 style) as constants, so they "
+                          "can be folded. Only if nobody feeds those inputs at run time."),
+    ]
+    for deco in reversed(decorators):
+        fn = deco(fn)
+    return fn
+
+
+def to_options(target: str, only: Iterable[str], skip: Iterable[str], input_shape: Iterable[str],
+               constant_initializer_inputs: bool, ort_level: str | None,
+               ort_version: str | None = None) -> pipeline.Options:
+    """The values of :func:`optimization_options` as ``pipeline.Options`` (``ort_level`` None: the default).
+
+    Raises:
+        InputError: ``--only`` and ``--skip`` leave no pass, or a malformed ``--input-shape``.
+    """
+    from onnxfuse import pipeline
+
+    only, skip = tuple(only), tuple(skip)
+    if only and set(only) <= set(skip):
+        raise InputError("--only and --skip leave no pass to run")
+    return pipeline.Options(target=target, only=only, skip=skip, input_shapes=parse_input_shapes(input_shape),
+                            constant_initializer_inputs=constant_initializer_inputs,
+                            ort_level=ort_level or DEFAULT_ORT_LEVEL, ort_version=ort_version)

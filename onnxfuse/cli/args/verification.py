@@ -1,0 +1,61 @@
+"""The options that say how to compare the optimized model with the original: real or generated inputs, how
+many input sets, fixed tolerances and a time limit, read into ``verification.options.VerifyOptions``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from onnxfuse.cli.args.model_inputs import input_data_option, input_value_options, parse_input_feeds
+from onnxfuse.errors import InputError
+
+if TYPE_CHECKING:
+    from onnxfuse.verification.options import VerifyOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: verification.options.DEFAULT_TIMEOUT_S.
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def verify_options(fn: F) -> F:
+    """The options of ``optimize`` and ``verify`` that say how to compare; :func:`to_verify_options` reads them."""
+    decorators = [
+        input_data_option("Real inputs for verification: an .npz with one array per graph input name."),
+        input_value_options,
+        click.option("--input-sets", type=click.IntRange(1), default=1, show_default=True,
+                     help="Seeded random input sets to compare on (each costs one more onnxruntime run per model)."),
+        click.option("--rtol", type=click.FloatRange(min=0),
+                     help="Use elementwise |got - ref| <= atol + rtol * |ref| instead of the noise-floor rule "
+                          "(a missing one is 0)."),
+        click.option("--atol", type=click.FloatRange(min=0),
+                     help="Absolute tolerance of that elementwise rule (see --rtol)."),
+        click.option("--verify-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+                     help="Time for every onnxruntime run of the verification together; when it runs out "
+                          f"verification is skipped (reason: time), never hangs. 0: no limit. [default: "
+                          f"{DEFAULT_TIMEOUT_S:g}]"),
+    ]
+    for deco in reversed(decorators):
+        fn = deco(fn)
+    return fn
+
+
+def to_verify_options(input_shapes: dict[str, tuple[int, ...]], input_data: str | None,
+                      input_value: Iterable[str], input_range: Iterable[str], input_sets: int, rtol: float | None,
+                      atol: float | None, verify_timeout: float | None) -> VerifyOptions:
+    """The values of :func:`verify_options` (and the parsed ``--input-shape``) as ``VerifyOptions``.
+
+    Raises:
+        InputError: a tolerance or time that is not finite, or a bad input feed (:func:`parse_input_feeds`).
+    """
+    from onnxfuse.verification.options import VerifyOptions, timeout_seconds
+
+    for name, value in (("--rtol", rtol), ("--atol", atol), ("--verify-timeout", verify_timeout)):
+        if value is not None and not math.isfinite(value):
+            raise InputError(f"{name} must be a finite number")
+    feeds = parse_input_feeds(input_data, input_value, input_range)
+    return VerifyOptions(input_shapes, feeds.data, feeds.values, feeds.ranges, input_sets, rtol, atol,
+                         timeout=timeout_seconds(verify_timeout))

@@ -1,0 +1,179 @@
+"""``onnxfuse batch INPUTS -o OUTDIR``: optimize, verify and report many models, each in a worker process of its
+own (or a Ray task), into one folder with a summary; shards, merging and a baseline gate for CI."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from onnxfuse.cli.args.optimization import DEFAULT_ORT_LEVEL, ort_level_option, target_option
+from onnxfuse.cli.console import log, verbosity, verbosity_options
+from onnxfuse.cli.exits import fail_cleanly
+from onnxfuse.errors import InputError
+
+if TYPE_CHECKING:
+    from onnxfuse.batch import ModelOptions
+
+BATCH_EXIT_CODES_HELP = """\b
+Exit codes:
+  0    every model was optimized and verified (or taken from the cache)
+  1    a model failed verification, or --baseline found a regression
+  2    usage error, or a model failed otherwise (unreadable or refused,
+       crashed, timed out, over --max-memory): its row says why
+  130  interrupted (Ctrl-C); OUTDIR holds only complete files"""
+
+
+@click.command(epilog=BATCH_EXIT_CODES_HELP)
+@click.argument("inputs", nargs=-1, metavar="INPUTS...")  # none: an error below, after the --ray check
+@click.option("-o", "--outdir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the optimized models (models/), their reports (reports/) and the summary "
+                   "(summary.json, summary.md, index.html).")
+@click.option("-j", "--jobs", type=click.IntRange(1), help="Worker processes (default: as many as the cores and the "
+              "available memory allow).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Fail a model that takes longer (its worker is killed).")
+@click.option("--max-memory", metavar="SIZE", help="Cap each worker's memory, e.g. 2G (address space, "
+              "RLIMIT_AS; with --ray, the memory each task declares).")
+@click.option("--shard", metavar="K/N", help="Process only the K-th of N stable shares of the models (CI matrices).")
+@click.option("--merge", is_flag=True, help="INPUTS are summary.json files of shards: join them into one summary "
+              "in OUTDIR.")
+@click.option("--baseline", type=click.Path(dir_okay=False, path_type=Path), metavar="OLD.json",
+              help="Compare with an earlier summary.json: exit 1 if a model lost a fusion or its traffic grew.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
+              help="Run the models as Ray tasks (pip install 'onnxfuse[ray]'): --ray starts or finds a local "
+                   "cluster, --ray=ADDRESS joins one (write the = sign).")
+@target_option("Default target of every model (a manifest can set it per model).")
+@ort_level_option("Default onnxruntime level of every model (a manifest can set it per model).",
+                  default=DEFAULT_ORT_LEVEL)
+@click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison for every model.")
+@verbosity_options
+@click.pass_context
+@fail_cleanly
+def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int | None, timeout: float | None,
+          max_memory: str | None, shard: str | None, merge: bool, baseline: Path | None, ray_address: str | None,
+          target: str, ort_level: str, no_verify: bool) -> None:
+    """Optimize, verify and report every model of INPUTS into OUTDIR, each in a worker process of its own.
+
+    INPUTS are .onnx files, folders (searched recursively) and manifests (.json or .csv: per-model input
+    shapes, input values, target and ort level: JSON {"models": [{"path", "input_shapes", "input_values",
+    "target", "ort_level"}]} or CSV with those columns). A second run does only what
+    is missing or changed.
+
+    \b
+    Examples:
+      onnxfuse batch models/ -o out/ -j 2 --timeout 600 --max-memory 4G
+      onnxfuse batch zoo.json -o out/ --shard 2/4
+      onnxfuse batch --merge shard*/summary.json -o out/
+      onnxfuse batch models/ -o out/ --baseline last/summary.json
+      onnxfuse batch models/ -o out/ --ray=ray://head:10001
+    """
+    import time
+
+    from onnxfuse import batch as b
+
+    if outdir.exists() and not outdir.is_dir():
+        raise InputError(f"{outdir}: OUTDIR exists and is not a folder")
+    if ray_address and Path(ray_address).exists():  # click read an input as the address: --ray takes "=ADDRESS"
+        raise InputError(f"--ray {ray_address}: is a file or folder, not a Ray address; write --ray=ADDRESS, and put "
+                         "a bare --ray after INPUTS")
+    if not inputs:
+        raise InputError("give at least one model, folder or manifest (INPUTS), or summaries with --merge")
+    if merge and (shard or ray_address is not None):
+        raise InputError("--merge joins summaries already made: --shard and --ray do not apply to it")
+    old = b.load_summary(baseline, "--baseline") if baseline is not None else None
+    limit = b.parse_size(max_memory) if max_memory else None
+    versions = b.library_versions()
+    start = time.monotonic()
+    if merge:
+        summary = b.merge([b.load_summary(p, "--merge") for p in inputs])
+        outdir.mkdir(parents=True, exist_ok=True)
+    else:
+        defaults = b.ModelOptions(target=target, ort_level=ort_level, verify=not no_verify)
+        summary = _run(ctx, inputs, outdir, defaults, jobs, timeout, limit, shard, ray_address, versions, start)
+    gate = b.compare_summaries(old, summary) if old is not None else None
+    written = b.write_summary(outdir, summary, gate)
+    if verbosity(ctx) >= 0:
+        _print_summary(summary, gate)
+    log.info("wrote %s", ", ".join(str(p) for p in written))
+    c = summary["counts"]
+    if c["mismatch"] or (gate is not None and gate["regressed"]):
+        sys.exit(1)
+    if any(c[s] for s in ("error", "crashed", "timeout", "memory")):
+        sys.exit(2)
+
+
+def _run(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, defaults: ModelOptions, jobs: int | None,
+         timeout: float | None, limit: int | None, shard: str | None, ray_address: str | None,
+         versions: dict[str, str], start: float) -> dict[str, Any]:
+    """Plan the models of INPUTS (the cached ones are not run again), run the rest in local worker processes or
+    as Ray tasks (``ray_address`` not None; "" a local cluster), and return the summary."""
+    import time
+
+    from onnxfuse import batch as b
+
+    out = b.Outdir(outdir)
+    out.path.mkdir(parents=True, exist_ok=True)
+    out.prepare()
+    planned = b.plan(list(inputs), out, defaults, b.parse_shard(shard) if shard else None, versions)
+    workers = min(jobs or b.default_jobs(limit), max(1, len(planned.jobs)))
+    log.info("%d models: %d from the cache, %d to run%s", len(planned.entries), len(planned.cached),
+             len(planned.jobs), "" if not planned.jobs else
+             " on Ray" if ray_address is not None else f" in {workers} worker(s)")
+    with _batch_progress(ctx, len(planned.entries), len(planned.cached)) as on_result:
+        if not planned.jobs:
+            rows = []
+        elif ray_address is not None:
+            rows = b.run_ray(planned.jobs, out, ray_address or None, timeout, limit, on_result=on_result)
+        else:
+            rows = b.run_local(planned.jobs, out, workers, timeout, limit, on_result=on_result)
+    return b.summarize(planned.cached + rows, versions=versions, shard=b.parse_shard(shard) if shard else None,
+                       engine="ray" if ray_address is not None else "local",
+                       wall_s=time.monotonic() - start, workers=None if ray_address is not None else workers)
+
+
+def _print_summary(summary: dict[str, Any], gate: dict[str, Any] | None) -> None:
+    """The counts per status, every model that is not ok, and the baseline's regressions (stdout)."""
+    c = summary["counts"]
+    click.echo(f"{summary['totals']['models']} models: " + ", ".join(f"{n} {s}" for s, n in c.items() if n)
+               + f" ({summary['cached']} from the cache) in {summary['wall_s']:.1f} s")
+    for r in summary["models"]:
+        if r["status"] != "ok":
+            click.echo(f"  {r['name']}: {r['status']}: {r['reason']}")
+    if gate is not None:
+        for name, m in gate["models"].items():
+            click.echo(f"  regression: {name}: " + "; ".join(m["lines"]))
+        for name in gate["added"]:
+            click.echo(f"  added since the baseline: {name}")
+        for name in gate["removed"]:
+            click.echo(f"  removed since the baseline: {name}")
+
+
+@contextlib.contextmanager
+def _batch_progress(ctx: click.Context, total: int, done: int) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """A progress bar on stderr (counts per status, ETA) when stderr is a terminal and not --quiet; yields the
+    callback that each finished model's row is given to."""
+    counts: dict[str, int] = {}
+
+    def count(row: dict[str, Any]) -> None:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+
+    if not (sys.stderr.isatty() and verbosity(ctx) >= 0):
+        yield count
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[counts]}"),
+                  TimeRemainingColumn(), console=Console(stderr=True)) as progress:
+        task = progress.add_task("batch", total=total, completed=done, counts="")
+
+        def update(row: dict[str, Any]) -> None:
+            count(row)
+            progress.update(task, advance=1, counts=" ".join(f"{s} {n}" for s, n in sorted(counts.items())))
+
+        yield update

@@ -1,0 +1,90 @@
+"""Exit codes, and the one place that turns an exception into one line on stderr and its exit code.
+
+Exit codes: 0 success; 1 the optimized model failed verification (or ``--require-verify`` and verification
+was skipped), no model written (a ``--report`` file is, with the verification result); 2 usage error, an input
+model that cannot be read or is invalid, or an output that cannot be written; 3 an internal error (a bug in
+onnxfuse: one line, ``ONNXFUSE_DEBUG=1`` for the traceback); 130 interrupted (Ctrl-C, SIGINT), 143 terminated
+(SIGTERM), 129 hung up (SIGHUP): no partly written or temporary file left.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import click
+
+from onnxfuse.errors import (
+    EXIT_INTERNAL,
+    InputError,
+    OnnxFuseError,
+    debug_requested,
+    internal_error_line,
+    interrupted_exit,
+)
+from onnxfuse.report import escape
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0    success
+  1    the optimized model failed verification, or --require-verify and
+       verification was skipped (no model written; a --report file is,
+       with the verification result)
+  2    usage error, an input model that cannot be read or is invalid,
+       or an OUTPUT that cannot be written
+  3    internal error, a bug in onnxfuse (one line; ONNXFUSE_DEBUG=1
+       shows the traceback)
+  130  interrupted (Ctrl-C); no partly written file is left
+  143  terminated (SIGTERM: CI runners, timeout); the same"""
+
+READ_ONLY_EXIT_CODES_HELP = """\b
+Exit codes:
+  0    success
+  2    usage error, or a model that cannot be read or is invalid
+  3    internal error, a bug in onnxfuse (ONNXFUSE_DEBUG=1: traceback)
+  130  interrupted (Ctrl-C)
+  143  terminated (SIGTERM)"""
+
+#: Exit code after SIGINT (Ctrl-C): 128 + signal number 2, the shell convention. Not 1, which means "verification
+#: failed". SIGTERM exits 143 and SIGHUP 129 (errors.Interrupted.exit_code).
+EXIT_INTERRUPTED = 130
+
+
+def fail_cleanly(fn: F) -> F:
+    """Turn an OnnxFuseError into a one-line ``error: ...`` on stderr and its exit code, and Ctrl-C into one line
+    and exit code 130, SIGTERM 143, SIGHUP 129 (click's own handling would exit 1, the code for a failed
+    verification), and any other exception (a bug) into one line and exit code 3 (``errors.EXIT_INTERNAL``; with
+    ``ONNXFUSE_DEBUG=1`` it is re-raised with its traceback); click's own exceptions pass through to click. Files
+    are written whole or not at all (temporary file, then rename), so an interrupt leaves no partly written file."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Interrupted, from __main__.run)
+            message, code = interrupted_exit(exc)
+            click.echo(message, err=True)
+            sys.exit(code)
+        except OnnxFuseError as exc:
+            click.echo(f"error: {escape.text(exc)}", err=True)  # one line: a name in it adds none
+            sys.exit(exc.exit_code)
+        except OSError as exc:  # the file system refused (a name too long, a permission): not a bug of onnxfuse
+            where = f"{escape.text(exc.filename)}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or escape.text(exc)}", err=True)
+            sys.exit(InputError.exit_code)
+        except UnicodeDecodeError:  # protobuf hands invalid UTF-8 in a string field to Python as it is
+            click.echo("error: the model holds a name or string that is not valid UTF-8", err=True)
+            sys.exit(InputError.exit_code)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            if debug_requested():
+                raise
+            click.echo(internal_error_line(exc), err=True)
+            sys.exit(EXIT_INTERNAL)
+
+    return cast(F, wrapper)

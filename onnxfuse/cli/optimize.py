@@ -1,0 +1,198 @@
+"""``onnxfuse optimize INPUT OUTPUT``: fuse, verify in onnxruntime, write the model (and reports) atomically."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from onnxfuse.cli import files
+from onnxfuse.cli.args.model_inputs import parse_input_shapes
+from onnxfuse.cli.args.optimization import optimization_options, to_options
+from onnxfuse.cli.args.report_output import bandwidth_option, check_bandwidth, report_file_options, report_files
+from onnxfuse.cli.args.verification import to_verify_options, verify_options
+from onnxfuse.cli.console import diagnostics, log, progress, verbosity, verbosity_options, warn_unverified
+from onnxfuse.cli.exits import EXIT_CODES_HELP, fail_cleanly
+from onnxfuse.errors import InputError, VerificationError
+
+if TYPE_CHECKING:
+    from onnxfuse import pipeline
+    from onnxfuse.report import model as report_model
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True, path_type=Path))
+@click.argument("output_arg", metavar="OUTPUT", type=click.Path())
+@optimization_options
+@click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison (the report says so).")
+@click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped (strict CI).")
+@verify_options
+@report_file_options
+@bandwidth_option
+@click.option("--in-place", "--overwrite", "overwrite", is_flag=True,
+              help="Allow OUTPUT to be INPUT itself: the input model is replaced (atomically, after verification). "
+                   "Any other existing OUTPUT is always replaced, as a build step's output is; --overwrite is the "
+                   "old name of this flag.")
+@click.option("--materialize-weights", type=click.FloatRange(min=0), default=0, metavar="MIB",
+              help="Let the output grow by up to this many MiB (2^20 bytes) to store conv/Gemm weights that the model "
+                   "computes from compact constants (int8 x scale, ConstantOfShape) as plain floats. Default 0: "
+                   "they stay compact and folds go into their scale; onnxruntime computes them at load.")
+@verbosity_options
+@click.pass_context
+@fail_cleanly
+def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str, only: tuple[str, ...],
+             skip: tuple[str, ...], input_shape: tuple[str, ...], ort_level: str | None, ort_version: str | None,
+             constant_initializer_inputs: bool, no_verify: bool, require_verify: bool, input_data: str | None,
+             input_value: tuple[str, ...], input_range: tuple[str, ...], input_sets: int, rtol: float | None,
+             atol: float | None, verify_timeout: float | None, report_paths: tuple[Path, ...],
+             report_format: str | None, bandwidth: float | None, overwrite: bool, materialize_weights: float) -> None:
+    """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
+
+    \b
+    Examples:
+      onnxfuse optimize resnet.onnx resnet.fused.onnx
+      onnxfuse optimize det.onnx det.fused.onnx --target cpu \\
+          --input-shape x=1x3x640x640
+      onnxfuse optimize m.onnx m.fused.onnx --report traffic.json \\
+          --require-verify
+    """
+    parse_input_shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
+    from onnxfuse import pipeline
+
+    output_path = Path(output_arg)
+    reports = _check_outputs(input_path, output_path, output_arg, report_paths, report_format, bandwidth, overwrite)
+    options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
+    options.input_data = input_data  # real inputs fix the report's shapes too
+    if not math.isfinite(materialize_weights):
+        raise InputError("--materialize-weights must be a finite number of MiB")
+    options.materialize_weights_bytes = int(materialize_weights * 2**20)
+    # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
+    options.expressions = bool(reports)
+    options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
+    checked = to_verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol,
+                                verify_timeout)
+    log.debug("optimizing %s for target %s", input_path, target)
+    with progress(ctx, f"optimizing {input_path}"):
+        result = pipeline.optimize(input_path, options, None if no_verify else checked)
+    if bandwidth:
+        result.report.set_bandwidth(bandwidth)
+    diagnostics(result.report)
+    report_texts = _render_reports(result, input_path, output_path, reports, require_verify)
+    _write_results(ctx, result, output_path, reports, report_texts)
+
+
+def _check_outputs(input_path: Path, output_path: Path, output_arg: str, report_paths: tuple[Path, ...],
+                   report_format: str | None, bandwidth: float | None, overwrite: bool) -> list[tuple[Path, str]]:
+    """Refuse, before the expensive work, an OUTPUT or a ``--report`` that cannot or must not be written; return
+    the report files with their formats.
+
+    Raises:
+        InputError: OUTPUT is a directory, INPUT itself without ``--in-place``, or in a folder that cannot be
+            written; a report file that is INPUT, OUTPUT or the name of OUTPUT's external data, or that cannot be
+            written; a bandwidth that is not finite.
+    """
+    from onnxfuse.model import io as model_io
+
+    if output_path.is_dir() or output_arg.endswith(("/", os.sep)):
+        raise InputError(f"{output_path}: OUTPUT is a directory; give a file name")
+    check_bandwidth(bandwidth)
+    if model_io.same_file(input_path, output_path) and not overwrite:
+        raise InputError(f"{output_path}: OUTPUT is the same file as INPUT; pass --in-place to replace the input")
+    files.check_folder(output_path, "OUTPUT")
+    reports = report_files(report_paths, report_format)
+    for report_path, _ in reports:
+        files.check_folder(report_path, "--report")
+        for other, what in ((input_path, "INPUT"), (output_path, "OUTPUT")):
+            if model_io.same_file(report_path, other):
+                raise InputError(f"--report {report_path}: is the same file as {what}; choose another name")
+        if files.names_a_data_file_of(report_path, output_path):
+            raise InputError(f"--report {report_path}: has the name of an external data file of OUTPUT (written or "
+                             "removed with it when the model has external data or is over 2 GB); choose another name")
+    return reports
+
+
+def _render_reports(result: pipeline.Result, input_path: Path, output_path: Path, reports: list[tuple[Path, str]],
+                    require_verify: bool) -> list[tuple[Path, str]]:
+    """Each report file with its text. When verification failed (or was skipped and ``--require-verify`` was
+    given) the reports are written, saying why, and no model is.
+
+    Raises:
+        InputError: OUTPUT or a report file is an external data file of INPUT.
+        VerificationError: the model is refused (exit 1).
+    """
+    from onnxfuse.model import io as model_io
+    from onnxfuse.report import formats
+
+    verification = result.report.verification
+    if any(model_io.same_file(output_path, f) for f in result.loaded.data_files):
+        raise InputError(f"{output_path}: OUTPUT is an external data file of INPUT; choose another name")
+    refused = verification.status == "failed" or (verification.status == "skipped" and require_verify)
+    report_texts = []
+    for report_path, fmt in reports:
+        files.check_not_data_file(report_path, "--report", result.loaded)
+        report_texts.append((report_path, formats.render(result.report, fmt, show_all=True)))
+        if refused:  # the report says why no model is written
+            files.write_text(report_path, report_texts[-1][1])
+    if not (verification.status == "skipped" and require_verify):
+        warn_unverified(verification)
+    if verification.status == "failed":
+        failed = verification.failed_outputs
+        for o in failed:
+            log.error("  %s", o.describe(verification.floor_multiple))
+        why = f"{len(failed)} of {len(verification.outputs)} outputs differ, above" if failed else verification.reason
+        raise VerificationError(f"{input_path}: the optimized model does not match the original ({why}); "
+                                f"{output_path} was not written")
+    if verification.status == "skipped" and require_verify:
+        raise VerificationError(f"{input_path}: verification was skipped ({verification.reason}) and "
+                                f"--require-verify was given; {output_path} was not written")
+    return report_texts
+
+
+def _write_results(ctx: click.Context, result: pipeline.Result, output_path: Path, reports: list[tuple[Path, str]],
+                   report_texts: list[tuple[Path, str]]) -> None:
+    """Write the model, then the reports; print the summary (not with -q) and the hints.
+
+    Raises:
+        InputError: a report cannot be written (the message names the model, which was).
+    """
+    from onnxfuse.model import io as model_io
+    from onnxfuse.report import present
+
+    report, verification = result.report, result.report.verification
+    # the input's data files are never replaced or removed, also with --in-place: another copy of the model (or
+    # another model of the same export) may read them
+    written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
+                                  protected=result.loaded.data_files)
+    files.chart_note(report, [fmt for _, fmt in reports])
+    for report_path, report_text in report_texts:  # after the model: a model not written leaves no report either
+        try:
+            files.write_text(report_path, report_text)
+        except InputError as exc:
+            raise InputError(f"{exc}; {', '.join(str(p) for p in written)} was written") from None
+        written.append(report_path)
+    if verbosity(ctx) >= 0:  # the results; -q prints nothing on success
+        if verification.status == "skipped":
+            click.echo(f"NOT VERIFIED: {verification.reason}")
+        for line in present.summary_lines(report, hints=False):
+            click.echo(line)
+    _hints(report)
+    if not result.changed:
+        log.info("no pattern was fused: %s is the input model with onnxfuse metadata added", output_path)
+    log.info("wrote %s", ", ".join(str(p) for p in written))
+
+
+def _hints(report: report_model.Report) -> None:
+    """What the user could do to get a fuller result (stderr, INFO)."""
+    from onnxfuse.report import present
+
+    hint = present.unknown_shapes_hint(report)
+    if hint:
+        log.info("%s", hint)
+    refused = sum(1 for u in report.unfused if u["reason"] == "activation-not-supported-by-target")
+    if refused and report.target == "cpu+cuda":
+        log.info("hint: %d pattern(s) left unfused because target cpu+cuda needs a kernel on both providers "
+                 "(CUDA's FusedConv has Relu only); for a model that runs on CPU only, --target cpu fuses those "
+                 "the CPU kernel accepts", refused)
