@@ -20,9 +20,9 @@ from onnxfuse import passes as passes_mod
 from onnxfuse._version import __version__
 from onnxfuse.analysis import shapes, symbolic, traffic
 from onnxfuse.errors import InputError
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import constants, convert, edit
+from onnxfuse.model import domains, proto
 from onnxfuse.model import io as model_io
-from onnxfuse.model import proto
 from onnxfuse.ort.providers import (
     DEFAULT_ORT_LEVEL,
     DEFAULT_TARGET,
@@ -208,15 +208,15 @@ def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fu
               tuple(p for p in selected if p.name not in passes_mod.CANONICALIZE_NAMES)]
     fusions: list[Fusion] = []
     skips: list[Skip] = []
-    for sub in list(g.all_graphs(graph)):
-        ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, g.NodeOrder(sub)
+    for sub in list(edit.all_graphs(graph)):
+        ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, edit.NodeOrder(sub)
         for stage in stages:
             done = len(fusions)
             _run_stage(sub, stage, ctx, fusions, skips)
             if sub is graph and any(f.pass_name == "constant_fold" and f.replaced[0][1] in SHAPE_OPS
                                     for f in fusions[done:]):
                 refresh_shapes(sub, ctx)  # a Reshape of a folded static Shape now has a shape the passes can see
-        g.remove_unused_constant_nodes(sub)
+        edit.remove_unused_constant_nodes(sub)
     return fusions, skips
 
 
@@ -314,18 +314,18 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     before_ops = _op_counts(model.graph)
 
     overridable = frozenset() if options.constant_initializer_inputs else loaded.overridable
-    blocker = g.rewrite_blocker(model)
+    blocker = convert.rewrite_blocker(model)
     fusions, skips = [], []
     if blocker is None:
         try:
-            graph = g.to_graph(model)
+            graph = convert.to_graph(model)
             ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
-                          info, namer=g.Namer(graph),
+                          info, namer=constants.Namer(graph),
                           symbolic=sym if options.expressions or not input_shapes else None,  # own shapes only
                           materialize_bytes=options.materialize_weights_bytes)
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
-            out = g.to_model(graph, model, reuse_original=True) if fusions else model
+            out = convert.to_model(graph, model, reuse_original=True) if fusions else model
         except InputError as exc:
             raise InputError(f"{loaded.label}: {exc}") from None
     else:
@@ -493,7 +493,7 @@ def _fused_nodes(model: onnx.ModelProto):
     ``model``."""
     for graph, _ in proto.proto_graphs(model.graph):
         for node in graph.node:
-            if node.domain == g.MS_DOMAIN and node.op_type in ("FusedConv", "FusedGemm"):
+            if node.domain == domains.MS_DOMAIN and node.op_type in ("FusedConv", "FusedGemm"):
                 yield node, next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
 
 

@@ -1,5 +1,5 @@
 """Reading and writing model files: load and check, atomic save, external data. No graph rewiring here
-(that is :mod:`onnxfuse.ir.graph`).
+(that is :mod:`onnxfuse.ir.edit`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import constants, edit
 from onnxfuse.ort.providers import Target
 from onnxfuse.records import Reason
 
@@ -86,7 +86,7 @@ class Context:
         graph: the (sub)graph being optimized.
         namer: fresh names for new initializers.
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
-        order: the node slots of ``graph`` that rewrites edit (see ``graph.NodeOrder``).
+        order: the node slots of ``graph`` that rewrites edit (see ``onnxfuse.ir.edit.NodeOrder``).
         symbolic: the model's own symbolic shapes (``onnxfuse.analysis.symbolic.SymbolicShapes``: every dim a sympy
             expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed.
         materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
@@ -98,9 +98,9 @@ class Context:
     overridable: frozenset[str]
     shapes: dict[str, tuple[tuple | None, np.dtype | None]]
     graph: gs.Graph | None = None
-    namer: g.Namer | None = None
+    namer: constants.Namer | None = None
     members: set[int] = field(default_factory=set)
-    order: g.NodeOrder | None = None
+    order: edit.NodeOrder | None = None
     symbolic: SymbolicShapes | None = None
     materialize_bytes: int = 0
 
@@ -110,7 +110,7 @@ class Context:
         The reason is :attr:`Reason.INITIALIZER_IS_INPUT` for an initializer that is also a graph input,
         :attr:`Reason.PARAMS_NOT_CONSTANT` otherwise.
         """
-        value = g.constant_value(tensor, self.overridable)
+        value = constants.constant_value(tensor, self.overridable)
         if value is not None:
             return value, None
         if isinstance(tensor, gs.Constant) and tensor.name in self.overridable:
@@ -120,11 +120,11 @@ class Context:
     def dtype(self, tensor: gs.Tensor) -> np.dtype | None:
         """numpy dtype of ``tensor``, or None when no one knows it (bfloat16 and float8 are None too)."""
         if isinstance(tensor, gs.Constant):
-            return g.tensor_dtype(tensor)
+            return constants.tensor_dtype(tensor)
         info = self.shapes.get(tensor.name)
         if info is not None and info[1] is not None:
             return info[1]
-        return g.tensor_dtype(tensor)
+        return constants.tensor_dtype(tensor)
 
     def shape(self, tensor: gs.Tensor) -> tuple | None:
         """Static shape of ``tensor``: ints for known dims, strings for named symbolic dims, None for unknown ones.

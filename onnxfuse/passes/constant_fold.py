@@ -60,7 +60,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import ONNX_DOMAINS, replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 
@@ -281,7 +281,7 @@ def _fold_static_shape(node: gs.Node, ctx: Context) -> Match | Skip | None:
     if value is None:
         return None
     nodes, out = [node], node.outputs[0]
-    if g.is_graph_output(out, ctx.graph):
+    if edit.is_graph_output(out, ctx.graph):
         return skip(Reason.GRAPH_OUTPUT, f"{out.name} is a graph output", nodes, out)
     return FoldMatch(nodes, values=[value])
 
@@ -357,8 +357,8 @@ def _weight_only(node: gs.Node, graph: gs.Graph, depth: int = 8) -> bool:
     if not outputs:
         return False
     for t in outputs:
-        readers = g.consumers(t)
-        if not readers or g.is_graph_output(t, graph):
+        readers = edit.consumers(t)
+        if not readers or edit.is_graph_output(t, graph):
             return False
         for r in readers:
             if r.domain not in ONNX_DOMAINS:
@@ -410,14 +410,14 @@ class ConstantFold(Pass[FoldMatch]):
         if node.op in QDQ_OPS:
             return skip(Reason.QDQ_NODE, f"{node.op} stays a node for onnxruntime's QDQ fusions", nodes, out)
         for t in node.outputs:
-            if g.is_graph_output(t, ctx.graph):
+            if edit.is_graph_output(t, ctx.graph):
                 return skip(Reason.GRAPH_OUTPUT, f"{t.name} is a graph output", nodes, out)
         for t, v in zip(node.inputs, values, strict=True):
             if v is not None and (v.dtype.kind not in "biuf" or not _native(v.dtype)):
                 return skip(Reason.DTYPE_NOT_FOLDABLE, f"input {t.name} has dtype {v.dtype}", nodes, out)
         distinct = {id(t): (t, v) for t, v in zip(node.inputs, values, strict=True) if v is not None}
         in_bytes = sum(v.nbytes for _, v in distinct.values())
-        freed = sum(v.nbytes for t, v in distinct.values() if all(r is node for r in g.consumers(t)))
+        freed = sum(v.nbytes for t, v in distinct.values() if all(r is node for r in edit.consumers(t)))
         predicted, elems = predicted_outputs(node, values, int(ctx.graph.opset))
         if predicted is None:
             return skip(Reason.FOLD_SIZE_UNKNOWN, f"the size of {node.op}'s output is not known before running it "
@@ -468,5 +468,5 @@ class ConstantFold(Pass[FoldMatch]):
         node = match.nodes[0]
         original = replaced(match.nodes)
         ctx.materialize_bytes -= match.growth
-        g.fold_to_constants(ctx.order, node, match.values)
+        edit.fold_to_constants(ctx.order, node, match.values)
         return Fusion(self.name, "", "", original, None, original[0][2])  # node and op: nothing computes it now
