@@ -277,12 +277,9 @@ class _Additions(_Base):
 
 def _inference_class() -> type:
     """A subclass of onnxruntime's ``SymbolicShapeInference`` with :class:`_Additions`."""
-    ssi = _ssi()
-
-    class Inference(_Additions, ssi.SymbolicShapeInference):
-        """onnxruntime's inference with the additions of the module docstring."""
-
-    return Inference
+    return type("Inference", (_Additions, _ssi().SymbolicShapeInference),
+                {"__doc__": "onnxruntime's inference with the additions of the module docstring.",
+                 "__module__": __name__})
 
 
 class _StrippedValue(Exception):

@@ -80,11 +80,11 @@ def complete_input_shapes(model: onnx.ModelProto, given: dict[str, tuple[int, ..
         tt = vi.type.tensor_type
         if name in out or not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
             continue
-        dims = [d.dim_value if d.HasField("dim_value") else None if is_placeholder_dim(d.dim_param)
-                else bound.get(d.dim_param, (None,))[0] for d in tt.shape.dim]
-        if dims and all(isinstance(d, int) and d > 0 for d in dims) and any(not d.HasField("dim_value")
-                                                                             for d in tt.shape.dim):
-            out[name] = tuple(dims)
+        found = [d.dim_value if d.HasField("dim_value") else None if is_placeholder_dim(d.dim_param)
+                 else bound.get(d.dim_param, (None,))[0] for d in tt.shape.dim]
+        sizes = [d for d in found if isinstance(d, int) and d > 0]
+        if found and len(sizes) == len(found) and any(not d.HasField("dim_value") for d in tt.shape.dim):
+            out[name] = tuple(sizes)
     return out
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import keyword
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -116,7 +116,7 @@ class SymbolTable:
 def symbol_table(model: onnx.ModelProto) -> SymbolTable:
     """One symbol per symbolic dim of the graph inputs of ``model`` (initializers excluded), see the module
     docstring for the naming."""
-    table, taken, by_param = SymbolTable(), set(), {}
+    table, taken, by_param = SymbolTable(), set[str](), dict[str, str]()
     inits = {t.name for t in model.graph.initializer}
     for vi in model.graph.input:
         tt = vi.type.tensor_type
@@ -227,7 +227,7 @@ def static_shapes(skel: onnx.ModelProto, info: dict[str, tuple] | None, table: S
     """
     if table.symbols or info is None:
         return None
-    shapes: dict[str, tuple] = {}
+    shapes: dict[str, tuple | None] = {}
     for name, (shape, _) in info.items():
         if shape is not None and all(type(d) is int and d >= 0 for d in shape):
             shapes[name] = shape
@@ -259,15 +259,17 @@ def infer(skel: onnx.ModelProto, fallback: dict[str, tuple] | None = None) -> Sy
     failure, inferred, merges = ort_symbolic.run(_prepare(skel, table))
     shapes, elem = _inferred_shapes(inferred, syms) if inferred is not None else ({}, {})
     for name, (shape, _) in (fallback or {}).items():
-        if shape is not None and (shapes.get(name) is None or None in shapes[name]):
+        known = shapes.get(name)
+        if shape is not None and (known is None or None in known):
             shapes[name] = tuple(sympy.Integer(d) if isinstance(d, int) and d >= 0 else
-                                 (syms.get(_renamed(table, d)) if isinstance(d, str) else None) for d in shape)
+                                 (_renamed_symbol(table, syms, d) if isinstance(d, str) else None) for d in shape)
     reasons: dict[str, str] = {}
     for graph, _ in proto_graphs(skel.graph):
         for node in graph.node:
             inherited = next((reasons[i] for i in node.input if i in reasons), None)
             for o in node.output:
-                if o and (shapes.get(o) is None or None in shapes[o]):
+                got = shapes.get(o)
+                if o and (got is None or None in got):
                     reasons[o] = inherited or failure or _reason(node.op_type, node.name)
     # onnxruntime records each merge in whichever direction its set iteration met it (it varies with
     # PYTHONHASHSEED); "a == b" is symmetric, so print both sides and the list in a fixed order
@@ -314,15 +316,17 @@ def _inferred_shapes(inferred: onnx.ModelProto, syms: dict[str, sympy.Symbol]
             if tt.elem_type:
                 elem.setdefault(vi.name, tt.elem_type)
             shape = tuple(dim_of(d) for d in tt.shape.dim) if tt.HasField("shape") else None
-            if vi.name not in shapes or shapes[vi.name] is None or None in shapes[vi.name]:
+            known = shapes.get(vi.name)
+            if known is None or None in known:
                 shapes[vi.name] = shape
     return shapes, elem
 
 
-def _renamed(table: SymbolTable, dim_param: str) -> str | None:
+def _renamed_symbol(table: SymbolTable, syms: dict[str, sympy.Symbol], dim_param: str) -> sympy.Symbol | None:
+    """The symbol (of ``syms``) that ``table`` made of the model's ``dim_param``, or None."""
     for name, info in table.symbols.items():
         if info["dim_param"] == dim_param:
-            return name
+            return syms.get(name)
     return None
 
 
@@ -332,7 +336,7 @@ def _renamed(table: SymbolTable, dim_param: str) -> str | None:
 
 def evaluate(expr: sympy.Expr | int | None, values: dict[sympy.Symbol, int]) -> int | None:
     """``expr`` at the symbol ``values`` as an int, or None when ``expr`` is None or a symbol is unbound."""
-    if expr is None or type(expr) is int:
+    if expr is None or isinstance(expr, int):
         return expr
     import sympy
 
@@ -373,9 +377,9 @@ def _printer_class():
     class Printer(StrPrinter):
         """sympy's ``str()`` with each subexpression printed once: the same floor chains recur in every row."""
 
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
-            self._memo: dict = {}
+            self._memo: dict[Any, str] = {}
 
         def _print(self, expr, **kwargs):
             if kwargs:

@@ -69,8 +69,9 @@ class NodeOrder:
     def place(self, node: gs.Node, slot: int) -> None:
         """Put a new ``node`` into the empty ``slot`` (a slot a rewrite emptied, which :meth:`slot` returned
         before)."""
-        if self.slots[slot] is not None:
-            raise ValueError(f"slot {slot} holds {self.slots[slot].name}")
+        held = self.slots[slot]
+        if held is not None:
+            raise ValueError(f"slot {slot} holds {held.name}")
         self.slots[slot] = node
         self.position[id(node)] = slot
 
