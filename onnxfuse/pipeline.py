@@ -23,10 +23,10 @@ from onnxfuse.errors import InputError
 from onnxfuse.ir import constants, convert, edit
 from onnxfuse.model import domains, proto
 from onnxfuse.model import io as model_io
+from onnxfuse.ort.levels import ORT_LEVELS
 from onnxfuse.ort.providers import (
     DEFAULT_ORT_LEVEL,
     DEFAULT_TARGET,
-    ORT_LEVELS,
     PROBED_ORT_RELEASES,
     TARGETS,
     form_min_release,
@@ -66,7 +66,7 @@ class Options:
             promises that nobody feeds them).
         input_data: path of an ``.npz`` of real inputs (``--input-data``): its array shapes fix the input shapes
             of the report too, and must agree with ``input_shapes``.
-        ort_level: the onnxruntime graph optimization level the user's sessions run at (``providers.ORT_LEVELS``;
+        ort_level: the onnxruntime graph optimization level the user's sessions run at (``levels.ORT_LEVELS``;
             default ``all``, onnxruntime's default). A form that runs slower than the unfused original at this
             level is not emitted (``providers.CPU_SLOWER_AT``). None ignores the speed rules (for
             ``benchmarks/bench_forms.py``, which times every form).

@@ -93,7 +93,6 @@ def test_spelled_out_choices_match_the_library():
 
     assert cli.TARGET_NAMES == tuple(providers.TARGETS)
     assert cli.DEFAULT_TARGET == providers.DEFAULT_TARGET
-    assert cli.ORT_LEVELS == tuple(providers.ORT_LEVELS)
     assert cli.DEFAULT_ORT_LEVEL == providers.DEFAULT_ORT_LEVEL
     assert cli.REPORT_FORMATS == tuple(rep.FORMATS)
     assert cli._PassChoice().choices == tuple(PASS_NAMES)

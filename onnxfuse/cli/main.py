@@ -36,6 +36,7 @@ from onnxfuse.errors import (
     internal_error_line,
     interrupted_exit,
 )
+from onnxfuse.ort.levels import ORT_LEVELS
 from onnxfuse.report import escape
 
 if TYPE_CHECKING:
@@ -51,8 +52,7 @@ if TYPE_CHECKING:
 #: providers.TARGETS (its keys, in order) and providers.DEFAULT_TARGET.
 TARGET_NAMES = ("cpu+cuda", "cpu", "cuda", "onnx")
 DEFAULT_TARGET = "cpu+cuda"
-#: providers.ORT_LEVELS and providers.DEFAULT_ORT_LEVEL.
-ORT_LEVELS = ("disable", "basic", "extended", "all")
+#: providers.DEFAULT_ORT_LEVEL.
 DEFAULT_ORT_LEVEL = "all"
 #: report.FORMATS.
 REPORT_FORMATS = ("text", "json", "markdown", "html")
@@ -762,7 +762,7 @@ def report(ctx, model_path, target, only, skip, input_shape, ort_level, ort_vers
               metavar="PERCENT", help="Equivalence margin: 'same' needs the ratio's interval within 1 +- this.")
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="onnxruntime intra-op threads.")
-@click.option("--level", "levels", multiple=True, type=click.Choice(["disable", "basic", "extended", "all"]),
+@click.option("--level", "levels", multiple=True, type=click.Choice(list(ORT_LEVELS)),
               help="Graph optimization level to time (repeatable; default all four).")
 @click.option("--input-data", type=click.Path(exists=True, dir_okay=False), metavar="FILE.npz",
               help="Real inputs: an .npz with one array per graph input name.")
@@ -803,7 +803,7 @@ def bench(ctx, original, optimized, target, only, skip, input_shape, ort_level, 
                              "optimization, which does not run when OPTIMIZED is given; drop "
                              f"{'them' if len(ignored) > 1 else 'it'} or OPTIMIZED")
     options = _options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
-    levels = tuple(levels) or bench_mod.LEVELS
+    levels = tuple(levels) or ORT_LEVELS
     bench_options = bench_mod.BenchOptions(runs=runs, max_time=max_time, margin=margin / 100, warmup=warmup,
                                            threads=threads, levels=levels, input_shapes=options.input_shapes,
                                            input_data=input_data, profile=profile)

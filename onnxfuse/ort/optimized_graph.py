@@ -36,7 +36,7 @@ class RuntimeGraphs:
     """onnxruntime's own optimized graphs of the original and the optimized model at one level.
 
     Attributes:
-        level: the graph optimization level (``providers.ORT_LEVELS``).
+        level: the graph optimization level (``onnxfuse.ort.levels.ORT_LEVELS``).
         onnxruntime: the installed onnxruntime's version, which made the graphs.
         provider: the execution provider the sessions used.
         original_ops / optimized_ops: op -> number of nodes (kernels) in each optimized graph, ``domain::op`` for
