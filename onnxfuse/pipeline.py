@@ -514,7 +514,7 @@ def _target_warnings(model: onnx.ModelProto, target_name: str) -> list[str]:
 
 
 def _op_counts(graph: onnx.GraphProto) -> dict[str, int]:
-    counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+    counts = Counter(node.op_type if domains.is_default_domain(node.domain) else f"{node.domain}::{node.op_type}"
                      for gr, _ in proto.proto_graphs(graph) for node in gr.node)
     return dict(sorted(counts.items()))
 

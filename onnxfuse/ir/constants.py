@@ -15,6 +15,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxfuse.errors import InputError, one_line
 from onnxfuse.ir.edit import all_graphs, producer
+from onnxfuse.model.domains import is_default_domain
 
 _CONSTANT_ATTRS = ("value_float", "value_floats", "value_int", "value_ints")
 
@@ -25,7 +26,7 @@ def is_constant(tensor: gs.Tensor, overridable: frozenset[str] = frozenset()) ->
     if isinstance(tensor, gs.Constant):
         return tensor.name not in overridable
     node = producer(tensor)
-    if node is None or node.op != "Constant" or node.domain not in ("", "ai.onnx", None):
+    if node is None or node.op != "Constant" or not is_default_domain(node.domain):
         return False
     return isinstance(node.attrs.get("value"), gs.Constant) or any(a in node.attrs for a in _CONSTANT_ATTRS)
 
@@ -42,7 +43,7 @@ def constant_value(tensor: gs.Tensor, overridable: frozenset[str] = frozenset())
         values = _load(tensor)
     else:
         node = producer(tensor)
-        if node is None or node.op != "Constant" or node.domain not in ("", "ai.onnx", None):
+        if node is None or node.op != "Constant" or not is_default_domain(node.domain):
             return None
         attr = node.attrs.get("value")
         if isinstance(attr, gs.Constant):

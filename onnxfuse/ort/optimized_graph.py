@@ -29,6 +29,7 @@ from importlib import metadata
 import onnx
 
 from onnxfuse.errors import one_line
+from onnxfuse.model.domains import is_default_domain
 
 
 @dataclass
@@ -128,7 +129,7 @@ def _graphs(graph: onnx.GraphProto):
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     """op -> node count over every graph of ``model`` (``domain::op`` outside the default domain), sorted."""
-    counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+    counts = Counter(node.op_type if is_default_domain(node.domain) else f"{node.domain}::{node.op_type}"
                      for graph in _graphs(model.graph) for node in graph.node)
     return dict(sorted(counts.items()))
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
+from onnxfuse.model.domains import is_default_domain
 from onnxfuse.passes.base import Context, Fusion, Reason, Skip
 
 CONV_OPS = ("Conv", "ConvTranspose")
-ONNX_DOMAINS = ("", "ai.onnx", None)  # graphsurgeon reports the default domain as None
 
 
 def is_op(node: gs.Node | None, *ops: str) -> bool:
     """True when ``node`` is one of the default-domain ``ops``."""
-    return node is not None and node.op in ops and node.domain in ONNX_DOMAINS
+    return node is not None and node.op in ops and is_default_domain(node.domain)
 
 
 def skip(reason: Reason, detail: str, nodes: list[gs.Node], output: gs.Tensor) -> Skip:
@@ -63,7 +63,7 @@ def computed_from_constants(tensor: gs.Tensor, ctx: Context, limit: int = 64) ->
                 continue
             return False  # an overridable initializer
         node = t.inputs[0] if t.inputs else None
-        if node is None or node.domain not in ONNX_DOMAINS:
+        if node is None or not is_default_domain(node.domain):
             return False
         if node.op == "Constant" and constants.is_constant(t, overridable):
             continue

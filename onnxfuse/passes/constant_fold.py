@@ -61,7 +61,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
-from onnxfuse.passes._checks import ONNX_DOMAINS, replaced, skip
+from onnxfuse.model.domains import is_default_domain
+from onnxfuse.passes._checks import replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 
 #: A fold may make the model at most this much larger than the constant inputs it reads (bytes, 1 MiB). It is also
@@ -361,7 +362,7 @@ def _weight_only(node: gs.Node, graph: gs.Graph, depth: int = 8) -> bool:
         if not readers or edit.is_graph_output(t, graph):
             return False
         for r in readers:
-            if r.domain not in ONNX_DOMAINS:
+            if not is_default_domain(r.domain):
                 return False
             if r.op in WEIGHT_READERS and any(x is t for x in r.inputs[1:3]) and t is not r.inputs[0]:
                 continue
@@ -379,7 +380,7 @@ class ConstantFold(Pass[FoldMatch]):
                Reason.FOLD_GROWS, Reason.FOLD_SIZE_UNKNOWN, Reason.DTYPE_NOT_FOLDABLE, Reason.EVALUATION_FAILED)
 
     def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
-        if node.op == "Constant" or node.domain not in ONNX_DOMAINS or _has_subgraph(node) or not node.outputs:
+        if node.op == "Constant" or not is_default_domain(node.domain) or _has_subgraph(node) or not node.outputs:
             return None
         if node.op in NON_TENSOR_OPS:
             return None

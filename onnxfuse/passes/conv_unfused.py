@@ -39,6 +39,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
+from onnxfuse.model.domains import is_default_domain
 from onnxfuse.passes._checks import CONV_OPS, computed_from_constants, is_op, skip
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 from onnxfuse.passes.conv_activation import ACTIVATIONS
@@ -196,7 +197,7 @@ class ConvUnfused(Pass[ChainMatch]):
                         f"{len(chain)} nodes; {onnxruntime_makes(kind, chain, y, ctx)}", [node, *chain],
                         chain[-1].outputs[0])
         for reader in edit.consumers(y):
-            if reader.domain not in (None, "", "ai.onnx") or _handled_elsewhere(node, reader, ctx):
+            if not is_default_domain(reader.domain) or _handled_elsewhere(node, reader, ctx):
                 continue
             if reader.op in ELEMENTWISE:
                 return self._elementwise(node, reader, ctx, [node, reader])
