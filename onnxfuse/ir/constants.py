@@ -16,6 +16,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 from onnxfuse.errors import InputError, one_line
 from onnxfuse.ir.edit import all_graphs, producer
 from onnxfuse.model.domains import is_default_domain
+from onnxfuse.model.dtypes import np_dtype, onnx_dtype_or_none
 
 _CONSTANT_ATTRS = ("value_float", "value_floats", "value_int", "value_ints")
 
@@ -77,7 +78,7 @@ _OTHER_TENSOR_FIELDS = tuple((f.name, f.is_repeated) for f in onnx.TensorProto.D
 #: ONNX data types whose raw bytes ``onnx.numpy_helper.to_array`` reads as ``np.frombuffer(raw, dtype)
 #: .reshape(dims)`` on a little-endian machine (on a big-endian one it byte-swaps: no entries there).
 _RAW_DTYPES = {} if sys.byteorder != "little" else {
-    t: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t)) for t in (
+    t: np_dtype(t) for t in (
         onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT8,
         onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT8,
         onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL)}
@@ -114,17 +115,10 @@ def _load(constant: gs.Constant):
         except ValueError as exc:  # onnx.checker lets raw_data of the wrong length through; onnxruntime refuses it
             raise InputError(f"tensor {proto.name or constant.name}: its data does not match its dims "
                              f"{list(proto.dims)} and type ({one_line(exc)})") from None
-        if raw_only and _onnx_type(array.dtype) == proto.data_type:
+        if raw_only and onnx_dtype_or_none(array.dtype) == proto.data_type:
             return array
         constant._values = array
     return constant.values
-
-
-def _onnx_type(dtype: np.dtype) -> int | None:
-    try:
-        return onnx.helper.np_dtype_to_tensor_dtype(dtype)
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def tensor_dtype(tensor: gs.Tensor) -> np.dtype | None:
@@ -137,7 +131,7 @@ def _np(dtype) -> np.dtype | None:
         return None
     if isinstance(dtype, int):
         try:
-            return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype))
+            return np_dtype(dtype)
         except (KeyError, TypeError):
             return None
     try:

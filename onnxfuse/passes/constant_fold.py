@@ -62,6 +62,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
 from onnxfuse.model.domains import is_default_domain
+from onnxfuse.model.dtypes import np_dtype, onnx_dtype
 from onnxfuse.passes._checks import replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 
@@ -123,7 +124,7 @@ def _one_node_model(node: gs.Node, inputs: list[np.ndarray | None], opset: int, 
             inits.append(onnx.numpy_helper.from_array(np.asarray(value), t.name))
         else:
             feeds[t.name] = value
-            elem = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+            elem = onnx_dtype(value.dtype)
             graph_inputs.append(onnx.helper.make_tensor_value_info(t.name, elem, list(value.shape)))
     named = [t.name for t in node.outputs if t.name]
     graph = onnx.helper.make_graph([proto], "fold", graph_inputs, [onnx.ValueInfoProto(name=n) for n in named],
@@ -193,7 +194,7 @@ def predicted_outputs(node: gs.Node, inputs: list[np.ndarray | None], opset: int
         else:
             dims = [None]  # not even the rank is known
         try:
-            itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize
+            itemsize = np_dtype(tt.elem_type).itemsize
         except (KeyError, TypeError, ValueError):
             itemsize = None
         if total is None or itemsize is None or any(d is None or d < 0 for d in dims):
@@ -226,7 +227,7 @@ def evaluate(node: gs.Node, inputs: list[np.ndarray | None], opset: int, elems: 
     for i, (name, elem) in enumerate(zip(named, elems or [0] * len(named), strict=True)):
         if not elem:
             continue
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+        dtype = np_dtype(elem)
         if _native(dtype):
             continue
         integer = onnx.TensorProto.DataType.Name(elem).startswith(("INT", "UINT"))  # INT4, UINT4, INT2, UINT2
@@ -317,7 +318,7 @@ def refresh_shapes(graph: gs.Graph, ctx: Context) -> None:
                     inits.append(onnx.numpy_helper.from_array(np.asarray(t.values), t.name))
                 else:
                     inits.append(onnx.TensorProto(name=t.name, dims=list(t.shape),
-                                                  data_type=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype))))
+                                                  data_type=onnx_dtype(t.dtype)))
         proto = onnx.helper.make_graph(
             nodes, "shapes", [exporter.export_value_info_proto(t, do_type_check=False) for t in graph.inputs],
             [exporter.export_value_info_proto(t, do_type_check=False) for t in graph.outputs], inits)

@@ -36,10 +36,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
+from onnxfuse.model.dtypes import np_dtype
 from onnxfuse.passes._checks import is_op, replaced, skip
 from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
 
@@ -89,7 +89,7 @@ class RemoveRedundant(Pass[BypassMatch]):
         if node.op == "Cast":
             to, dtype = node.attrs.get("to"), ctx.dtype(source)
             try:
-                if dtype is None or np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to))) != dtype:
+                if dtype is None or np_dtype(int(to)) != dtype:
                     return None
             except (KeyError, TypeError, ValueError):
                 return None
