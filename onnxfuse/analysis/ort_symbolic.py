@@ -83,6 +83,7 @@ def _flat_rounding(expr):
 class _Additions(_Base):
     """The overrides and new op handlers of :func:`_inference_class`, mixed in before onnxruntime's class (its
     methods' ``super()`` is onnxruntime's)."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.dispatcher_["ConvTranspose"] = self._infer_ConvTranspose
