@@ -74,7 +74,7 @@ print(json.dumps({**marks, "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF
 """
 STAGE_FUNCS = ("onnxfuse.model.io:load_model:load,onnxfuse.analysis.shapes:skeleton:shapes,onnxfuse.analysis.shapes:infer:shapes,"
                "onnxfuse.analysis.shapes:measure:shapes,onnxfuse.analysis.traffic:node_traffic:traffic,onnxfuse.ir.convert:to_graph:import,"
-               "onnxfuse.pipeline:run_passes:passes,onnxfuse.ir.convert:to_model:export,onnxfuse.report.build:build:report,"
+               "onnxfuse.passes.driver:run_passes:passes,onnxfuse.ir.convert:to_model:export,onnxfuse.report.build:build:report,"
                "onnxfuse.verification.verify:verify_models:verification,onnxfuse.analysis.symbolic:infer:symbolic,"
                "onnxfuse.model.io:save_model:save")
 

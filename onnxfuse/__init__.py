@@ -44,7 +44,7 @@ def __getattr__(name: str):
 
         return Report
     if name == "Verification":
-        from onnxfuse.verification.verify import Verification
+        from onnxfuse.verification.result import Verification
 
         return Verification
     raise AttributeError(f"module 'onnxfuse' has no attribute {name!r}")

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from onnxfuse.model.io import LoadedModel
     from onnxfuse.pipeline import Options, Result
     from onnxfuse.report.build import Report
-    from onnxfuse.verification.verify import Verification
+    from onnxfuse.verification.result import Verification
 
 def _load(model, name: str | None = None) -> LoadedModel:
     from onnxfuse.model import io as model_io
@@ -180,7 +180,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             ``{"sr": 16000}``), and how many seeded input sets to compare on (see docs/reference.md, "Verification").
         rtol / atol: elementwise tolerances that replace the noise-floor rule (see docs/reference.md, "Verification").
         verify_timeout: seconds for every onnxruntime run of the verification together (None:
-            ``onnxfuse.verification.verify.DEFAULT_TIMEOUT_S``, 300; 0: no limit); when they run out verification is
+            ``onnxfuse.verification.options.DEFAULT_TIMEOUT_S``, 300; 0: no limit); when they run out verification is
             ``skipped`` with ``cause`` ``"time"`` (a :class:`VerificationError` with ``require_verify``).
 
     Returns:
@@ -193,7 +193,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             (``.result`` holds the failing result and its report), or ``require_verify`` and it was skipped.
     """
     from onnxfuse import pipeline
-    from onnxfuse.verification.verify import VerifyOptions, timeout_seconds
+    from onnxfuse.verification.options import VerifyOptions, timeout_seconds
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
@@ -228,14 +228,15 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
     (:func:`onnxfuse.verification.verify.verify_models`).
 
     Returns:
-        An ``onnxfuse.verification.verify.Verification``: ``status`` is ``passed``, ``failed`` or ``skipped`` (with
+        An ``onnxfuse.verification.result.Verification``: ``status`` is ``passed``, ``failed`` or ``skipped`` (with
         ``reason``); ``outputs`` has the error of each output, onnxruntime's noise floor and the tolerance
         applied. It does not raise on ``failed``: check ``status``.
 
     Raises:
         InputError: an unreadable or invalid model, unreadable ``input_data``, a negative ``verify_timeout``.
     """
-    from onnxfuse.verification.verify import VerifyOptions, timeout_seconds, verify_models
+    from onnxfuse.verification.options import VerifyOptions, timeout_seconds
+    from onnxfuse.verification.verify import verify_models
 
     timeout = timeout_seconds(verify_timeout)
     _check_inputs(input_values, input_ranges, input_sets)

@@ -427,7 +427,7 @@ def _optimize_into(job: dict, stage: Path) -> dict:
     from onnxfuse.model import io as model_io
     from onnxfuse.report import build as rep
     from onnxfuse.report.html import to_html
-    from onnxfuse.verification.verify import VerifyOptions
+    from onnxfuse.verification.options import VerifyOptions
 
     o = job["options"]
     shapes = {k: tuple(v) for k, v in o["input_shapes"].items()}

@@ -47,7 +47,7 @@ class VerificationError(OnnxFuseError):
     Attributes:
         result: the ``onnxfuse.Result`` whose model failed (its ``report.verification`` says which outputs
             differ and by how much), or None where there is no optimized model (``onnxfuse.verify``).
-        verification: the ``onnxfuse.verification.verify.Verification`` itself.
+        verification: the ``onnxfuse.verification.result.Verification`` itself.
     """
 
     exit_code = 1

@@ -13,6 +13,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import onnx
 
@@ -20,7 +21,7 @@ from onnxfuse import passes as passes_mod
 from onnxfuse._version import __version__
 from onnxfuse.analysis import shapes, symbolic, traffic
 from onnxfuse.errors import InputError
-from onnxfuse.ir import constants, convert, edit
+from onnxfuse.ir import constants, convert
 from onnxfuse.model import domains, proto
 from onnxfuse.model import io as model_io
 from onnxfuse.ort.levels import ORT_LEVELS
@@ -36,16 +37,12 @@ from onnxfuse.ort.providers import (
     parse_release,
     release_text,
 )
-from onnxfuse.passes import Context, Fusion, Match, Pass, Reason, Skip
-from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
+from onnxfuse.passes import Context, Pass
+from onnxfuse.passes.driver import run_passes
+from onnxfuse.records import Fusion, Skip
 from onnxfuse.report import build as rep
 
 log = logging.getLogger(__name__)
-
-#: Upper bound on rounds of the pass list per graph. Each round that changes nothing ends the loop; a chain
-#: needs one round per fold that has to happen before the next can match (Conv -> Add -> BN -> Relu: 3), so
-#: 10 leaves ample room while guaranteeing termination.
-MAX_ROUNDS = 10
 
 #: ``metadata_props`` keys that onnxfuse writes into the optimized model. ``onnxfuse.min_onnxruntime``: the oldest
 #: onnxruntime release that loads every FusedConv/FusedGemm form in the model (``providers.FORM_MIN_ORT``; the
@@ -121,10 +118,10 @@ class Result:
 
     @property
     def verification(self):
-        """The ``onnxfuse.verification.verify.Verification`` of :func:`optimize` (``report.verification``)."""
+        """The ``onnxfuse.verification.result.Verification`` of :func:`optimize` (``report.verification``)."""
         return self.report.verification
 
-    def save(self, path: str | os.PathLike) -> list[os.PathLike]:
+    def save(self, path: str | os.PathLike) -> list[Path]:
         """Write :attr:`model` to ``path`` as ``onnxfuse optimize`` does: atomically, external data kept external
         when the input had it (and for models over 2 GiB, which ``onnx.save`` cannot write inline), the input's
         own data files never replaced (``model_io.save_model``). Returns the files written (the model first).
@@ -194,84 +191,6 @@ def emitted_forms(model: onnx.ModelProto) -> Counter:
     return forms
 
 
-def run_passes(graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fusion], list[Skip]]:
-    """Run ``selected`` over ``graph`` and every subgraph: first the canonicalization passes among them
-    (``passes.CANONICALIZE``) until nothing changes, then the fusion passes until nothing changes (at most
-    MAX_ROUNDS rounds per stage and graph).
-
-    When constant_fold folded a ``Shape``/``Size`` in the main graph, ``ctx.shapes`` is refreshed by onnx shape
-    inference before the fusion passes (``constant_fold.refresh_shapes``).
-
-    Returns the rewrites in the order applied and the skips seen in each stage's last (unchanged) round.
-    """
-    stages = [tuple(p for p in selected if p.name in passes_mod.CANONICALIZE_NAMES),
-              tuple(p for p in selected if p.name not in passes_mod.CANONICALIZE_NAMES)]
-    fusions: list[Fusion] = []
-    skips: list[Skip] = []
-    for sub in list(edit.all_graphs(graph)):
-        ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, edit.NodeOrder(sub)
-        for stage in stages:
-            done = len(fusions)
-            _run_stage(sub, stage, ctx, fusions, skips)
-            if sub is graph and any(f.pass_name == "constant_fold" and f.replaced[0][1] in SHAPE_OPS
-                                    for f in fusions[done:]):
-                refresh_shapes(sub, ctx)  # a Reshape of a folded static Shape now has a shape the passes can see
-        edit.remove_unused_constant_nodes(sub)
-    return fusions, skips
-
-
-def _run_stage(sub, stage: tuple[Pass, ...], ctx: Context, fusions: list[Fusion], skips: list[Skip]) -> None:
-    for _ in range(MAX_ROUNDS if stage else 0):
-        changed, round_skips = False, []
-        for p in stage:
-            anchors = frozenset(p.anchors)
-            for node in list(sub.nodes):
-                if anchors and node.op not in anchors:
-                    continue  # not a node this pass's patterns end on (its match would return None)
-                if not node.outputs:
-                    continue  # removed by an earlier rewrite of this round
-                found = p.match(node, ctx)
-                if isinstance(found, Match):
-                    fusions.append(p.rewrite(found, ctx))
-                    changed = True
-                elif isinstance(found, Skip):
-                    round_skips.append(_with_pass(found, p.name))
-            ctx.order.compact()
-        if not changed:
-            skips.extend(_longest_per_conv(round_skips))
-            break
-
-
-#: Reasons that only a value stands behind: the pattern fits and the pass would fuse it if that input were a
-#: constant (or folded). A pass that stops there came nearer to fusing than one that refused the pattern's
-#: structure, shape, target or speed.
-VALUE_REASONS = frozenset({Reason.WEIGHTS_NOT_CONSTANT, Reason.PARAMS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
-                           Reason.CONSTANT_NOT_FOLDED})
-
-
-def _longest_per_conv(skips: list[Skip]) -> list[Skip]:
-    """One skip per Conv: the one of the pass that came nearest to fusing. A skip for a value that is not
-    constant (:data:`VALUE_REASONS`: with conv weights fed as graph inputs, conv_affine's ``weights-not-constant``
-    for a bias Add that conv_residual sees as a residual of the wrong shape) comes first; among the rest, the one
-    covering the longest chain, and the earlier pass on a tie. An unfused written-out HardSwish is refused by
-    conv_hardswish (Conv -> Add -> Clip -> Mul -> Div: "HardSwish not supported by target") and, as a side
-    effect, by conv_affine for its Add(x, 3) ("2 consumers"); only the first says what the pattern is."""
-    best: dict[str, Skip] = {}
-
-    def rank(s: Skip) -> tuple[bool, int]:
-        return s.reason in VALUE_REASONS, len(s.nodes)
-
-    for s in skips:
-        key = s.nodes[0][2]
-        if key not in best or rank(s) > rank(best[key]):
-            best[key] = s
-    return [s for s in skips if best[s.nodes[0][2]] is s]
-
-
-def _with_pass(s: Skip, name: str) -> Skip:
-    return Skip(s.reason, s.detail, s.nodes, s.output, name)
-
-
 def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...], min_release: str) -> None:
     values = {META_VERSION: __version__, META_TARGET: target, META_PASSES: ",".join(p.name for p in selected),
               META_MIN_ORT: min_release}
@@ -295,8 +214,13 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     selected = _check_options(options)
     if options.input_data:
         check_regular_file(options.input_data, "--input-data")
-    loaded = loaded or model_io.load_model(path)
+    if loaded is None:
+        if path is None:
+            raise TypeError("analyse: give a path or a loaded model")
+        loaded = model_io.load_model(path)
     model = loaded.model
+    if model is None:
+        raise TypeError(f"analyse: {loaded.label}'s model was released by an earlier run; load it again")
     log.debug("loaded %s: %d nodes in the main graph", loaded.label, len(model.graph.node))
     skel = proto.skeleton(model)
     given = dict(options.input_shapes)
@@ -315,7 +239,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
 
     overridable = frozenset() if options.constant_initializer_inputs else loaded.overridable
     blocker = convert.rewrite_blocker(model)
-    fusions, skips = [], []
+    fusions: list[Fusion] = []
+    skips: list[Skip] = []
     if blocker is None:
         try:
             graph = convert.to_graph(model)
@@ -387,14 +312,15 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
             inputs numpy cannot even size (more bytes than a pointer can count).
     """
     from onnxfuse.verification import verify
+    from onnxfuse.verification.result import Verification
 
     if verify_options is not None and verify_options.input_data and not options.input_data:
         options = replace(options, input_data=verify_options.input_data)  # real inputs fix the report's shapes
     result = analyse(path, options, loaded)
     if verify_options is None:
-        result.report.verification = verify.Verification.skipped_by_user()
+        result.report.verification = Verification.skipped_by_user()
     elif not result.changed:  # the output computes exactly what the input does: nothing to run
-        result.report.verification = verify.Verification.unchanged()
+        result.report.verification = Verification.unchanged()
     else:
         # the shapes analyse() used: the given ones plus those their named dims complete
         verify_options.input_shapes = {k: tuple(v) for k, v in result.report.input_shapes.items()}

@@ -1,14 +1,39 @@
-"""Every reason a pass gives for leaving a pattern unfused, with what would let it be fused: one row per reason.
+"""What the passes record, as plain data (no pass, no onnx-graphsurgeon): every reason a pass gives for leaving a
+pattern unfused with what would let it be fused (:class:`Reason`, one row per reason), the :class:`Skip` and
+:class:`Fusion` records the passes return, and the kind of each rewrite (:class:`RewriteKind`). Every report format
+reads them from here (``onnxfuse.report.remedies``), without importing any pass.
 
-Plain data (no pass, no onnx-graphsurgeon): the passes give these codes in their :class:`~onnxfuse.passes.base.Skip`
-results, and every report format reads the codes and their remedies from here (``onnxfuse.report.remedies``). A new
-refusal
-code is one row below: its ``NAME = ("kebab-case-code", "what would let the pattern be fused")``.
+A new refusal code is one row of :class:`Reason`: its ``NAME = ("kebab-case-code", "what would let the pattern be
+fused")``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
+
+
+class RewriteKind(str, Enum):
+    """What a pass's rewrites do (``Pass.kind``, ``Fusion.kind``); compares equal to its value.
+
+    ``canonicalize``: puts an exported graph into the shape the fusions match, removing nodes (constant folding,
+    redundant ops, Pad into Conv); these passes run first, as their own stage (``onnxfuse.passes.CANONICALIZE``).
+    ``fold``: folds constants that follow a Conv or Gemm (BatchNormalization, Mul/Add/Sub/Div by a constant) into
+    its weights; the node stays a plain Conv or Gemm. ``fuse``: merges a chain into one node (FusedConv, FusedGemm,
+    MatMul + Add into Gemm), or lists the chains left unfused.
+    """
+
+    CANONICALIZE = "canonicalize"
+    FOLD = "fold"
+    FUSE = "fuse"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Names of the canonicalization passes (``RewriteKind.CANONICALIZE``; the stage ``onnxfuse.passes.CANONICALIZE``
+#: runs before the others). The report counts their rewrites as removed nodes, not as fused ones.
+CANONICALIZE_NAMES: frozenset[str] = frozenset({"constant_fold", "remove_redundant", "pad_conv"})
 
 
 class Reason(str, Enum):
@@ -110,3 +135,48 @@ class Reason(str, Enum):
 
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A pattern that was found but is not rewritten.
+
+    Attributes:
+        reason: why (a :class:`Reason`).
+        detail: one human sentence, naming the target or dtype where that is the cause.
+        nodes: ``(name, op_type, first output name)`` of the matched nodes, Conv first.
+        output: name of the tensor a fused node would have written.
+        pass_name: the pass that found the pattern (filled in by the driver, ``onnxfuse.passes.driver``).
+    """
+
+    reason: Reason
+    detail: str
+    nodes: tuple[tuple[str, str, str], ...]
+    output: str
+    pass_name: str = ""
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """One applied rewrite, as the report shows it: a fusion, a fold or a canonicalization (:attr:`kind`).
+
+    Attributes:
+        pass_name: the pass that made it.
+        node: name of the node that now computes the chain ("" when a canonicalization left none: a folded
+            constant, a removed no-op).
+        op: that node's op type after the rewrite (``Conv``, ``ConvTranspose``, ``FusedConv``, ``Gemm`` or
+            ``FusedGemm``; "" as for ``node``).
+        replaced: ``(name, op_type, first output name)`` of every original node, Conv first.
+        activation: FusedConv/FusedGemm ``activation`` (None for folds, canonicalizations and plain FusedConv).
+        output: name of the tensor the fused node writes.
+        kind: the pass's :class:`RewriteKind` (not in the JSON report, which tells canonicalizations apart by
+            pass name, :data:`CANONICALIZE_NAMES`).
+    """
+
+    pass_name: str
+    node: str
+    op: str
+    replaced: tuple[tuple[str, str, str], ...]
+    activation: str | None
+    output: str
+    kind: RewriteKind

@@ -14,6 +14,8 @@ from onnx import TensorProto, helper
 
 from onnxfuse import pipeline
 from onnxfuse.ir import constants, convert, export
+from onnxfuse.passes import select
+from onnxfuse.passes.driver import run_passes
 from tests.builders import GraphBuilder, subgraph
 
 
@@ -190,7 +192,7 @@ def test_optional_and_sequence_types_survive_the_export(tmp_path, reuse_original
 
     model = _non_tensor_model()
     graph = convert.to_graph(model)
-    ctx_result = pipeline.run_passes(graph, pipeline.passes_mod.select((), ()), _context(graph))
+    ctx_result = run_passes(graph, select((), ()), _context(graph))
     assert [f.pass_name for f in ctx_result[0]] == ["remove_redundant"]
     original = onnx.ModelProto()
     original.CopyFrom(model)

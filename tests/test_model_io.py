@@ -4,6 +4,7 @@ checks at load refuse invalid models and external data references."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -184,3 +185,11 @@ def test_load_proto_runs_the_same_checks_as_load_model():
     model.graph.node[1].name = "conv"
     with pytest.raises(InputError, match="two nodes of graph 'g' are named 'conv'"):
         model_io.load_proto(model)
+
+
+def test_ort_source_is_the_path_or_the_callers_proto_and_refuses_neither():
+    model = helper.make_model(helper.make_graph([], "g", [], []))
+    assert model_io.LoadedModel(None, None, "", 0, False, proto=model).ort_source() == model.SerializeToString()
+    assert model_io.LoadedModel(None, Path("m.onnx"), "", 0, False).ort_source() == "m.onnx"
+    with pytest.raises(TypeError, match="neither the file nor"):
+        model_io.LoadedModel(model, None, "", 0, False).ort_source()

@@ -2,7 +2,7 @@
 models, must be reported ``failed`` at default settings whenever the break moves an output by more than
 MUTANT_FLOORS x onnxruntime's noise floor; and the unbroken output must pass.
 
-The effect of a mutant is measured here, independently of :mod:`onnxfuse.verification.verify`: max |mutant -
+The effect of a mutant is measured here, independently of :mod:`onnxfuse.verification`: max |mutant -
 original| per
 output, both run in onnxruntime at ORT_DISABLE_ALL on the inputs verification uses (seed 0), against the floor
 max |original at ORT_ENABLE_ALL - original at ORT_DISABLE_ALL| (at least verification's ``min_floor``). A mutant
@@ -26,6 +26,8 @@ from onnxfuse import pipeline
 from onnxfuse.model.proto import proto_graphs
 from onnxfuse.ort import sessions as runtime
 from onnxfuse.verification import verify
+from onnxfuse.verification.options import VerifyOptions
+from onnxfuse.verification.rule import MIN_FLOOR_ULPS
 from tests.builders import GraphBuilder
 from tests.conftest import REPO, shared_model
 
@@ -68,7 +70,7 @@ class Case:
     original: onnx.ModelProto
     candidate: onnx.ModelProto
     fusions: list
-    options: verify.VerifyOptions
+    options: VerifyOptions
     feeds: dict
     ref: list
     floor: list
@@ -98,7 +100,7 @@ def case(name: str) -> Case:
     shapes = settings.get("shapes", {})
     # ort_level "disable": every form is emitted (at the default, "all", no FusedConv with Z is; the mutants need it)
     result = pipeline.analyse(path, pipeline.Options(target="cpu", input_shapes=shapes, ort_level="disable"))
-    options = verify.VerifyOptions(input_shapes={k: tuple(v) for k, v in result.report.input_shapes.items()},
+    options = VerifyOptions(input_shapes={k: tuple(v) for k, v in result.report.input_shapes.items()},
                                    input_values=settings.get("values", {}))
     original = onnx.load(str(path))
     sess = runtime.session(str(path))
@@ -330,11 +332,11 @@ MUTANTS = (drop_folded_bias, scale_one_channel, epsilon_outside_sqrt, convtransp
 
 
 def _min_floor(ref: np.ndarray) -> float:
-    """verification's documented lower bound of the floor (verify.MIN_FLOOR_ULPS x eps x max |output|)."""
+    """verification's documented lower bound of the floor (MIN_FLOOR_ULPS x eps x max |output|)."""
     r = np.asarray(ref, np.float64)
     finite = r[np.isfinite(r)]
     scale = float(np.max(np.abs(finite))) if finite.size else 0.0
-    return verify.MIN_FLOOR_ULPS * float(np.finfo(np.asarray(ref).dtype).eps) * scale
+    return MIN_FLOOR_ULPS * float(np.finfo(np.asarray(ref).dtype).eps) * scale
 
 
 def judge(c: Case, mutant) -> tuple[str, float]:

@@ -20,7 +20,7 @@ from onnxfuse import pipeline
 from onnxfuse.model import io as model_io
 from onnxfuse.model.proto import proto_graphs
 from onnxfuse.ort.sessions import session
-from onnxfuse.verification.verify import VerifyOptions
+from onnxfuse.verification.options import VerifyOptions
 from tests.conftest import shared_model
 
 pytestmark = pytest.mark.requires_shared_models

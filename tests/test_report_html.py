@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from onnxfuse import pipeline
 from onnxfuse.cli.main import main
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from onnxfuse.report import build as rep
 from onnxfuse.report import html as rh
 from onnxfuse.report import remedies

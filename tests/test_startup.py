@@ -96,7 +96,7 @@ def test_spelled_out_choices_match_the_library():
     assert cli.DEFAULT_ORT_LEVEL == providers.DEFAULT_ORT_LEVEL
     assert cli.REPORT_FORMATS == tuple(rep.FORMATS)
     assert cli._PassChoice().choices == tuple(PASS_NAMES)
-    from onnxfuse.verification.verify import DEFAULT_TIMEOUT_S
+    from onnxfuse.verification.options import DEFAULT_TIMEOUT_S
 
     assert cli.DEFAULT_TIMEOUT_S == DEFAULT_TIMEOUT_S
 

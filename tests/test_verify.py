@@ -16,7 +16,11 @@ from onnxfuse.cli.main import main
 from onnxfuse.errors import InputError
 from onnxfuse.ort import sessions as runtime
 from onnxfuse.passes.conv_batchnorm import ConvBatchNorm
-from onnxfuse.verification import verify
+from onnxfuse.verification import floors, verify
+from onnxfuse.verification.models import weights_moved_by_one_ulp
+from onnxfuse.verification.options import DEFAULT_TIMEOUT_S, VerifyOptions, timeout_seconds
+from onnxfuse.verification.rule import FLOOR_MULTIPLE, MIN_FLOOR_ULPS
+from onnxfuse.verification.run import run_all
 from tests.builders import GraphBuilder, subgraph
 from tests.conftest import REPO
 
@@ -118,7 +122,7 @@ def test_verification_runs_with_optimizations_disabled(tmp_path):
     wrong.CopyFrom(model)
     bn = wrong.graph.node[-1]
     bn.attribute.append(onnx.helper.make_attribute("epsilon", 0.5))  # a different model
-    result = verify.verify_models(path, wrong, verify.VerifyOptions())
+    result = verify.verify_models(path, wrong, VerifyOptions())
     assert result.status == "failed"
     sess = runtime.session(str(path))
     assert sess.get_session_options().graph_optimization_level.name == "ORT_DISABLE_ALL"
@@ -132,7 +136,7 @@ def test_deviation_is_judged_against_the_noise_floor():
     assert same.status == "passed" and same.floor_note and "bit-identical" in same.floor_note
     o = same.outputs[0]
     assert o.max_abs_error == 0 and o.scale > 0 and o.min_floor > 0
-    assert o.tolerance == pytest.approx(verify.FLOOR_MULTIPLE * o.min_floor)
+    assert o.tolerance == pytest.approx(FLOOR_MULTIPLE * o.min_floor)
     small = verify.verify_models(original, conv_model(bias_shift=0.5 * o.tolerance))
     assert small.status == "passed", small.reason
     big = verify.verify_models(original, conv_model(bias_shift=1e3 * o.min_floor))
@@ -147,9 +151,9 @@ def test_rounding_floor_passes_a_correct_deep_net_when_onnxruntime_changes_nothi
     still pass, and a dropped bias must still fail."""
     from onnxfuse import pipeline
 
-    monkeypatch.setattr(verify, "_measure_floor", lambda *args: "not measured (test)")
+    monkeypatch.setattr(floors, "measure_floor", lambda *args: "not measured (test)")
     path = _saved(deep_net())
-    result = pipeline.optimize(path, pipeline.Options(), verify.VerifyOptions())
+    result = pipeline.optimize(path, pipeline.Options(), VerifyOptions())
     v = result.report.verification
     assert v.status == "passed", v.reason
     o = v.outputs[0]
@@ -167,7 +171,7 @@ def test_weights_moved_by_one_ulp_moves_only_accumulating_weights():
     b = GraphBuilder()
     x = b.input("x", [1, 4, 8, 8])
     model = b.build(b.op("Mul", [b.conv(x, 4, 4), b.const(np.full((1, 4, 1, 1), 3.0, np.float32))]))
-    moved = verify.weights_moved_by_one_ulp(model)
+    moved = weights_moved_by_one_ulp(model)
     before = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     after = {t.name: onnx.numpy_helper.to_array(t) for t in moved.graph.initializer}
     w = model.graph.node[0].input[1]
@@ -218,7 +222,7 @@ def test_all_nan_outputs_are_no_evidence(tmp_path):
     the status is skipped (never passed), also for a candidate with a wrong bias. Where the candidate gives
     numbers where the original gives NaN, it fails as before."""
     np.savez(tmp_path / "nan.npz", x=np.full((1, 4, 8, 8), np.nan, np.float32))
-    opts = verify.VerifyOptions(input_data=str(tmp_path / "nan.npz"))
+    opts = VerifyOptions(input_data=str(tmp_path / "nan.npz"))
     for candidate in (conv_model(), conv_model(bias_shift=0.5)):
         result = verify.verify_models(conv_model(), candidate, opts)
         assert result.status == "skipped", result
@@ -274,21 +278,21 @@ def test_float16_min_floor_uses_float16_eps(tmp_path):
     b = GraphBuilder(dtype=np.float16)
     x = b.input("x", [1, 8, 16, 16])
     model = b.build(b.op("Relu", [b.bn(b.conv(x, 8, 8), 8)]))
-    result = verify.verify_models(save(tmp_path, model), model, verify.VerifyOptions())
+    result = verify.verify_models(save(tmp_path, model), model, VerifyOptions())
     assert result.status == "passed"
     o = result.outputs[0]
     assert o.dtype == "float16"
-    assert o.min_floor == pytest.approx(verify.MIN_FLOOR_ULPS * float(np.finfo(np.float16).eps) * o.scale, rel=1e-6)
+    assert o.min_floor == pytest.approx(MIN_FLOOR_ULPS * float(np.finfo(np.float16).eps) * o.scale, rel=1e-6)
 
 
 def test_tolerance_override_replaces_the_rule():
     original, shifted = conv_model(), conv_model(bias_shift=0.01)
-    strict = verify.verify_models(original, shifted, verify.VerifyOptions(rtol=0.0, atol=1e-3))
+    strict = verify.verify_models(original, shifted, VerifyOptions(rtol=0.0, atol=1e-3))
     assert strict.status == "failed" and strict.rule == "rtol-atol"
     d = strict.outputs[0]
     assert d.max_abs_error == pytest.approx(0.01, rel=1e-3) and d.needed_atol == pytest.approx(0.01, rel=1e-3)
     assert d.tolerance is None and "not measured" in strict.floor_note
-    assert verify.verify_models(original, shifted, verify.VerifyOptions(atol=0.02)).status == "passed"
+    assert verify.verify_models(original, shifted, VerifyOptions(atol=0.02)).status == "passed"
 
 
 # --- cost ----------------------------------------------------------------------------------------------------
@@ -304,7 +308,7 @@ def test_each_session_is_created_once_and_input_sets_are_an_option(monkeypatch):
 
     monkeypatch.setattr(runtime, "session", counting)
     original, candidate = conv_model(), conv_model(bias_shift=1e-5)
-    result = verify.verify_models(original, candidate, verify.VerifyOptions(input_sets=3))
+    result = verify.verify_models(original, candidate, VerifyOptions(input_sets=3))
     assert result.seeds == [0, 1, 2]
     assert made == ["disable", "disable", "all"]  # original, candidate, original's noise floor
     made.clear()
@@ -326,7 +330,7 @@ def test_sessions_do_not_spin_and_outputs_kept_are_copies(monkeypatch):
     feeds = runtime.make_inputs(sess, {}, 0)
     # onnxruntime's own arrays wrap its buffers (and so keep the session's arena alive); verification keeps copies
     assert not sess.run(None, feeds)[0].flags.owndata
-    kept = verify._run_all(sess, [feeds])[0][0]
+    kept = run_all(sess, [feeds])[0][0]
     assert kept.flags.owndata and np.array_equal(kept, sess.run(None, feeds)[0])
     made = []
     real = runtime.session
@@ -599,9 +603,9 @@ def loop_model(weight_scale: float = 1.0) -> onnx.ModelProto:
 def test_empty_outputs_are_no_evidence():
     # a candidate with wrong weights inside the Loop body
     original, broken = loop_model(), loop_model(weight_scale=2.0)
-    ran = verify.verify_models(original, broken, verify.VerifyOptions(input_values={"n": 2, "c0": 1}))
+    ran = verify.verify_models(original, broken, VerifyOptions(input_values={"n": 2, "c0": 1}))
     assert ran.status == "failed"
-    empty = verify.verify_models(original, broken, verify.VerifyOptions(input_values={"n": 0, "c0": 1}))
+    empty = verify.verify_models(original, broken, VerifyOptions(input_values={"n": 0, "c0": 1}))
     assert empty.status == "skipped", empty  # nothing compared: never "passed"
     assert "empty" in empty.reason and "nothing was compared" in empty.reason
 
@@ -664,11 +668,11 @@ def test_verify_timeout_in_the_api_and_its_default(tmp_path):
     result = onnxfuse.optimize(model, target="cpu", verify_timeout=0.5)
     assert result.verification.status == "skipped" and result.verification.cause == "time"
     assert onnxfuse.verify(model, result.model, verify_timeout=0.5).cause == "time"
-    assert verify.VerifyOptions().timeout == verify.DEFAULT_TIMEOUT_S
-    assert verify.timeout_seconds(None) == verify.DEFAULT_TIMEOUT_S and verify.timeout_seconds(0) is None
+    assert VerifyOptions().timeout == DEFAULT_TIMEOUT_S
+    assert timeout_seconds(None) == DEFAULT_TIMEOUT_S and timeout_seconds(0) is None
     with pytest.raises(InputError):
         onnxfuse.verify(model, result.model, verify_timeout=-1)
-    assert f"[default: {verify.DEFAULT_TIMEOUT_S:g}]" in invoke("optimize", "--help").output.replace("\n", " ")
+    assert f"[default: {DEFAULT_TIMEOUT_S:g}]" in invoke("optimize", "--help").output.replace("\n", " ")
 
 
 def test_the_budget_is_checked_before_each_session(monkeypatch):
@@ -678,7 +682,7 @@ def test_the_budget_is_checked_before_each_session(monkeypatch):
     monkeypatch.setattr(runtime, "session", lambda *a, **k: made.append(a) or real(*a, **k))
     clock = iter([0.0, 0.0, 0.0, 1e9])  # the budget starts, the original is made and run, then time is up
     monkeypatch.setattr("time.monotonic", lambda: next(clock, 1e9))
-    result = verify.verify_models(conv_model(), conv_model(bias_shift=1e-3), verify.VerifyOptions(timeout=10))
+    result = verify.verify_models(conv_model(), conv_model(bias_shift=1e-3), VerifyOptions(timeout=10))
     assert result.status == "skipped" and result.cause == "time"
     assert len(made) == 1  # the candidate's session was not made
 
@@ -740,7 +744,7 @@ def test_a_candidate_wrong_only_at_batch_2_fails():
     assert result.status == "failed", result
     assert result.input_shapes["x"] == [1, 4, 8, 8] and result.second_input_shapes["x"] == [2, 4, 8, 8]
     assert result.invented == ["x"] and len(result.seeds) == 2
-    given = verify.verify_models(original, wrong, verify.VerifyOptions(input_shapes={"x": (1, 4, 8, 8)}))
+    given = verify.verify_models(original, wrong, VerifyOptions(input_shapes={"x": (1, 4, 8, 8)}))
     assert given.status == "passed" and given.second_input_shapes == {}  # the user's shape is the shape
 
 
@@ -838,10 +842,10 @@ def test_issue_26_integer_outputs_through_a_truncating_cast_are_calibrated_by_on
     assert result.status == "passed", result.reason
     wrong = verify.verify_models(original, truncating_cast_model(shift=0.01))
     assert wrong.status == "failed" and "codes_out" in wrong.reason
-    with_atol = verify.verify_models(original, fused.model, verify.VerifyOptions(atol=1))
+    with_atol = verify.verify_models(original, fused.model, VerifyOptions(atol=1))
     assert with_atol.status == "passed"  # --atol applies to integer outputs too
     assert verify.verify_models(original, truncating_cast_model(shift=0.01),
-                                verify.VerifyOptions(atol=1)).status == "failed"
+                                VerifyOptions(atol=1)).status == "failed"
 
 
 @pytest.mark.parametrize("op", ["dropout_training", "random_normal_like"])
@@ -864,3 +868,19 @@ def test_a_model_that_draws_random_numbers_is_not_verified(tmp_path, op):
     assert v.status == "skipped" and v.cause == "random" and "draws random numbers" in v.reason
     with pytest.raises(onnxfuse.VerificationError):
         onnxfuse.optimize(b.build(out), target="cpu", require_verify=True)
+
+
+def test_status_and_cause_are_str_enums_written_as_their_values():
+    """``Verification.status``/``cause`` are ``Status``/``Cause`` members that compare equal to, format as and
+    serialize to the plain strings of the report (a plain string given is turned into the member)."""
+    from onnxfuse.verification.result import Cause, Status, Verification
+
+    v = Verification("skipped", "why", cause="time")
+    assert v.status is Status.SKIPPED and v.cause is Cause.TIME
+    assert v.status == "skipped" and f"verification: {v.status}" == "verification: skipped" and str(v.cause) == "time"
+    doc = json.loads(json.dumps(v.to_dict()))
+    assert doc["status"] == "skipped" and doc["cause"] == "time"
+    assert type(v.to_dict()["status"]) is str and type(v.to_dict()["cause"]) is str
+    assert Verification.unchanged().to_dict()["cause"] is None
+    with pytest.raises(ValueError):
+        Verification("maybe")

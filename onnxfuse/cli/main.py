@@ -206,7 +206,7 @@ def verify_options(fn):
 
 def _verify_options(input_shapes, input_data, input_value, input_range, input_sets, rtol, atol, verify_timeout=None):
     from onnxfuse.ort.sessions import parse_input_range, parse_input_value
-    from onnxfuse.verification.verify import VerifyOptions, timeout_seconds
+    from onnxfuse.verification.options import VerifyOptions, timeout_seconds
 
     for name, value in (("--rtol", rtol), ("--atol", atol), ("--verify-timeout", verify_timeout)):
         if value is not None and not math.isfinite(value):

@@ -73,9 +73,15 @@ class LoadedModel:
 
     def ort_source(self) -> str | bytes:
         """What onnxruntime loads the original from: the file path, or the caller's ModelProto serialized
-        (read only; it is never modified)."""
+        (read only; it is never modified).
+
+        Raises:
+            TypeError: neither a path nor the caller's ModelProto is known (a LoadedModel built by hand).
+        """
         if self.path is not None:
             return str(self.path)
+        if self.proto is None:
+            raise TypeError(f"{self.label}: neither the file nor the caller's ModelProto is known")
         return self.proto.SerializeToString()
 
 
@@ -161,7 +167,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
                        tuple(base / loc for loc in sorted(locations)), warnings=[warning] if warning else [])
 
 
-def _checker_verdict(source: bytes | str) -> onnx.checker.ValidationError | None:
+def _checker_verdict(source: bytes | str) -> Exception | None:
     """The error ``onnx.checker.check_model`` raises for ``source`` (serialized bytes or a path), or None."""
     try:
         onnx.checker.check_model(source)
@@ -592,50 +598,27 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
             and any moved data file are removed first, and nothing at ``path`` changed.
     """
     given = Path(path)
-    if given.exists() and not given.is_file():
-        raise InputError(f"{given}: exists and is not a regular file (a device, FIFO or folder); "
-                         "onnxfuse will not replace it")
-    target = given.resolve() if given.is_symlink() else Path(os.path.abspath(given))
-    folder = target.parent
-    if not folder.is_dir():
-        raise InputError(f"{given}: the output folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"{given}: the output folder {folder} is not writable")
-    parts, size = None, PROTOBUF_LIMIT_BYTES + 1
-    if not external_data:
-        with contextlib.suppress(Exception):  # a part over 2 GiB: protobuf raises instead of sizing it
-            parts, size = serialized_parts(model)
-    use_external = external_data or size > PROTOBUF_LIMIT_BYTES
-    if use_external and given.is_symlink() and Path(os.path.abspath(given)).parent.resolve() != folder:
+    target, folder = _output_place(given)
+    parts = _inline_parts(model, external_data)
+    if parts is None and given.is_symlink() and Path(os.path.abspath(given)).parent.resolve() != folder:
         raise InputError(f"{given}: is a symbolic link into another folder ({folder}), and the model has external "
                          "data, which onnx and onnxruntime look for beside the path they open: give the real path")
     # the old OUTPUT is read (for the data files to clean up after it) only when such a file is there: reading a
     # large inline model just to find it references none cost its size in memory and 0.1 s on 57 MB
     ours = any(p.name.endswith(".data") and _own_data_name(target.name, p.name) for p in folder.iterdir())
     old_locations = referenced_data_files(target) if ours else set()
-    try:  # a short name: OUTPUT names up to NAME_MAX must not fail on the temporary one
-        tmpdir = Path(tempfile.mkdtemp(prefix=".onnxfuse-", suffix=".tmp", dir=folder))
-    except OSError as exc:  # /proc, /sys: the folder passes os.access but takes no new file
-        raise InputError(f"{given}: cannot write in the output folder {folder} ({exc.strerror or exc}); "
-                         "nothing was written") from None
-    written, moved = [], None
+    tmpdir = _temporary_folder(given, folder)
+    written: list[Path] = []
+    moved: Path | None = None
+    location: str | None = None
     try:
         tmp_model = tmpdir / "model.onnx"
-        location = None
-        if use_external:
+        if parts is None:
             location = _stage_external(model, tmpdir, tmp_model, target.name, folder)
         else:
             write_parts(tmp_model, parts)  # streamed: the whole model is never one bytes object
         if location is not None:
-            final = folder / location
-            if _same_bytes(final, tmpdir / _STAGED_DATA):
-                pass  # these weights are already there under their name (a rerun): kept as they are
-            elif any(same_file(final, p) for p in protected):
-                raise InputError(f"{given}: its data file {location} would replace the input model's external "
-                                 "data; choose another OUTPUT name")
-            else:
-                os.replace(tmpdir / _STAGED_DATA, final)
-                moved = final
+            moved = _place_data_file(given, tmpdir, folder, location, protected)
             written.append(given.parent / location)
         _fsync(tmp_model)
         _commit_hook()
@@ -646,14 +629,83 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
     except OSError as exc:
         raise InputError(f"{given}: cannot write the output ({exc.strerror or exc}); nothing was written") from None
     finally:
-        if moved is not None:  # the model was not replaced: its old data stays, the new data goes
-            with contextlib.suppress(OSError):
-                moved.unlink()
-        for leftover in tmpdir.iterdir():
-            leftover.unlink()
-        tmpdir.rmdir()
+        _discard(tmpdir, moved)
     _remove_stale_data(folder, target.name, old_locations - {location}, protected)
     return written
+
+
+def _output_place(given: Path) -> tuple[Path, Path]:
+    """(the file :func:`save_model` replaces, its folder): ``given`` made absolute, or the file a symbolic link
+    points to.
+
+    Raises:
+        InputError: ``given`` exists and is not a regular file, or its folder does not exist or is not writable.
+    """
+    if given.exists() and not given.is_file():
+        raise InputError(f"{given}: exists and is not a regular file (a device, FIFO or folder); "
+                         "onnxfuse will not replace it")
+    target = given.resolve() if given.is_symlink() else Path(os.path.abspath(given))
+    folder = target.parent
+    if not folder.is_dir():
+        raise InputError(f"{given}: the output folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"{given}: the output folder {folder} is not writable")
+    return target, folder
+
+
+def _inline_parts(model: onnx.ModelProto, external_data: bool) -> list | None:
+    """The parts of :func:`serialized_parts` when ``model`` is written as one file; None when its weights go to
+    an external data file: ``external_data`` asks for it, or the model exceeds PROTOBUF_LIMIT_BYTES."""
+    if external_data:
+        return None
+    try:
+        parts, size = serialized_parts(model)
+    except Exception:  # a part over 2 GiB: protobuf raises instead of sizing it
+        return None
+    return parts if size <= PROTOBUF_LIMIT_BYTES else None
+
+
+def _temporary_folder(given: Path, folder: Path) -> Path:
+    """A new temporary folder in ``folder``, where :func:`save_model` writes before it moves into place.
+
+    Raises:
+        InputError: the folder takes no new file.
+    """
+    try:  # a short name: OUTPUT names up to NAME_MAX must not fail on the temporary one
+        return Path(tempfile.mkdtemp(prefix=".onnxfuse-", suffix=".tmp", dir=folder))
+    except OSError as exc:  # /proc, /sys: the folder passes os.access but takes no new file
+        raise InputError(f"{given}: cannot write in the output folder {folder} ({exc.strerror or exc}); "
+                         "nothing was written") from None
+
+
+def _place_data_file(given: Path, tmpdir: Path, folder: Path, location: str, protected: tuple[Path, ...]
+                     ) -> Path | None:
+    """Step 2 of :func:`save_model`: move the staged data file to ``folder / location``; the path moved
+    (None when the same bytes are already there under that name, a rerun: they are kept as they are).
+
+    Raises:
+        InputError: that path is one of the ``protected`` files.
+        OSError: the move failed.
+    """
+    final = folder / location
+    if _same_bytes(final, tmpdir / _STAGED_DATA):
+        return None
+    if any(same_file(final, p) for p in protected):
+        raise InputError(f"{given}: its data file {location} would replace the input model's external "
+                         "data; choose another OUTPUT name")
+    os.replace(tmpdir / _STAGED_DATA, final)
+    return final
+
+
+def _discard(tmpdir: Path, moved: Path | None) -> None:
+    """Remove :func:`save_model`'s temporary folder, and ``moved``, the data file moved beside the output when the
+    model was not replaced (its old data stays, the new data goes)."""
+    if moved is not None:
+        with contextlib.suppress(OSError):
+            moved.unlink()
+    for leftover in tmpdir.iterdir():
+        leftover.unlink()
+    tmpdir.rmdir()
 
 
 def _commit_hook() -> None:

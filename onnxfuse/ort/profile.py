@@ -166,11 +166,11 @@ def by_fusion(kernels: list[KernelTime], fusions: list[dict]) -> list[dict]:
             writer.setdefault(name, k)
     rows = []
     for f in fusions:
-        k = writer.get(f["output"])
+        w = writer.get(f["output"])
         rows.append({"node": f["node"], "op": f["op"], "activation": f["activation"],
                      "replaced": " -> ".join(r["op"] for r in f["replaced"]), "output": f["output"],
-                     "kernel": None if k is None else k.node, "kernel_op": None if k is None else k.op,
-                     "ms": None if k is None else k.ms, "total_bytes": None if k is None else k.total_bytes,
+                     "kernel": None if w is None else w.node, "kernel_op": None if w is None else w.op,
+                     "ms": None if w is None else w.ms, "total_bytes": None if w is None else w.total_bytes,
                      "counted_saved_bytes": f.get("saved_bytes")})
     return rows
 

@@ -293,9 +293,17 @@ def _named(dim) -> str | None:
 def _shape(inp, spec: InputSpec, bound: dict[str, int], sizes: tuple[int, int]) -> tuple[int, ...]:
     if inp.name in spec.shapes:
         return tuple(spec.shapes[inp.name])
-    return tuple(d if isinstance(d, int) and d > 0
-                 else bound.get(_named(d), sizes[0] if i == 0 else sizes[1])
-                 for i, d in enumerate(inp.shape))
+    return tuple(_dim_size(d, i, bound, sizes) for i, d in enumerate(inp.shape))
+
+
+def _dim_size(dim, axis: int, bound: dict[str, int], sizes: tuple[int, int]) -> int:
+    """The size of ``dim`` (an onnxruntime ``NodeArg.shape`` entry) at ``axis``: itself when a positive number,
+    else the size ``bound`` gives its name, else ``sizes[0]`` for the first axis and ``sizes[1]`` for the others."""
+    if isinstance(dim, int) and dim > 0:
+        return dim
+    default = sizes[0] if axis == 0 else sizes[1]
+    name = _named(dim)
+    return default if name is None else bound.get(name, default)
 
 
 def make_inputs(sess, input_shapes: dict[str, tuple[int, ...]] | InputSpec, seed: int,
@@ -363,7 +371,7 @@ def make_inputs(sess, input_shapes: dict[str, tuple[int, ...]] | InputSpec, seed
 def invented_inputs(sess, spec: InputSpec) -> list[str]:
     """Names of the inputs of ``sess`` with a dim that is not a number and that neither ``spec.shapes`` nor
     ``spec.data`` sets (directly or through a named dim they fix): :func:`make_inputs` invents their sizes."""
-    bound = set()
+    bound: set[str] = set()
     for inp in sess.get_inputs():
         dims = spec.shapes.get(inp.name) or (spec.data[inp.name].shape if inp.name in spec.data else None)
         if dims is not None:

@@ -1,15 +1,16 @@
 """The passes, in the order they run: the canonicalization stage (:data:`CANONICALIZE`), then the fusion passes
-(:data:`DEFAULT_PASSES`); ``onnxfuse.pipeline`` repeats each stage to a fixpoint.
+(:data:`DEFAULT_PASSES`); :mod:`onnxfuse.passes.driver` repeats each stage to a fixpoint.
 
 To add a pass (CONTRIBUTING.md): one module here (its docstring: before => after, the math, "Skipped when:"), one
 test module ``tests/passes/test_<name>.py`` with a test named after each of its ``reasons``, one line in one of
-the tuples; a new refusal code is one row in ``onnxfuse/records.py`` with its remedy. The contract is in
+the tuples (a canonicalization pass: also its name in ``records.CANONICALIZE_NAMES``); a new refusal code is one
+row in ``onnxfuse/records.py`` with its remedy. The contract is in
 :mod:`onnxfuse.passes.base`; shared checks in ``_checks.py``, shared fold math in ``_fold.py``.
 """
 
 from __future__ import annotations
 
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.passes.batchnorm_gemm import BatchNormGemm
 from onnxfuse.passes.constant_fold import ConstantFold
 from onnxfuse.passes.conv_activation import ConvActivation
@@ -25,7 +26,8 @@ from onnxfuse.passes.matmul_add import MatMulAdd
 from onnxfuse.passes.pad_conv import PadConv
 from onnxfuse.passes.remove_redundant import RemoveRedundant
 
-#: Canonicalization: put exported graphs into the shape the fusion passes match, before any of them runs.
+#: Canonicalization: put exported graphs into the shape the fusion passes match, before any of them runs (the passes
+#: of kind ``RewriteKind.CANONICALIZE``, named in ``onnxfuse.records.CANONICALIZE_NAMES`` for the report).
 CANONICALIZE: tuple[Pass, ...] = (
     # Constants first: a bias computed as Reshape(Constant, Constant) becomes the plain constant conv_affine
     # folds, and a Transpose/Cast of a constant disappears before remove_redundant looks at it.
@@ -63,7 +65,6 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
 #: Every pass in the order it runs.
 ALL_PASSES: tuple[Pass, ...] = CANONICALIZE + DEFAULT_PASSES
 PASS_NAMES: tuple[str, ...] = tuple(p.name for p in ALL_PASSES)
-CANONICALIZE_NAMES: frozenset[str] = frozenset(p.name for p in CANONICALIZE)
 
 
 def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Pass, ...]:
@@ -79,5 +80,4 @@ def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Pass
     return tuple(p for p in ALL_PASSES if (not only or p.name in only) and p.name not in skip)
 
 
-__all__ = ["ALL_PASSES", "CANONICALIZE", "CANONICALIZE_NAMES", "DEFAULT_PASSES", "PASS_NAMES", "Context", "Fusion",
-           "Match", "Pass", "Reason", "Skip", "select"]
+__all__ = ["ALL_PASSES", "CANONICALIZE", "DEFAULT_PASSES", "PASS_NAMES", "Context", "Match", "Pass", "select"]

@@ -1,20 +1,23 @@
 """Matching checks the passes share: op tests, the private-intermediate and QDQ checks, and the records
-(:class:`~onnxfuse.passes.base.Skip`, :class:`~onnxfuse.passes.base.Fusion`) a pass returns.
+(:class:`~onnxfuse.records.Skip`, :class:`~onnxfuse.records.Fusion`) a pass returns.
 """
 
 from __future__ import annotations
+
+from typing import TypeGuard
 
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
 from onnxfuse.model.domains import is_default_domain
-from onnxfuse.passes.base import Context, Fusion, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
+from onnxfuse.records import Fusion, Reason, Skip
 
 CONV_OPS = ("Conv", "ConvTranspose")
 
 
-def is_op(node: gs.Node | None, *ops: str) -> bool:
-    """True when ``node`` is one of the default-domain ``ops``."""
+def is_op(node: gs.Node | None, *ops: str) -> TypeGuard[gs.Node]:
+    """True when ``node`` is one of the default-domain ``ops`` (so, for type checkers, not None)."""
     return node is not None and node.op in ops and is_default_domain(node.domain)
 
 
@@ -92,7 +95,7 @@ def replaced(nodes: list[gs.Node]) -> tuple[tuple[str, str, str], ...]:
     return tuple((n.name, n.op, n.outputs[0].name if n.outputs else "") for n in nodes)
 
 
-def describe(pass_name: str, conv: gs.Node, original: tuple[tuple[str, str, str], ...],
+def describe(p: Pass, conv: gs.Node, original: tuple[tuple[str, str, str], ...],
              activation: str | None = None) -> Fusion:
-    """The :class:`Fusion` record for a rewrite whose result is ``conv`` (call after the rewrite)."""
-    return Fusion(pass_name, conv.name, conv.op, original, activation, conv.outputs[0].name)
+    """The :class:`Fusion` record of pass ``p`` for a rewrite whose result is ``conv`` (call after the rewrite)."""
+    return Fusion(p.name, conv.name, conv.op, original, activation, conv.outputs[0].name, p.kind)

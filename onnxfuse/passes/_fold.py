@@ -13,12 +13,14 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
 from onnxfuse.passes._checks import computed_from_constants, is_op, private_check, qdq_check, skip
-from onnxfuse.passes.base import Context, Match, Reason, Skip
+from onnxfuse.passes.base import Context, Match
+from onnxfuse.records import Reason, Skip
 
 
 @dataclass
-class FoldMatch(Match):
-    """A fold of the node after a Conv/ConvTranspose into its weights.
+class ConvFoldMatch(Match):
+    """A fold of the node after a Conv/ConvTranspose (BatchNormalization, Mul/Add/Sub/Div by a constant) into the
+    conv's weights.
 
     Attributes:
         weight: W', the conv weight's shape, in float64 or already in ``dtype``; None keeps W.
@@ -105,6 +107,7 @@ def conv_parts(conv: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Ten
     :class:`CompactWeight` instead of an array when it is computed from compact constants (see
     :func:`compact_weight`); B is an array either way.
     """
+    w: np.ndarray | CompactWeight | None
     w, why = ctx.constant(conv.inputs[1])
     if w is None and why != Reason.INITIALIZER_IS_INPUT:
         w = compact_weight(conv, ctx)
@@ -175,6 +178,7 @@ def batchnorm_scale_shift(bn: gs.Node, ctx: Context, nodes: list[gs.Node], outpu
     for t in bn.inputs[1:5]:
         value, why = ctx.constant(t)
         if value is None:
+            assert why is not None  # Context.constant gives a reason with every None
             return None, None, skip(why, f"BatchNormalization parameter {t.name} is not a constant", nodes, output)
         params.append(value)
     features = params[0].size if features is None else features
@@ -345,7 +349,7 @@ def _scale_input(p: gs.Node | None, cw: CompactWeight, ctx: Context, axis: int, 
 
 def set_compact_scale(conv: gs.Node, ctx: Context, scale: CompactScale, slot: int) -> None:
     """Apply ``scale`` (from :func:`compact_scale`) to ``conv``'s (or a Gemm's) weight: replace the scale input of its
-    producer by a fresh constant, or insert ``Mul(W, value)`` into ``ctx.order`` at ``slot`` (a free slot
+    producer by a fresh constant, or insert ``Mul(W, value)`` into ``ctx.edit_order`` at ``slot`` (a free slot
     before the conv, after W's producer) and make the conv read its output. Never edits a tensor in place."""
     base = conv.name or conv.outputs[0].name
     const = constants.new_constant(ctx.namer, f"{base}.weight_scale_folded", scale.value.astype(scale.dtype))
@@ -356,5 +360,5 @@ def set_compact_scale(conv: gs.Node, ctx: Context, scale: CompactScale, slot: in
     out = gs.Variable(ctx.namer.fresh(f"{base}.weight_scaled"), dtype=scale.dtype, shape=list(scale.shape))
     mul = gs.Node("Mul", name=ctx.namer.fresh(f"{base}.weight_scale"), inputs=[w, const], outputs=[out])
     conv.inputs[1] = out
-    ctx.order.place(mul, slot)
+    ctx.edit_order.place(mul, slot)
     ctx.members.add(id(mul))

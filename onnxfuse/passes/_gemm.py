@@ -15,8 +15,9 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
 from onnxfuse.passes._checks import is_op, private_check, skip
-from onnxfuse.passes._fold import FOLDABLE_DTYPES, CompactScale, compact_weight
-from onnxfuse.passes.base import Context, Match, Reason, Skip
+from onnxfuse.passes._fold import FOLDABLE_DTYPES, CompactScale, CompactWeight, compact_weight
+from onnxfuse.passes.base import Context, Match
+from onnxfuse.records import Reason, Skip
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,12 @@ def has_c(gemm: gs.Node) -> bool:
     return len(gemm.inputs) > 2 and bool(gemm.inputs[2].name)
 
 
-def out_features(b: np.ndarray, trans_b: bool) -> int:
+def out_features(b: np.ndarray | CompactWeight, trans_b: bool) -> int:
     """N, the number of output features: B is [K, N], or [N, K] with ``transB``."""
     return int(b.shape[0] if trans_b else b.shape[1])
 
 
-def in_features(b: np.ndarray, trans_b: bool) -> int:
+def in_features(b: np.ndarray | CompactWeight, trans_b: bool) -> int:
     """K, the number of input features: B is [K, N], or [N, K] with ``transB``."""
     return int(b.shape[1] if trans_b else b.shape[0])
 
@@ -91,9 +92,8 @@ def c_matrix(c: np.ndarray | None, n: int) -> np.ndarray:
     """C as a float64 [1, n] or [M, n] array (a missing C is 0), to which per-feature terms can be added."""
     if c is None:
         return np.zeros((1, n))
-    c64 = c.astype(np.float64)
-    c64 = c64.reshape((1,) * (2 - c64.ndim) + tuple(c64.shape))
-    return np.broadcast_to(c64, (c64.shape[0], n)).copy()
+    c64 = c.astype(np.float64).reshape((1,) * (2 - c.ndim) + tuple(c.shape))
+    return np.broadcast_to(c64, (len(c64), n)).copy()
 
 
 def gemm_parts(gemm: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor, compact: bool = False):
@@ -106,6 +106,7 @@ def gemm_parts(gemm: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Ten
     is not float16/float32/float64), parameter-shape-mismatch (B is not 2-D, or C cannot broadcast to [M, N]:
     invalid models that onnx.checker without shape inference lets through).
     """
+    b: np.ndarray | CompactWeight | None
     b, why = ctx.constant(gemm.inputs[1])
     if b is None and compact and why != Reason.INITIALIZER_IS_INPUT:
         b = compact_weight(gemm, ctx, min_rank=2)

@@ -1,5 +1,5 @@
-"""The pass contract: a read-only ``match`` that returns a :class:`Match`, a :class:`Skip` or None, and a
-``rewrite`` that only does numpy math and edge surgery.
+"""The pass contract: a read-only ``match`` that returns a :class:`Match`, a :class:`~onnxfuse.records.Skip` or
+None, and a ``rewrite`` that only does numpy math and edge surgery and returns a :class:`~onnxfuse.records.Fusion`.
 
 Every reason a pass declines a pattern it found is one of the :class:`Reason` codes below; reports and tests
 name them. A pass anchors on the *last* node of its chain (its producer chain is unique, its consumers are not).
@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
 from onnxfuse.ort.providers import Target
-from onnxfuse.records import Reason
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 if TYPE_CHECKING:
     from onnxfuse.analysis.symbolic import SymbolicShapes
@@ -33,47 +33,6 @@ class Match:
     nodes: list[gs.Node]
 
 
-@dataclass(frozen=True)
-class Skip:
-    """A pattern that was found but is not rewritten.
-
-    Attributes:
-        reason: why (a :class:`Reason`).
-        detail: one human sentence, naming the target or dtype where that is the cause.
-        nodes: ``(name, op_type, first output name)`` of the matched nodes, Conv first.
-        output: name of the tensor a fused node would have written.
-        pass_name: the pass that found the pattern (filled in by the pipeline).
-    """
-
-    reason: Reason
-    detail: str
-    nodes: tuple[tuple[str, str, str], ...]
-    output: str
-    pass_name: str = ""
-
-
-@dataclass(frozen=True)
-class Fusion:
-    """One applied rewrite, as the report shows it.
-
-    Attributes:
-        pass_name: the pass that made it.
-        node: name of the node that now computes the chain.
-        op: that node's op type after the rewrite (``Conv``, ``ConvTranspose``, ``FusedConv``, ``Gemm`` or
-            ``FusedGemm``).
-        replaced: ``(name, op_type, first output name)`` of every original node, Conv first.
-        activation: FusedConv/FusedGemm ``activation`` (None for folds and plain FusedConv).
-        output: name of the tensor the fused node writes.
-    """
-
-    pass_name: str
-    node: str
-    op: str
-    replaced: tuple[tuple[str, str, str], ...]
-    activation: str | None
-    output: str
-
-
 @dataclass
 class Context:
     """What a pass may read while matching: the target, the constants policy and static tensor info.
@@ -83,10 +42,11 @@ class Context:
         overridable: initializer names that are graph inputs and therefore not constants.
         shapes: tensor name -> (shape tuple of int | str | None, numpy dtype | None), from onnx shape inference
             on the unfused model with its own (possibly symbolic) input shapes.
-        graph: the (sub)graph being optimized.
-        namer: fresh names for new initializers.
+        namer: fresh names for new initializers and nodes, unique in the whole model.
+        graph: the (sub)graph being optimized (set by ``driver.run_passes`` for each graph in turn).
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
-        order: the node slots of ``graph`` that rewrites edit (see ``onnxfuse.ir.edit.NodeOrder``).
+        order: the node slots of ``graph`` that rewrites edit (see ``onnxfuse.ir.edit.NodeOrder``; set with ``graph``; a
+            rewrite reads it as :attr:`edit_order`).
         symbolic: the model's own symbolic shapes (``onnxfuse.analysis.symbolic.SymbolicShapes``: every dim a sympy
             expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed.
         materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
@@ -97,8 +57,8 @@ class Context:
     target: Target
     overridable: frozenset[str]
     shapes: dict[str, tuple[tuple | None, np.dtype | None]]
+    namer: constants.Namer
     graph: gs.Graph | None = None
-    namer: constants.Namer | None = None
     members: set[int] = field(default_factory=set)
     order: edit.NodeOrder | None = None
     symbolic: SymbolicShapes | None = None
@@ -116,6 +76,28 @@ class Context:
         if isinstance(tensor, gs.Constant) and tensor.name in self.overridable:
             return None, Reason.INITIALIZER_IS_INPUT
         return None, Reason.PARAMS_NOT_CONSTANT
+
+    @property
+    def opset(self) -> int:
+        """The default-domain opset of :attr:`graph` (``gs.Graph.opset``).
+
+        Raises:
+            RuntimeError: no graph was set (``driver.run_passes`` sets it).
+        """
+        if self.graph is None:
+            raise RuntimeError("Context.graph is not set: passes run inside onnxfuse.passes.driver.run_passes")
+        return int(self.graph.opset)
+
+    @property
+    def edit_order(self) -> edit.NodeOrder:
+        """:attr:`order`, which a rewrite edits.
+
+        Raises:
+            RuntimeError: no order was set (a rewrite called outside ``driver.run_passes``, which sets it).
+        """
+        if self.order is None:
+            raise RuntimeError("Context.order is not set: rewrites run inside onnxfuse.passes.driver.run_passes")
+        return self.order
 
     def dtype(self, tensor: gs.Tensor) -> np.dtype | None:
         """numpy dtype of ``tensor``, or None when no one knows it (bfloat16 and float8 are None too)."""
@@ -145,6 +127,9 @@ class Pass(Generic[M]):
 
     Attributes:
         name: the name ``--only``/``--skip`` and the report use.
+        kind: what its rewrites do (:class:`~onnxfuse.records.RewriteKind`; each :class:`Fusion` it returns carries
+            it). ``canonicalize`` passes must be in ``onnxfuse.passes.CANONICALIZE`` and
+            ``records.CANONICALIZE_NAMES``, the others in ``DEFAULT_PASSES``.
         summary: one line for ``onnxfuse passes``.
         reasons: every :class:`Reason` its ``match`` can return in a Skip (each has a test named after it in
             ``tests/passes/test_<name>.py``).
@@ -153,6 +138,7 @@ class Pass(Generic[M]):
     """
 
     name: str = ""
+    kind: RewriteKind
     summary: str = ""
     reasons: tuple[Reason, ...] = ()
     anchors: tuple[str, ...] = ()

@@ -62,7 +62,8 @@ from onnxfuse.passes._gemm import (
     scale_in_features,
     set_gemm_weights,
 )
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 #: Nodes that may sit between the BN and the Gemm: they turn the BN output into the Gemm's 2-D input.
 RESHAPE_OPS = ("Flatten", "Reshape")
@@ -72,6 +73,7 @@ class BatchNormGemm(Pass[GemmFoldMatch]):
     """BatchNormalization -> (Flatten/Reshape ->) Gemm => (Flatten/Reshape ->) Gemm with the BN folded into B, C."""
 
     name = "batchnorm_gemm"
+    kind = RewriteKind.FOLD
     summary = "fold BatchNormalization (inference mode) into the Gemm it feeds, through a Flatten or Reshape"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.GEMM_TRANS_A, Reason.FLATTEN_REORDERS,
                Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT, Reason.PARAMS_NOT_CONSTANT,
@@ -161,5 +163,5 @@ class BatchNormGemm(Pass[GemmFoldMatch]):
         original = replaced([bn, gemm])  # a Flatten/Reshape stays in the graph: it is not part of the fused node
         (between[0] if between else gemm).inputs[0] = bn.inputs[0]
         set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
-        edit.replace_chain(ctx.order, gemm, gemm, [bn])
-        return describe(self.name, gemm, original)
+        edit.replace_chain(ctx.edit_order, gemm, gemm, [bn])
+        return describe(self, gemm, original)

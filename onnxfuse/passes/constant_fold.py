@@ -64,7 +64,8 @@ from onnxfuse.ir import edit
 from onnxfuse.model.domains import is_default_domain
 from onnxfuse.model.dtypes import np_dtype, onnx_dtype
 from onnxfuse.passes._checks import replaced, skip
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 #: A fold may make the model at most this much larger than the constant inputs it reads (bytes, 1 MiB). It is also
 #: the memory budget of a fold: a node is run only when its outputs, sized before it runs (``predicted_outputs``),
@@ -91,8 +92,9 @@ NON_TENSOR_OPS = ("Optional", "SequenceConstruct", "SequenceEmpty", "SequenceIns
 
 
 @dataclass
-class FoldMatch(Match):
-    """A node to replace by its outputs' values (one array per output; None for an unnamed output)."""
+class ConstantFoldMatch(Match):
+    """A node computed from constants only, to replace by its outputs' values (one array per output; None for an
+    unnamed output)."""
 
     values: list[np.ndarray | None] = field(default_factory=list)
     growth: int = 0  # bytes of Context.materialize_bytes this fold spends (a weight materialized past the limits)
@@ -120,6 +122,7 @@ def _one_node_model(node: gs.Node, inputs: list[np.ndarray | None], opset: int, 
         if not t.name or t.name in seen:
             continue
         seen.add(t.name)
+        assert value is not None  # ConstantFold.match has a value for every named input
         if value.nbytes <= values_up_to:
             inits.append(onnx.numpy_helper.from_array(np.asarray(value), t.name))
         else:
@@ -141,9 +144,10 @@ def _range_length(inputs: list[np.ndarray | None]) -> int | None:
     Range), in Python ints for integer inputs and floats otherwise; None when it is not a finite number. onnx
     shape inference overflows here (Range(0, 1e30, 1e-30) infers 0 elements), so the count is taken from the
     values."""
-    if len(inputs) != 3 or any(v is None or v.size != 1 for v in inputs):
+    values = [v for v in inputs if v is not None and v.size == 1]
+    if len(inputs) != 3 or len(values) != 3:
         return None
-    start, limit, delta = (v.reshape(-1)[0].item() for v in inputs)
+    start, limit, delta = (v.reshape(-1)[0].item() for v in values)
     if delta == 0:
         return None
     if all(isinstance(v, int) for v in (start, limit, delta)):
@@ -183,7 +187,8 @@ def predicted_outputs(node: gs.Node, inputs: list[np.ndarray | None], opset: int
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # onnx raises its own InferenceError/ValidationError types; the fold is then unsized
         return None, [0] * sum(bool(t.name) for t in node.outputs)
-    total, elems = 0, []
+    total: int | None = 0
+    elems: list[int] = []
     for out in inferred.graph.output:
         tt = out.type.tensor_type
         elems.append(tt.elem_type)
@@ -193,14 +198,16 @@ def predicted_outputs(node: gs.Node, inputs: list[np.ndarray | None], opset: int
             dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
         else:
             dims = [None]  # not even the rank is known
+        itemsize: int | None
         try:
             itemsize = np_dtype(tt.elem_type).itemsize
         except (KeyError, TypeError, ValueError):
             itemsize = None
-        if total is None or itemsize is None or any(d is None or d < 0 for d in dims):
+        known = [d for d in dims if d is not None and d >= 0]
+        if total is None or itemsize is None or len(known) != len(dims):
             total = None
             continue
-        total += math.prod(dims) * itemsize
+        total += math.prod(known) * itemsize
     if total is None and node.op in BOUNDED_OPS:
         total = _bound(node, inputs)
     return total, elems
@@ -276,16 +283,16 @@ def static_shape_value(node: gs.Node, ctx: Context) -> np.ndarray | None:
     return np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
 
 
-def _fold_static_shape(node: gs.Node, ctx: Context) -> Match | Skip | None:
-    """A :class:`FoldMatch` for a ``Shape``/``Size`` of a run-time tensor whose read dims are static, a Skip when
-    its output is a graph output, None when a dim is not static (the node stays)."""
+def _fold_static_shape(node: gs.Node, ctx: Context) -> ConstantFoldMatch | Skip | None:
+    """A :class:`ConstantFoldMatch` for a ``Shape``/``Size`` of a run-time tensor whose read dims are static, a Skip
+    when its output is a graph output, None when a dim is not static (the node stays)."""
     value = static_shape_value(node, ctx)
     if value is None:
         return None
     nodes, out = [node], node.outputs[0]
     if edit.is_graph_output(out, ctx.graph):
         return skip(Reason.GRAPH_OUTPUT, f"{out.name} is a graph output", nodes, out)
-    return FoldMatch(nodes, values=[value])
+    return ConstantFoldMatch(nodes, values=[value])
 
 
 #: Constants of at most this many elements keep their values in the graph that :func:`refresh_shapes` infers on
@@ -372,15 +379,16 @@ def _weight_only(node: gs.Node, graph: gs.Graph, depth: int = 8) -> bool:
     return True
 
 
-class ConstantFold(Pass[FoldMatch]):
+class ConstantFold(Pass[ConstantFoldMatch]):
     """Node with constant inputs => the constant it computes (onnxruntime evaluates it)."""
 
     name = "constant_fold"
+    kind = RewriteKind.CANONICALIZE
     summary = "replace nodes whose inputs are all constants by their values (computed by onnxruntime)"
     reasons = (Reason.INITIALIZER_IS_INPUT, Reason.RANDOM_OP, Reason.QDQ_NODE, Reason.GRAPH_OUTPUT,
                Reason.FOLD_GROWS, Reason.FOLD_SIZE_UNKNOWN, Reason.DTYPE_NOT_FOLDABLE, Reason.EVALUATION_FAILED)
 
-    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> ConstantFoldMatch | Skip | None:
         if node.op == "Constant" or not is_default_domain(node.domain) or _has_subgraph(node) or not node.outputs:
             return None
         if node.op in NON_TENSOR_OPS:
@@ -389,7 +397,8 @@ class ConstantFold(Pass[FoldMatch]):
             return None  # EyeLike-style sources without inputs do not exist in ONNX; nothing to fold
         if node.op in SHAPE_OPS and node.inputs and ctx.constant(node.inputs[0])[0] is None:
             return _fold_static_shape(node, ctx)
-        values, overridable = [], []
+        values: list[np.ndarray | None] = []
+        overridable: list[str] = []
         for t in node.inputs:
             if not t.name:
                 values.append(None)
@@ -420,7 +429,7 @@ class ConstantFold(Pass[FoldMatch]):
         distinct = {id(t): (t, v) for t, v in zip(node.inputs, values, strict=True) if v is not None}
         in_bytes = sum(v.nbytes for _, v in distinct.values())
         freed = sum(v.nbytes for t, v in distinct.values() if all(r is node for r in edit.consumers(t)))
-        predicted, elems = predicted_outputs(node, values, int(ctx.graph.opset))
+        predicted, elems = predicted_outputs(node, values, ctx.opset)
         if predicted is None:
             return skip(Reason.FOLD_SIZE_UNKNOWN, f"the size of {node.op}'s output is not known before running it "
                         "(onnx shape inference cannot tell it), so it may be any size", nodes, out)
@@ -429,7 +438,7 @@ class ConstantFold(Pass[FoldMatch]):
         if grows:
             return grows
         try:
-            results = evaluate(node, values, int(ctx.graph.opset), elems)
+            results = evaluate(node, values, ctx.opset, elems)
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument/NotImplemented types
             return skip(Reason.EVALUATION_FAILED, f"onnxruntime could not run {node.op}: "
                         f"{' '.join(str(exc).split())[:200]}", nodes, out)
@@ -440,7 +449,7 @@ class ConstantFold(Pass[FoldMatch]):
         if grows:
             return grows
         over = out_bytes > freed + SHARED_COPY_LIMIT_BYTES or out_bytes > in_bytes + FOLD_GROWTH_LIMIT_BYTES
-        return FoldMatch(nodes, values=results, growth=out_bytes - freed if over else 0)
+        return ConstantFoldMatch(nodes, values=results, growth=out_bytes - freed if over else 0)
 
     @staticmethod
     def _grows(out_bytes: int | None, in_bytes: int, freed: int, nodes: list[gs.Node], out: gs.Tensor,
@@ -466,9 +475,10 @@ class ConstantFold(Pass[FoldMatch]):
                         "floats)", nodes, out)
         return None
 
-    def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
+    def rewrite(self, match: ConstantFoldMatch, ctx: Context) -> Fusion:
         node = match.nodes[0]
         original = replaced(match.nodes)
         ctx.materialize_bytes -= match.growth
-        edit.fold_to_constants(ctx.order, node, match.values)
-        return Fusion(self.name, "", "", original, None, original[0][2])  # node and op: nothing computes it now
+        edit.fold_to_constants(ctx.edit_order, node, match.values)
+        # node and op "": nothing computes it now
+        return Fusion(self.name, "", "", original, None, original[0][2], self.kind)

@@ -30,7 +30,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
 from onnxfuse.passes._checks import describe, is_op, private_check, qdq_check, replaced, skip
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
 from onnxfuse.passes.fusedconv import (
     FusedConvMatch,
     clip_bounds,
@@ -39,6 +39,7 @@ from onnxfuse.passes.fusedconv import (
     target_check,
     to_fused_conv,
 )
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 ACTIVATIONS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid", "HardSwish")
 
@@ -66,6 +67,7 @@ class ConvActivation(Pass[FusedConvMatch]):
     """Conv -> activation => FusedConv(activation)."""
 
     name = "conv_activation"
+    kind = RewriteKind.FUSE
     summary = "fuse Conv + Relu/Tanh/Sigmoid/LeakyRelu/Clip/HardSigmoid/HardSwish into FusedConv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.DTYPE_NO_KERNEL,
                Reason.ACTIVATION_UNSUPPORTED, Reason.CLIP_BOUNDS_NOT_CONSTANT, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL,
@@ -96,4 +98,4 @@ class ConvActivation(Pass[FusedConvMatch]):
         conv, act = match.nodes
         original = replaced(match.nodes)
         to_fused_conv(ctx, conv, match.activation, match.params, None, act, [act])
-        return describe(self.name, conv, original, match.activation)
+        return describe(self, conv, original, match.activation)

@@ -44,7 +44,7 @@ from onnxfuse.ir import edit
 from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced, skip
 from onnxfuse.passes._fold import (
     CompactWeight,
-    FoldMatch,
+    ConvFoldMatch,
     compact_scale,
     fold_fits,
     fold_inputs,
@@ -53,7 +53,8 @@ from onnxfuse.passes._fold import (
     set_compact_scale,
     set_weights,
 )
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 def per_channel(c: np.ndarray, rank: int, m: int) -> np.ndarray | None:
@@ -68,17 +69,18 @@ def per_channel(c: np.ndarray, rank: int, m: int) -> np.ndarray | None:
     return np.broadcast_to(c.astype(np.float64).reshape(aligned[1]), (m,)).copy()
 
 
-class ConvAffine(Pass[FoldMatch]):
+class ConvAffine(Pass[ConvFoldMatch]):
     """Conv/ConvTranspose -> Add/Sub/Mul/Div by a per-channel constant => Conv/ConvTranspose."""
 
     name = "conv_affine"
+    kind = RewriteKind.FOLD
     summary = "fold Add/Sub (bias) and Mul/Div (scale) by per-channel constants into the preceding Conv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.NOT_PER_CHANNEL, Reason.CONV_IS_DIVISOR, Reason.ZERO_DIVISOR, Reason.DTYPE_NOT_FOLDABLE,
                Reason.FOLD_NOT_FINITE, Reason.QDQ)
     anchors = ("Add", "Sub", "Mul", "Div")
 
-    def match(self, node: gs.Node, ctx: Context) -> FoldMatch | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> ConvFoldMatch | Skip | None:
         if not is_op(node, *self.anchors) or len(node.inputs) != 2:
             return None
         for side in (0, 1):
@@ -96,9 +98,9 @@ class ConvAffine(Pass[FoldMatch]):
                 if bad is not None and bad.reason in (Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT):
                     return bad
                 continue
-            if c is None:
-                return skip(why, f"{c_tensor.name} is an initializer listed as a graph input (overridable)",
-                            nodes, out)
+            if c is None:  # why is INITIALIZER_IS_INPUT: any other reason continued above
+                return skip(Reason.INITIALIZER_IS_INPUT,
+                            f"{c_tensor.name} is an initializer listed as a graph input (overridable)", nodes, out)
             if node.op == "Div" and side == 1:
                 return skip(Reason.CONV_IS_DIVISOR, f"{c_tensor.name} / conv output is not linear", nodes, out)
             w, b, bad = fold_inputs(conv, node, ctx, nodes, out)
@@ -116,11 +118,11 @@ class ConvAffine(Pass[FoldMatch]):
                 return self._compact(conv, node.op, side == 0, w, b, vec, ctx, nodes, out)
             new_w, new_b = self._fold(conv, node.op, side == 0, w, b, vec)
             bad = fold_fits(w.dtype, new_w, new_b, nodes, out)
-            return bad or FoldMatch(nodes, new_w, new_b, w.dtype)
+            return bad or ConvFoldMatch(nodes, new_w, new_b, w.dtype)
         return None
 
     def _compact(self, conv: gs.Node, op: str, conv_first: bool, w: CompactWeight, b: np.ndarray | None,
-                 c: np.ndarray, ctx: Context, nodes: list[gs.Node], out: gs.Tensor) -> FoldMatch | Skip:
+                 c: np.ndarray, ctx: Context, nodes: list[gs.Node], out: gs.Tensor) -> ConvFoldMatch | Skip:
         """The fold for a weight computed from compact constants: W's factor per output channel (1 for Add and
         Sub(conv, c): bias only, W untouched; -1, c, 1/c otherwise) goes into its computation
         (``_fold.compact_scale``), B' is computed as for constant weights."""
@@ -140,7 +142,7 @@ class ConvAffine(Pass[FoldMatch]):
             if bad:
                 return bad
         bad = fold_fits(w.dtype, None, new_b, nodes, out)
-        return bad or FoldMatch(nodes, None, new_b, w.dtype, compact)
+        return bad or ConvFoldMatch(nodes, None, new_b, w.dtype, compact)
 
     @staticmethod
     def _per_channel_input(conv: gs.Node, c: gs.Tensor, ctx: Context) -> bool:
@@ -169,12 +171,12 @@ class ConvAffine(Pass[FoldMatch]):
                 return scale_output_channels(conv, w, c), (None if b is None else b64 * c)
             return scale_output_channels(conv, w, 1.0 / c), (None if b is None else b64 / c)  # Div(conv, c)
 
-    def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
+    def rewrite(self, match: ConvFoldMatch, ctx: Context) -> Fusion:
         conv, op_node = match.nodes
         original = replaced(match.nodes)
-        slot = ctx.order.slot(conv)
+        slot = ctx.edit_order.slot(conv)
         set_weights(conv, ctx, match.weight, match.bias, match.dtype)
-        edit.replace_chain(ctx.order, conv, op_node, [op_node])
+        edit.replace_chain(ctx.edit_order, conv, op_node, [op_node])
         if match.scale is not None:
             set_compact_scale(conv, ctx, match.scale, slot)
-        return describe(self.name, conv, original)
+        return describe(self, conv, original)

@@ -41,7 +41,7 @@ from onnxfuse.ir import edit
 from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced
 from onnxfuse.passes._fold import (
     CompactWeight,
-    FoldMatch,
+    ConvFoldMatch,
     batchnorm_mode_check,
     batchnorm_scale_shift,
     compact_scale,
@@ -52,20 +52,22 @@ from onnxfuse.passes._fold import (
     set_compact_scale,
     set_weights,
 )
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
-class ConvBatchNorm(Pass[FoldMatch]):
+class ConvBatchNorm(Pass[ConvFoldMatch]):
     """Conv/ConvTranspose -> BatchNormalization => Conv/ConvTranspose with folded weights."""
 
     name = "conv_batchnorm"
+    kind = RewriteKind.FOLD
     summary = "fold BatchNormalization (inference mode) into the preceding Conv or ConvTranspose"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
                Reason.FOLD_NOT_FINITE, Reason.QDQ, Reason.BN_SPATIAL)
     anchors = ("BatchNormalization",)
 
-    def match(self, node: gs.Node, ctx: Context) -> FoldMatch | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> ConvFoldMatch | Skip | None:
         if not is_op(node, *self.anchors):
             return None
         conv = edit.producer(node.inputs[0])
@@ -91,14 +93,14 @@ class ConvBatchNorm(Pass[FoldMatch]):
             b64 = np.zeros_like(s) if b is None else b.astype(np.float64).reshape(-1)
             new_b = b64 * s + t
         bad = fold_fits(w.dtype, None, new_b, nodes, out)
-        return bad or FoldMatch(nodes, new_w, new_b, w.dtype, compact)
+        return bad or ConvFoldMatch(nodes, new_w, new_b, w.dtype, compact)
 
-    def rewrite(self, match: FoldMatch, ctx: Context) -> Fusion:
+    def rewrite(self, match: ConvFoldMatch, ctx: Context) -> Fusion:
         conv, bn = match.nodes
         original = replaced(match.nodes)
-        slot = ctx.order.slot(conv)
+        slot = ctx.edit_order.slot(conv)
         set_weights(conv, ctx, match.weight, match.bias, match.dtype)
-        edit.replace_chain(ctx.order, conv, bn, [bn])
+        edit.replace_chain(ctx.edit_order, conv, bn, [bn])
         if match.scale is not None:
             set_compact_scale(conv, ctx, match.scale, slot)
-        return describe(self.name, conv, original)
+        return describe(self, conv, original)

@@ -33,7 +33,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
 from onnxfuse.passes._checks import describe, is_op, private_check, qdq_check, replaced
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
 from onnxfuse.passes.fusedconv import (
     FusedConvMatch,
     clip_bounds,
@@ -44,12 +44,15 @@ from onnxfuse.passes.fusedconv import (
     target_check,
     to_fused_conv,
 )
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 def _relu6_plus3(ctx: Context, t: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node]] | None:
     """``(x, [Add, Clip])`` when ``t = Clip(Add(x, 3), 0, 6)``."""
     clip = edit.producer(t)
-    bounds = clip_bounds(ctx, clip) if is_op(clip, "Clip") else None
+    if not is_op(clip, "Clip"):
+        return None
+    bounds = clip_bounds(ctx, clip)
     if bounds is None:
         return None
     lo, hi = bounds
@@ -114,6 +117,7 @@ class ConvHardSwish(Pass[FusedConvMatch]):
     """Conv -> written-out HardSwish => FusedConv(activation="HardSwish")."""
 
     name = "conv_hardswish"
+    kind = RewriteKind.FUSE
     summary = "fuse Conv + HardSwish written out as Mul/Add/Clip/Div or HardSigmoid into FusedConv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.DTYPE_NO_KERNEL,
                Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL, Reason.NEEDS_NEWER_ORT)
@@ -136,4 +140,4 @@ class ConvHardSwish(Pass[FusedConvMatch]):
         conv, last = match.nodes[0], match.nodes[-1]
         original = replaced(match.nodes)
         to_fused_conv(ctx, conv, "HardSwish", [], None, last, match.nodes[1:])
-        return describe(self.name, conv, original, "HardSwish")
+        return describe(self, conv, original, "HardSwish")

@@ -43,9 +43,10 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
 from onnxfuse.passes._checks import computed_from_constants, describe, is_op, private_check, qdq_check, replaced, skip
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
 from onnxfuse.passes.conv_activation import ACTIVATIONS, activation_params
 from onnxfuse.passes.fusedconv import FusedConvMatch, target_check, to_fused_conv
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 def same_static_shape(a: tuple | None, b: tuple | None) -> bool:
@@ -108,6 +109,7 @@ class ConvResidual(Pass[FusedConvMatch]):
     """Conv -> Add(run-time tensor) [-> activation] => FusedConv with Z."""
 
     name = "conv_residual"
+    kind = RewriteKind.FUSE
     summary = "fuse Conv + residual Add (+ activation) into FusedConv with the Z input"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.RESIDUAL_SHAPE, Reason.NO_CONTRIB_OPS,
                Reason.DTYPE_NO_KERNEL, Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.CONSTANT_NOT_FOLDED,
@@ -159,6 +161,7 @@ class ConvResidual(Pass[FusedConvMatch]):
         bad = _target_check(ctx, conv, act.op if act is not None else None, nodes, out)
         if bad:
             return bad
+        assert params is not None  # None only with an activation, which returned above
         return FusedConvMatch(nodes, act.op if act is not None else None, params, z)
 
     @staticmethod
@@ -173,4 +176,4 @@ class ConvResidual(Pass[FusedConvMatch]):
         conv, last = match.nodes[0], match.nodes[-1]
         original = replaced(match.nodes)
         to_fused_conv(ctx, conv, match.activation, match.params, match.z, last, match.nodes[1:])
-        return describe(self.name, conv, original, match.activation)
+        return describe(self, conv, original, match.activation)

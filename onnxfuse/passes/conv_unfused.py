@@ -4,7 +4,7 @@ A Conv or ConvTranspose whose output feeds an activation or an elementwise op th
 round trip of the conv output through memory; the report must say why. The fusion passes name their own refusals
 (a BatchNormalization, a supported activation, Add/Sub/Mul/Div by a constant, a residual Add); this pass names
 the rest, one Skip per conv (the pipeline keeps the skip of the pass nearest to fusing per conv, see
-``pipeline._longest_per_conv``). It also lists every Conv, ConvTranspose, Gemm and MatMul inside a
+``driver.longest_per_conv``). It also lists every Conv, ConvTranspose, Gemm and MatMul inside a
 QuantizeLinear/DequantizeLinear pattern (a QDQ model), which onnxruntime turns into quantized kernels at load.
 
 A written-out activation that reads the conv output more than once is one pattern (:func:`unary_chain`): every
@@ -41,8 +41,9 @@ import onnx_graphsurgeon as gs
 from onnxfuse.ir import edit
 from onnxfuse.model.domains import is_default_domain
 from onnxfuse.passes._checks import CONV_OPS, computed_from_constants, is_op, skip
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.passes.conv_activation import ACTIVATIONS
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 #: Activations FusedConv has no ``activation`` value for (onnxruntime contrib_ops/cpu/fused_activation.cc).
 OTHER_ACTIVATIONS = ("PRelu", "Elu", "Selu", "Celu", "Softplus", "Softsign", "ThresholdedRelu", "Gelu", "Mish",
@@ -177,11 +178,12 @@ class ConvUnfused(Pass[ChainMatch]):
     """Conv -> an op no pass fuses => a Skip that names why (no rewrite)."""
 
     name = "conv_unfused"
+    kind = RewriteKind.FUSE
     summary = "list Conv chains that stay unfused and no other pass explains (never rewrites)"
     reasons = (Reason.NO_FUSEDCONV_FORM, Reason.CONSTANT_NOT_FOLDED, Reason.CHAIN_BROKEN, Reason.QDQ)
     anchors = (*CONV_OPS, "Gemm", "MatMul")
 
-    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> ChainMatch | Skip | None:
         if not is_op(node, *self.anchors) or not node.outputs:
             return None
         quantized = self._quantized(node)
@@ -190,9 +192,9 @@ class ConvUnfused(Pass[ChainMatch]):
         y = node.outputs[0]
         chain = unary_chain(node, ctx) if node.op == "Conv" else None
         kind = chain_kind(chain) if chain and len(chain) > 1 else None
-        if kind in ("erf", "tanh"):
-            chain = _with_half(chain, ctx)
-        if kind is not None:
+        if chain and kind is not None:
+            if kind in ("erf", "tanh"):
+                chain = _with_half(chain, ctx)
             return skip(Reason.NO_FUSEDCONV_FORM, f"FusedConv has no form for {CHAIN_NAMES[kind]}, written out as "
                         f"{len(chain)} nodes; {onnxruntime_makes(kind, chain, y, ctx)}", [node, *chain],
                         chain[-1].outputs[0])

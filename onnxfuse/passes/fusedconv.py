@@ -8,6 +8,7 @@ Z is added before the activation). The node keeps every Conv attribute and gains
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -16,7 +17,8 @@ from onnxfuse.ir import edit
 from onnxfuse.model import domains
 from onnxfuse.ort.providers import form_name, release_text
 from onnxfuse.passes._checks import is_op, skip
-from onnxfuse.passes.base import Context, Match, Reason, Skip
+from onnxfuse.passes.base import Context, Match
+from onnxfuse.records import Reason, Skip
 
 #: ``numpy.finfo(float32)`` bounds: what onnxruntime's CPU kernel uses for a missing Clip bound.
 FLOAT32_LOWEST = float(np.finfo(np.float32).min)
@@ -38,8 +40,9 @@ class FusedConvMatch(Match):
     z: gs.Tensor | None = None
 
 
-def fusable_conv(node: gs.Node | None) -> bool:
-    """True for a 2-input or 3-input default-domain Conv, or a FusedConv that has no activation yet."""
+def fusable_conv(node: gs.Node | None) -> TypeGuard[gs.Node]:
+    """True for a 2-input or 3-input default-domain Conv, or a FusedConv that has no activation yet (so, for type
+    checkers, not None)."""
     if is_op(node, "Conv"):
         return True
     return (node is not None and node.op == "FusedConv" and node.domain == domains.MS_DOMAIN
@@ -71,7 +74,7 @@ def target_check(ctx: Context, conv: gs.Node, activation: str | None, nodes: lis
                     f"activation {activation} is not supported by target {target.name}", nodes, output)
     form = form_name(activation, residual)
     needed = target.needs_newer(form)
-    if needed is not None:
+    if needed is not None and target.ort_version is not None:  # needs_newer is None without an ort_version
         return skip(Reason.NEEDS_NEWER_ORT, f"{form} needs onnxruntime {release_text(needed)} or newer; the model "
                     f"is for {release_text(target.ort_version)} (see --ort-version)", nodes, output)
     if target.slower(form):
@@ -99,7 +102,7 @@ def to_fused_conv(ctx: Context, conv: gs.Node, activation: str | None, params: l
         while len(conv.inputs) < 3:
             conv.inputs.append(gs.Variable.empty())
         conv.inputs.append(z)
-    edit.replace_chain(ctx.order, conv, last, removed)
+    edit.replace_chain(ctx.edit_order, conv, last, removed)
 
 
 def scalar(ctx: Context, tensor: gs.Tensor) -> float | None:

@@ -36,7 +36,8 @@ from onnxfuse.model import domains
 from onnxfuse.ort.providers import FUSED_GEMM_ACTIVATIONS, gemm_form_name, release_text
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._gemm import gemm_qdq_check
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 #: Activations matched: those some target can fuse, plus those worth naming when refused.
 MATCHED = (*FUSED_GEMM_ACTIVATIONS, "Clip", "HardSwish")
@@ -54,6 +55,7 @@ class GemmActivation(Pass[GemmActivationMatch]):
     """Gemm -> activation => FusedGemm(activation)."""
 
     name = "gemm_activation"
+    kind = RewriteKind.FUSE
     summary = "fuse Gemm + Relu/Tanh/Sigmoid/LeakyRelu/HardSigmoid/Elu/Selu/... into FusedGemm (target cpu)"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.ACTIVATION_UNSUPPORTED,
                Reason.DTYPE_NO_FUSED_GEMM, Reason.QDQ, Reason.NEEDS_NEWER_ORT)
@@ -93,7 +95,7 @@ class GemmActivation(Pass[GemmActivationMatch]):
             return skip(Reason.ACTIVATION_UNSUPPORTED, f"activation {activation} is not supported by FusedGemm on "
                         f"target {target.name}", nodes, out)
         needed = target.needs_newer(gemm_form_name(activation))
-        if needed is not None:
+        if needed is not None and target.ort_version is not None:  # needs_newer is None without an ort_version
             return skip(Reason.NEEDS_NEWER_ORT, f"{gemm_form_name(activation)} needs onnxruntime "
                         f"{release_text(needed)} or newer; the model is for {release_text(target.ort_version)} "
                         "(see --ort-version)", nodes, out)
@@ -105,5 +107,5 @@ class GemmActivation(Pass[GemmActivationMatch]):
         gemm.op, gemm.domain = "FusedGemm", domains.MS_DOMAIN
         gemm.attrs["activation"] = match.activation
         gemm.attrs.update(match.params)
-        edit.replace_chain(ctx.order, gemm, act, [act])
-        return describe(self.name, gemm, original, match.activation)
+        edit.replace_chain(ctx.edit_order, gemm, act, [act])
+        return describe(self, gemm, original, match.activation)

@@ -49,13 +49,15 @@ from onnxfuse.passes._gemm import (
     scale_out_features,
     set_gemm_weights,
 )
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 class GemmAffine(Pass[GemmFoldMatch]):
     """Gemm -> Add/Sub/Mul/Div by a per-feature constant => Gemm with folded B and C."""
 
     name = "gemm_affine"
+    kind = RewriteKind.FOLD
     summary = "fold Add/Sub (bias) and Mul/Div (scale) by per-feature constants into the preceding Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.NOT_PER_FEATURE, Reason.GEMM_IS_DIVISOR, Reason.ZERO_DIVISOR, Reason.PARAM_SHAPE,
@@ -74,9 +76,9 @@ class GemmAffine(Pass[GemmFoldMatch]):
             if const is None and why != Reason.INITIALIZER_IS_INPUT:
                 continue  # a run-time operand (a residual Add), not an affine constant
             nodes, out = [gemm, node], node.outputs[0]
-            if const is None:
-                return skip(why, f"{c_tensor.name} is an initializer listed as a graph input (overridable)",
-                            nodes, out)
+            if const is None:  # why is INITIALIZER_IS_INPUT: any other reason continued above
+                return skip(Reason.INITIALIZER_IS_INPUT,
+                            f"{c_tensor.name} is an initializer listed as a graph input (overridable)", nodes, out)
             if node.op == "Div" and side == 1:
                 return skip(Reason.GEMM_IS_DIVISOR, f"{c_tensor.name} / Gemm output is not linear", nodes, out)
             b, c, bad = gemm_fold_inputs(gemm, node, ctx, nodes, out, compact=True)
@@ -134,9 +136,9 @@ class GemmAffine(Pass[GemmFoldMatch]):
     def rewrite(self, match: GemmFoldMatch, ctx: Context) -> Fusion:
         gemm, op_node = match.nodes
         original = replaced(match.nodes)
-        slot = ctx.order.slot(gemm)
+        slot = ctx.edit_order.slot(gemm)
         set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
-        edit.replace_chain(ctx.order, gemm, op_node, [op_node])
+        edit.replace_chain(ctx.edit_order, gemm, op_node, [op_node])
         if match.scale is not None:
             set_compact_scale(gemm, ctx, match.scale, slot)
-        return describe(self.name, gemm, original)
+        return describe(self, gemm, original)

@@ -56,13 +56,15 @@ from onnxfuse.passes._gemm import (
     scale_out_features,
     set_gemm_weights,
 )
-from onnxfuse.passes.base import Context, Fusion, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 class GemmBatchNorm(Pass[GemmFoldMatch]):
     """Gemm -> BatchNormalization => Gemm with folded B and C."""
 
     name = "gemm_batchnorm"
+    kind = RewriteKind.FOLD
     summary = "fold BatchNormalization (inference mode) into the preceding Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
@@ -100,9 +102,9 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
     def rewrite(self, match: GemmFoldMatch, ctx: Context) -> Fusion:
         gemm, bn = match.nodes
         original = replaced(match.nodes)
-        slot = ctx.order.slot(gemm)
+        slot = ctx.edit_order.slot(gemm)
         set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
-        edit.replace_chain(ctx.order, gemm, bn, [bn])
+        edit.replace_chain(ctx.edit_order, gemm, bn, [bn])
         if match.scale is not None:
             set_compact_scale(gemm, ctx, match.scale, slot)
-        return describe(self.name, gemm, original)
+        return describe(self, gemm, original)

@@ -39,7 +39,8 @@ from onnxfuse.ir import edit
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._fold import FOLDABLE_DTYPES
 from onnxfuse.passes._gemm import gemm_qdq_check
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 @dataclass
@@ -53,6 +54,7 @@ class MatMulAdd(Pass[MatMulAddMatch]):
     """MatMul(X, W) -> Add(b) => Gemm(X, W, b)."""
 
     name = "matmul_add"
+    kind = RewriteKind.FUSE
     summary = "turn a 2-D MatMul by a constant matrix + bias Add into Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.MATMUL_NOT_2D, Reason.WEIGHTS_NOT_CONSTANT,
                Reason.INITIALIZER_IS_INPUT, Reason.NOT_PER_FEATURE, Reason.DTYPE_NOT_FOLDABLE, Reason.QDQ,
@@ -75,9 +77,9 @@ class MatMulAdd(Pass[MatMulAddMatch]):
                 bad = private_check([mm.outputs[0]], [node], ctx, nodes, out) or gemm_qdq_check(mm, out, nodes)
                 return bad or skip(Reason.PARAMS_NOT_CONSTANT, f"bias {b_tensor.name} is computed at run time; "
                                    "matmul_add makes a Gemm with a constant bias only", nodes, out)
-            if b is None:
-                return skip(why, f"bias {b_tensor.name} is an initializer listed as a graph input (overridable)",
-                            nodes, out)
+            if b is None:  # why is INITIALIZER_IS_INPUT: any other reason returned or continued above
+                return skip(Reason.INITIALIZER_IS_INPUT,
+                            f"bias {b_tensor.name} is an initializer listed as a graph input (overridable)", nodes, out)
             bad = private_check([mm.outputs[0]], [node], ctx, nodes, out) or gemm_qdq_check(mm, out, nodes)
             if bad:
                 return bad
@@ -110,8 +112,8 @@ class MatMulAdd(Pass[MatMulAddMatch]):
         original = replaced(match.nodes)
         mm.op = "Gemm"
         mm.inputs.append(match.bias)
-        edit.replace_chain(ctx.order, mm, add, [add])
-        return describe(self.name, mm, original)
+        edit.replace_chain(ctx.edit_order, mm, add, [add])
+        return describe(self, mm, original)
 
 
 def _run_time_bias(mm: gs.Node, b: gs.Tensor, ctx: Context) -> bool:

@@ -35,7 +35,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
 from onnxfuse.passes._checks import is_op, private_check, replaced, skip
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 @dataclass
@@ -53,12 +54,13 @@ class PadConv(Pass[PadConvMatch]):
     """Pad(constant 0, spatial axes) -> Conv => Conv with larger pads."""
 
     name = "pad_conv"
+    kind = RewriteKind.CANONICALIZE
     summary = "fold a zero constant-mode Pad of the spatial axes into the Conv's pads"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.PAD_MODE, Reason.PARAMS_NOT_CONSTANT,
                Reason.PAD_VALUE, Reason.PAD_NEGATIVE, Reason.PAD_AXES, Reason.PAD_AXES_INVALID, Reason.AUTO_PAD)
     anchors = ("Conv",)
 
-    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> PadConvMatch | Skip | None:
         if not is_op(node, *self.anchors) or len(node.inputs) < 2:
             return None
         pad = edit.producer(node.inputs[0])
@@ -113,9 +115,10 @@ class PadConv(Pass[PadConvMatch]):
                 if axes is None or shape is None:
                     return (Reason.PARAMS_NOT_CONSTANT,
                             f"axes {pad.inputs[3].name} is computed at run time or the rank is unknown")
-                full = PadConv._scatter(full, [int(a) for a in np.asarray(axes).reshape(-1)], len(shape))
-                if isinstance(full, str):
-                    return Reason.PAD_AXES_INVALID, full
+                spread = PadConv._scatter(full, [int(a) for a in np.asarray(axes).reshape(-1)], len(shape))
+                if isinstance(spread, str):
+                    return Reason.PAD_AXES_INVALID, spread
+                full = spread
         if shape is not None and len(full) != 2 * len(shape):
             return Reason.PAD_AXES_INVALID, f"Pad has {len(full)} pads; the {len(shape)}-d input needs {2 * len(shape)}"
         return full
@@ -149,5 +152,5 @@ class PadConv(Pass[PadConvMatch]):
         pad, conv = match.nodes
         original = replaced(match.nodes)
         conv.attrs["pads"] = match.pads
-        edit.bypass(ctx.order, pad, pad.inputs[0])
-        return Fusion(self.name, conv.name, conv.op, original, None, conv.outputs[0].name)
+        edit.bypass(ctx.edit_order, pad, pad.inputs[0])
+        return Fusion(self.name, conv.name, conv.op, original, None, conv.outputs[0].name, self.kind)

@@ -41,7 +41,8 @@ import onnx_graphsurgeon as gs
 from onnxfuse.ir import edit
 from onnxfuse.model.dtypes import np_dtype
 from onnxfuse.passes._checks import is_op, replaced, skip
-from onnxfuse.passes.base import Context, Fusion, Match, Pass, Reason, Skip
+from onnxfuse.passes.base import Context, Match, Pass
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 
 @dataclass
@@ -75,12 +76,13 @@ class RemoveRedundant(Pass[BypassMatch]):
     """Identity / inference Dropout / Cast to the same dtype / cancelling Transpose pair => nothing."""
 
     name = "remove_redundant"
+    kind = RewriteKind.CANONICALIZE
     summary = ("remove Identity, inference Dropout, Cast to the same dtype and Transposes that cancel; compose "
                "Transpose pairs")
     reasons = (Reason.GRAPH_OUTPUT, Reason.DROPOUT_TRAINING, Reason.DROPOUT_MASK)
     anchors = ("Identity", "Dropout", "Cast", "Transpose")
 
-    def match(self, node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def match(self, node: gs.Node, ctx: Context) -> BypassMatch | Skip | None:
         if not is_op(node, *self.anchors) or not node.inputs or not node.outputs:
             return None
         if node.op == "Transpose":
@@ -101,7 +103,7 @@ class RemoveRedundant(Pass[BypassMatch]):
         return _bypass(nodes, source, [], ctx)
 
     @staticmethod
-    def _transpose(node: gs.Node, ctx: Context) -> Match | Skip | None:
+    def _transpose(node: gs.Node, ctx: Context) -> BypassMatch | Skip | None:
         """A Transpose with the identity perm, or the second of a pair in one graph (see the module docstring)."""
         q = _perm(node, ctx)
         if q is None:
@@ -139,13 +141,14 @@ class RemoveRedundant(Pass[BypassMatch]):
         original = replaced(match.nodes)
         if match.perm is not None:
             node.attrs["perm"] = list(match.perm)
-            edit.replace_input(ctx.order, node, 0, match.source, match.removed)
-            return Fusion(self.name, node.name, node.op, original, None, original[-1][2])
+            edit.replace_input(ctx.edit_order, node, 0, match.source, match.removed)
+            return Fusion(self.name, node.name, node.op, original, None, original[-1][2], self.kind)
         out = node.outputs[0]
-        edit.bypass(ctx.order, node, match.source, match.removed)
+        edit.bypass(ctx.edit_order, node, match.source, match.removed)
         if match.takes_output:
             edit.take_over_output(ctx.graph, out, match.source)
-        return Fusion(self.name, "", "", original, None, original[-1][2])  # node and op: nothing computes it now
+        # node and op "": nothing computes it now
+        return Fusion(self.name, "", "", original, None, original[-1][2], self.kind)
 
 
 def _bypass(nodes: list[gs.Node], source: gs.Tensor, removed: list[gs.Node], ctx: Context) -> BypassMatch | Skip:

@@ -26,7 +26,7 @@ from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
 from onnxfuse.analysis.symbolic import SymbolicShapes, evaluate, growth_share, make_symbol, printer
 from onnxfuse.analysis.traffic import Bytes, ModelIndex, NodeTraffic, Sizes, add, chain_bytes, fused_estimate, totals
 from onnxfuse.model.dtypes import np_dtype
-from onnxfuse.passes import CANONICALIZE_NAMES, Fusion, Skip
+from onnxfuse.records import CANONICALIZE_NAMES, Fusion, Skip
 from onnxfuse.report import escape
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class Report:
             ``unknown_nodes``), ``saved_bytes``, ``saved_percent``.
         fusions: one dict per fused node (``node``, ``op``, ``replaced``, ``activation``, ``saved_bytes``...).
         unfused: one dict per pattern left unfused (``nodes``, ``reason``, ``detail``, ``bytes``).
-        verification: an ``onnxfuse.verification.verify.Verification`` (None for ``analyse``).
+        verification: an ``onnxfuse.verification.result.Verification`` (None for ``analyse``).
         The rest is documented field by field in ``onnxfuse/report.schema.json``.
     """
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from onnxfuse.passes import ALL_PASSES, Reason
+from onnxfuse.passes import ALL_PASSES, CANONICALIZE, DEFAULT_PASSES
 from onnxfuse.passes.base import Match, Pass
+from onnxfuse.records import CANONICALIZE_NAMES, Reason, RewriteKind
 
 HERE = Path(__file__).parent
 
@@ -38,6 +39,17 @@ def test_pass_has_name_summary_and_a_docstring_with_skips(p: Pass):
         assert r.value in doc, f"{p.name}'s module docstring does not list {r.value} under 'Skipped when'"
 
 
+def test_each_pass_declares_its_kind_and_the_canonicalize_stage_is_the_canonicalize_kind():
+    # the driver stages passes by kind and the report tells canonicalizations apart by records.CANONICALIZE_NAMES
+    # (it imports no pass): all three must name the same passes
+    assert all(isinstance(p.kind, RewriteKind) for p in ALL_PASSES)
+    assert [p for p in ALL_PASSES if p.kind is RewriteKind.CANONICALIZE] == list(CANONICALIZE)
+    assert {p.name for p in CANONICALIZE} == CANONICALIZE_NAMES
+    assert RewriteKind.CANONICALIZE not in {p.kind for p in DEFAULT_PASSES}
+    assert {p.name for p in ALL_PASSES if p.kind is RewriteKind.FOLD} == {
+        "conv_batchnorm", "conv_affine", "gemm_batchnorm", "gemm_affine", "batchnorm_gemm"}
+
+
 def test_reason_is_its_code_in_text_and_json():
     import json
 
@@ -63,6 +75,7 @@ def test_match_returns_none_on_every_node_that_is_no_anchor(p: Pass):
     import numpy as np
     import onnx_graphsurgeon as gs
 
+    from onnxfuse.ir import constants
     from onnxfuse.ort.providers import get_target
     from onnxfuse.passes import Context
 
@@ -78,5 +91,5 @@ def test_match_returns_none_on_every_node_that_is_no_anchor(p: Pass):
         k = gs.Constant("k", np.ones((1, 4, 1, 1), np.float32))
         node = gs.Node(op, "n", inputs=[y, k], outputs=[gs.Variable("z", np.float32, (1, 4, 8, 8))])
         graph = gs.Graph(nodes=[conv, node], inputs=[x], outputs=node.outputs)
-        ctx = Context(get_target("cpu"), frozenset(), {}, graph=graph)
+        ctx = Context(get_target("cpu"), frozenset(), {}, constants.Namer(graph), graph=graph)
         assert p.match(node, ctx) is None, (p.name, op)

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, compact_weight, skip_of, subgraph, tensor, with_output_shapes
 from tests.conftest import ATOL, RTOL, analyse_unchecked, assert_if_branches_match, assert_same_outputs, attr, op_counts
 from tests.conftest import assert_skipped as check_skipped
@@ -77,7 +77,7 @@ def test_float16_model_folds_and_stays_float16(fuse):
     b = GraphBuilder(dtype=np.float16)
     x = b.input("x", [1, 3, 6, 6])
     model = b.build(b.op("Relu", [b.bn(b.conv(x, 3, 4), 4)]))
-    result = fuse(model)
+    result = fuse(model, only=(PASS, "conv_activation"))
     assert op_counts(result.model) == {"Conv": 1, "Relu": 1}  # folded; no float16 FusedConv kernel for Relu
     conv = node_of(result.model, "Conv")
     assert {tensor(result.model, name).dtype for name in conv.input[1:]} == {np.dtype(np.float16)}
@@ -161,14 +161,6 @@ def test_ir3_initializer_inputs_fold_when_declared_constant(fuse):
     result = fuse(model, constant_initializer_inputs=True)
     assert op_counts(result.model) == {"Conv": 1}
     onnx.checker.check_model(result.model)  # IR 3: the new initializers are graph inputs too
-    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
-
-
-def test_bn_then_relu_becomes_one_fused_conv(fuse):
-    b, y = conv_bn()
-    model = b.build(b.op("Relu", [y]))
-    result = fuse(model, target="cpu+cuda")
-    assert op_counts(result.model) == {"FusedConv": 1}
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
 
 
@@ -315,7 +307,7 @@ def test_skip_parameter_shape_mismatch():
     b = GraphBuilder()
     model = b.model(b.bn(b.conv(b.input("x", [2, 3, 6, 6]), 3, 4), 5))
     model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 4, 6, 6]))
-    s = assert_skipped(analyse_unchecked(model), model, Reason.PARAM_SHAPE)
+    s = assert_skipped(analyse_unchecked(model, only=(PASS,)), model, Reason.PARAM_SHAPE)
     assert "4 values" in s.detail
 
 
@@ -434,36 +426,12 @@ def test_folds_into_compact_weight_which_stays_compact(fuse, form):
     x = b.input("x", [1, 16, 8, 8])
     y = b.bn(b.conv(x, 16, 16, weight=compact_weight(b, 16, 16, form=form)), 16)
     model = b.build(b.op("Relu", [y]), opset=13)
-    result = fuse(model)
+    result = fuse(model, only=("constant_fold", PASS, "conv_activation"))
     assert op_counts(result.model) == {"FusedConv": 1, **COMPACT_NODES[form]}
     assert [f.pass_name for f in result.fusions] == [PASS, "conv_activation"]
     assert int8_initializers(result.model) == int8_initializers(model)
     assert result.model.ByteSize() < model.ByteSize() + 512  # names and a [16] scale; no float weight
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
-
-
-def test_weight_only_int8_model_keeps_int8_weights_and_its_file_size(tmp_path):
-    """A weight-only int8 model (every conv weight int8 x per-channel scale, compute float32) with Conv -> BN ->
-    Relu blocks: optimize (verified in onnxruntime) folds every BN and fuses every Relu, and the written file
-    keeps the int8 weights, at most 3% larger than the input."""
-    from onnxfuse import api
-
-    b = GraphBuilder()
-    y = b.input("x", [1, 32, 16, 16])
-    for _ in range(3):
-        y = b.op("Relu", [b.bn(b.conv(y, 32, 32, weight=compact_weight(b, 32, 32)), 32)])
-    model = b.build(y, opset=13)
-    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
-    onnx.save(model, str(src))
-    result = api.optimize(str(src), require_verify=True)
-    result.save(dst)
-    out = onnx.load(str(dst))
-    assert op_counts(out) == {"FusedConv": 3, "Cast": 3, "Mul": 3}
-    assert int8_initializers(out) == int8_initializers(model)
-    # no larger than 3% over the input (it shrinks: the BN parameters leave); float32 weights would add 3 x 27 KiB
-    assert dst.stat().st_size <= 1.03 * src.stat().st_size
-    assert result.report.verification.status == "passed"
-    assert_same_outputs(model, out, rtol=RTOL, atol=ATOL)
 
 
 def test_compact_weight_shared_by_two_convs_gets_a_mul_each(fuse):

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, skip_of
 from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, fused_nodes, op_counts, optimize, run
 from tests.conftest import assert_skipped as check_skipped
@@ -18,11 +18,12 @@ PASS = "conv_residual"
 
 
 @pytest.fixture
-def fuse(tmp_path):
-    """conftest's ``fuse`` for sessions at ORT_DISABLE_ALL unless ``ort_level`` says otherwise: at ORT_ENABLE_ALL
-    (the default level) no FusedConv with Z is emitted at all (providers.CPU_SLOWER_AT), see the speed tests."""
-    return lambda model, target="cpu", ort_level="disable", **options: optimize(tmp_path, model, target,
-                                                                                 ort_level=ort_level, **options)
+def fuse(fuse):
+    """``tests/passes/conftest.py``'s ``fuse`` (this pass alone unless a test names its passes) for sessions at
+    ORT_DISABLE_ALL unless ``ort_level`` says otherwise: at ORT_ENABLE_ALL (the default level) no FusedConv with Z is
+    emitted at all (providers.CPU_SLOWER_AT), see the speed tests."""
+    return lambda model, target="cpu", ort_level="disable", **options: fuse(model, target, ort_level=ort_level,
+                                                                             **options)
 SHAPE = [1, 4, 6, 6]  # the conv output
 
 
@@ -94,7 +95,7 @@ def test_relu_then_add_is_not_fused_with_z(fuse):
     b = GraphBuilder()
     x, z = b.input("x", [1, 3, 6, 6]), b.input("z", SHAPE)
     model = b.build(b.op("Add", [b.op("Relu", [b.conv(x, 3, 4)]), z]))
-    result = fuse(model)
+    result = fuse(model, only=(PASS, "conv_activation"))
     assert op_counts(result.model) == {"FusedConv": 1, "Add": 1}
     assert len(the_fused(result.model).input) == 3
     assert not [f for f in result.fusions if f.pass_name == PASS]
@@ -124,7 +125,7 @@ def test_clip_with_run_time_bound_leaves_clip_after_plain_fused_conv(fuse):
     b = GraphBuilder()
     x, z, hi = b.input("x", [1, 3, 6, 6]), b.input("z", SHAPE), b.input("hi", [])
     model = b.build(b.op("Clip", [b.op("Add", [b.conv(x, 3, 4), z]), "", hi]))
-    result = fuse(model, target="cpu", ort_level="disable")
+    result = fuse(model, target="cpu", ort_level="disable", only=(PASS, "conv_activation"))
     assert op_counts(result.model) == {"FusedConv": 1, "Clip": 1}
     assert attr(the_fused(result.model), "activation") is None
     assert skip_of(result, "conv_activation").reason == Reason.CLIP_BOUNDS_NOT_CONSTANT
@@ -160,7 +161,7 @@ def test_skip_slower_than_unfused_at_ort_level_add_alone_at_all(fuse, tmp_path):
     # FusedConv(Z) loses to onnxruntime's own NCHWc Conv + Add at ORT_ENABLE_ALL (providers.CPU_SLOWER_AT), and
     # ORT_ENABLE_ALL is the default level; the skip still reports the bytes the fusion would save.
     model, _ = residual()
-    result = optimize(tmp_path, model, "cpu")  # conftest's: the default level
+    result = optimize(tmp_path, model, "cpu", only=(PASS,))  # the default level
     s = assert_skipped(result, model, Reason.SLOWER_AT_ORT_LEVEL)
     assert "FusedConv(Z)" in s.detail and "level all" in s.detail
     (row,) = result.report.unfused

@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from onnxfuse.ort.providers import FUSED_GEMM_ACTIVATIONS, TARGETS
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder
 from tests.conftest import ATOL, RTOL, attr, op_counts, run
 from tests.conftest import assert_skipped as check_skipped

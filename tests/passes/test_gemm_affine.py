@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, compact_gemm_weight, tensor, with_output_shapes
 from tests.conftest import ATOL, RTOL, assert_same_outputs, attr, op_counts
 from tests.conftest import assert_skipped as check_skipped

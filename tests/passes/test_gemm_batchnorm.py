@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, compact_gemm_weight, tensor, with_output_shapes
 from tests.conftest import ATOL, RTOL, analyse_unchecked, assert_same_outputs, attr, op_counts
 from tests.conftest import assert_skipped as check_skipped
@@ -121,15 +121,6 @@ def test_opset_9_gemm_bn(fuse):
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
 
 
-def test_bn_then_relu_becomes_one_fused_gemm_on_cpu(fuse):
-    b, y = gemm_bn(trans_b=True)
-    model = b.build(b.op("Relu", [y]))
-    result = fuse(model, target="cpu")
-    assert op_counts(result.model) == {"FusedGemm": 1}
-    assert [f.pass_name for f in result.fusions] == [PASS, "gemm_activation"]
-    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Skips: one test per reason in GemmBatchNorm.reasons
 
@@ -188,7 +179,7 @@ def test_skip_parameter_shape_mismatch():
     b = GraphBuilder()
     model = b.model(b.bn(b.gemm(b.input("x", [M, K]), K, N), N + 1))
     model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [M, N]))
-    s = assert_skipped(analyse_unchecked(model), model, Reason.PARAM_SHAPE)
+    s = assert_skipped(analyse_unchecked(model, only=(PASS,)), model, Reason.PARAM_SHAPE)
     assert "4 values" in s.detail
 
 

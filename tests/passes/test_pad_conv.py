@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxfuse import pipeline
-from onnxfuse.passes import Reason
+from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, skip_of, with_output_shapes
 from tests.conftest import ATOL, RTOL, analyse_unchecked, assert_same_outputs, attr, op_counts
 
@@ -53,7 +53,7 @@ def the_conv(model):
 @pytest.mark.parametrize("opset", [9, 13, 19])
 def test_zero_pad_folds_into_conv_pads(fuse, opset):
     model, _ = pad_conv(opset=opset)
-    result = fuse(model, target="cpu+cuda")
+    result = fuse(model, only=(PASS, "conv_activation"), target="cpu+cuda")
     assert op_counts(result.model) == {"FusedConv": 1}
     assert attr(the_conv(result.model), "pads") == [1 + 1, 1 + 2, 1 + 2, 1 + 1]
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
@@ -72,7 +72,7 @@ def test_conv_without_pads_gets_the_pad(fuse):
 
 def test_explicit_zero_value_and_axes_opset18(fuse):
     model, _ = pad_conv(pads=[1, 2, 2, 1], opset=18, value=0.0, axes=[2, 3])
-    result = fuse(model, target="cpu")
+    result = fuse(model, only=(PASS, "conv_activation"), target="cpu")
     assert op_counts(result.model) == {"FusedConv": 1}
     assert attr(the_conv(result.model), "pads") == [2, 3, 3, 2]
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
@@ -157,19 +157,19 @@ def test_skip_intermediate_is_graph_output(fuse):
 @pytest.mark.parametrize("axes", [[2, 2], [-1, 3]], ids=["same", "negative-alias"])
 def test_skip_pad_axes_invalid_when_an_axis_repeats(axes):
     model, _ = pad_conv(pads=[1, 1, 1, 1], opset=18, value=0.0, axes=axes)
-    s = skip_of(analyse_unchecked(model, target="onnx"), PASS)
+    s = skip_of(analyse_unchecked(model, target="onnx", only=(PASS,)), PASS)
     assert s.reason == Reason.PAD_AXES_INVALID and "twice" in s.detail
 
 
 def test_skip_pad_axes_invalid_when_an_axis_is_out_of_range():
     model, _ = pad_conv(pads=[1, 1], opset=18, value=0.0, axes=[4])
-    s = skip_of(analyse_unchecked(model, target="onnx"), PASS)
+    s = skip_of(analyse_unchecked(model, target="onnx", only=(PASS,)), PASS)
     assert s.reason == Reason.PAD_AXES_INVALID and "does not have" in s.detail
 
 
 def test_skip_pad_axes_invalid_when_pads_are_not_two_per_axis():
     model, _ = pad_conv(pads=[1, 1, 1], opset=18, value=0.0, axes=[2, 3])
-    s = skip_of(analyse_unchecked(model, target="onnx"), PASS)
+    s = skip_of(analyse_unchecked(model, target="onnx", only=(PASS,)), PASS)
     assert s.reason == Reason.PAD_AXES_INVALID and "two per axis" in s.detail
 
 

@@ -1,0 +1,101 @@
+"""The fixpoint driver: runs the selected passes over a graph and its subgraphs, the canonicalization stage first
+(passes of kind ``RewriteKind.CANONICALIZE``), then the folds and fusions, each stage repeated until a round changes
+nothing, and keeps one skip per Conv chain.
+"""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from onnxfuse.ir import edit
+from onnxfuse.passes.base import Context, Match, Pass
+from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
+from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
+
+#: Upper bound on rounds of the pass list per graph. Each round that changes nothing ends the loop; a chain
+#: needs one round per fold that has to happen before the next can match (Conv -> Add -> BN -> Relu: 3), so
+#: 10 leaves ample room while guaranteeing termination.
+MAX_ROUNDS = 10
+
+#: Reasons that only a value stands behind: the pattern fits and the pass would fuse it if that input were a
+#: constant (or folded). A pass that stops there came nearer to fusing than one that refused the pattern's
+#: structure, shape, target or speed.
+VALUE_REASONS = frozenset({Reason.WEIGHTS_NOT_CONSTANT, Reason.PARAMS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
+                           Reason.CONSTANT_NOT_FOLDED})
+
+
+def run_passes(graph: gs.Graph, selected: tuple[Pass, ...], ctx: Context) -> tuple[list[Fusion], list[Skip]]:
+    """Run ``selected`` over ``graph`` and every subgraph: first the canonicalization passes among them
+    (``passes.CANONICALIZE``, kind ``RewriteKind.CANONICALIZE``) until nothing changes, then the other passes until
+    nothing changes (at most :data:`MAX_ROUNDS` rounds per stage and graph). ``graph`` is edited in place; ``ctx``'s
+    ``graph``, ``members`` and ``order`` are set to each (sub)graph in turn.
+
+    When constant_fold folded a ``Shape``/``Size`` in the main graph, ``ctx.shapes`` is refreshed by onnx shape
+    inference before the fusion passes (``constant_fold.refresh_shapes``).
+
+    Returns the rewrites in the order applied and the skips seen in each stage's last (unchanged) round.
+    """
+    stages = [tuple(p for p in selected if p.kind is RewriteKind.CANONICALIZE),
+              tuple(p for p in selected if p.kind is not RewriteKind.CANONICALIZE)]
+    fusions: list[Fusion] = []
+    skips: list[Skip] = []
+    for sub in list(edit.all_graphs(graph)):
+        order = edit.NodeOrder(sub)
+        ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, order
+        for stage in stages:
+            done = len(fusions)
+            _run_stage(sub, stage, ctx, order, fusions, skips)
+            if sub is graph and any(f.pass_name == "constant_fold" and f.replaced[0][1] in SHAPE_OPS
+                                    for f in fusions[done:]):
+                refresh_shapes(sub, ctx)  # a Reshape of a folded static Shape now has a shape the passes can see
+        edit.remove_unused_constant_nodes(sub)
+    return fusions, skips
+
+
+def _run_stage(sub: gs.Graph, stage: tuple[Pass, ...], ctx: Context, order: edit.NodeOrder, fusions: list[Fusion],
+               skips: list[Skip]) -> None:
+    for _ in range(MAX_ROUNDS if stage else 0):
+        changed, round_skips = False, []
+        for p in stage:
+            anchors = frozenset(p.anchors)
+            for node in list(sub.nodes):
+                if anchors and node.op not in anchors:
+                    continue  # not a node this pass's patterns end on (its match would return None)
+                if not node.outputs:
+                    continue  # removed by an earlier rewrite of this round
+                found = p.match(node, ctx)
+                if isinstance(found, Match):
+                    fusions.append(p.rewrite(found, ctx))
+                    changed = True
+                elif isinstance(found, Skip):
+                    round_skips.append(_with_pass(found, p.name))
+            order.compact()
+        if not changed:
+            skips.extend(longest_per_conv(round_skips))
+            break
+
+
+def longest_per_conv(skips: list[Skip]) -> list[Skip]:
+    """One skip per Conv: the one of the pass that came nearest to fusing. A skip for a value that is not
+    constant (:data:`VALUE_REASONS`: with conv weights fed as graph inputs, conv_affine's ``weights-not-constant``
+    for a bias Add that conv_residual sees as a residual of the wrong shape) comes first; among the rest, the one
+    covering the longest chain, and the earlier pass on a tie. An unfused written-out HardSwish is refused by
+    conv_hardswish (Conv -> Add -> Clip -> Mul -> Div: "HardSwish not supported by target") and, as a side
+    effect, by conv_affine for its Add(x, 3) ("2 consumers"); only the first says what the pattern is.
+
+    ``skips`` in the order found (a Conv is keyed by the first output name of its first node); returns a sublist in
+    that order."""
+    best: dict[str, Skip] = {}
+
+    def rank(s: Skip) -> tuple[bool, int]:
+        return s.reason in VALUE_REASONS, len(s.nodes)
+
+    for s in skips:
+        key = s.nodes[0][2]
+        if key not in best or rank(s) > rank(best[key]):
+            best[key] = s
+    return [s for s in skips if best[s.nodes[0][2]] is s]
+
+
+def _with_pass(s: Skip, name: str) -> Skip:
+    return Skip(s.reason, s.detail, s.nodes, s.output, name)

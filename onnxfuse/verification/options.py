@@ -1,0 +1,66 @@
+"""What a verification is asked to do: its inputs, its tolerance rule and its time budget (``VerifyOptions``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from onnxfuse.errors import InputError
+from onnxfuse.verification.rule import FLOOR_MULTIPLE
+
+#: Default number of input sets, as Polygraphy's default. More sets exercise more values (channels that ReLU
+#: kills on one input, other branches), at one more onnxruntime run per model per set.
+DEFAULT_INPUT_SETS = 1
+
+#: Default time budget of one verification, in seconds (``--verify-timeout``): every onnxruntime run of it
+#: together. Verifying the shared models takes 0.3-6 s (BENCHMARKS.md, "What verification costs"); a model that
+#: needs more is either very large (raise it) or never ends (a Loop of 10^12 iterations), and either way
+#: verification stops with status ``skipped``, reason ``time``, instead of hanging.
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass
+class VerifyOptions:
+    """How to verify.
+
+    Attributes:
+        input_shapes: graph input name -> dims for symbolic dims.
+        input_data: path of an ``.npz`` whose arrays (named like the graph inputs) are fed as they are.
+        input_values / input_ranges: fill values and ``(low, high)`` ranges per input (see
+            :class:`onnxfuse.ort.sessions.InputSpec`).
+        input_sets: how many seeded input sets to run (1 when ``input_data`` gives every input).
+        rtol / atol: when either is set, the elementwise rule replaces the noise-floor rule (for integer and
+            bool outputs too).
+        floor_multiple: FLOOR_MULTIPLE unless overridden.
+        timeout: seconds for every onnxruntime run of the verification together (DEFAULT_TIMEOUT_S); None: no
+            limit. When it runs out the result is ``skipped`` with ``cause`` ``time``.
+    """
+
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    input_data: str | None = None
+    input_values: dict[str, float] = field(default_factory=dict)
+    input_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    input_sets: int = DEFAULT_INPUT_SETS
+    rtol: float | None = None
+    atol: float | None = None
+    floor_multiple: float = FLOOR_MULTIPLE
+    timeout: float | None = DEFAULT_TIMEOUT_S
+
+    @property
+    def explicit_tolerance(self) -> bool:
+        """True when ``rtol``/``atol`` replace the noise-floor rule."""
+        return self.rtol is not None or self.atol is not None
+
+
+def timeout_seconds(value: float | None) -> float | None:
+    """``VerifyOptions.timeout`` from ``--verify-timeout`` / the API's ``verify_timeout``: None gives
+    DEFAULT_TIMEOUT_S, 0 no limit (None).
+
+    Raises:
+        InputError: a negative or non-finite value.
+    """
+    if value is None:
+        return DEFAULT_TIMEOUT_S
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InputError(f"verify timeout: expected a number of seconds >= 0 (0: no limit), got {value!r}")
+    return float(value) or None
