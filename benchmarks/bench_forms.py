@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from onnxfuse import pipeline  # noqa: E402
-from onnxfuse.ort.providers import ORT_LEVELS  # noqa: E402
+from onnxfuse.ort.levels import ORT_LEVELS  # noqa: E402
 from onnxfuse.ort.sessions import session  # noqa: E402
 
 OPSET = 17

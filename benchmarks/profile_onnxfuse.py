@@ -73,8 +73,8 @@ import resource
 print(json.dumps({**marks, "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 STAGE_FUNCS = ("onnxfuse.model.io:load_model:load,onnxfuse.analysis.shapes:skeleton:shapes,onnxfuse.analysis.shapes:infer:shapes,"
-               "onnxfuse.analysis.shapes:measure:shapes,onnxfuse.analysis.traffic:node_traffic:traffic,onnxfuse.ir.graph:to_graph:import,"
-               "onnxfuse.passes.driver:run_passes:passes,onnxfuse.ir.graph:to_model:export,onnxfuse.report.model:build:report,"
+               "onnxfuse.analysis.shapes:measure:shapes,onnxfuse.analysis.traffic:node_traffic:traffic,onnxfuse.ir.convert:to_graph:import,"
+               "onnxfuse.passes.driver:run_passes:passes,onnxfuse.ir.convert:to_model:export,onnxfuse.report.model:build:report,"
                "onnxfuse.verification.verify:verify_models:verification,onnxfuse.analysis.symbolic:infer:symbolic,"
                "onnxfuse.model.io:save_model:save")
 

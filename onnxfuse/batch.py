@@ -133,7 +133,8 @@ MANIFEST_FIELDS = ("path", "input_shapes", "input_values", "target", "ort_level"
 
 
 def _options_from(row: dict, defaults: ModelOptions, where: str) -> ModelOptions:
-    from onnxfuse.ort.providers import ORT_LEVELS, TARGETS
+    from onnxfuse.ort.levels import ORT_LEVELS
+    from onnxfuse.ort.providers import TARGETS
 
     unknown = set(row) - set(MANIFEST_FIELDS)
     if unknown:

@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from onnxfuse.ort.levels import ORT_LEVELS
+
 if TYPE_CHECKING:
     from onnxfuse.ort.sessions import InputSpec
-
-LEVELS = ("disable", "basic", "extended", "all")
 
 #: Family-wise confidence of the verdict: over all the looks of :func:`measure`, a model exactly as fast as the
 #: original is called faster or slower with probability at most 1 - this (Bonferroni over the looks).
@@ -66,7 +66,7 @@ class BenchOptions:
         margin: equivalence margin of the verdict, a fraction (0.02: ratios within 2% of 1 are the same).
         warmup: untimed runs per session before timing.
         threads: onnxruntime intra-op threads (1 gives the steadiest numbers).
-        levels: graph optimization levels, from :data:`LEVELS`.
+        levels: graph optimization levels, from :data:`onnxfuse.ort.levels.ORT_LEVELS`.
         input_shapes: graph input name -> dims for symbolic dims.
         input_data: optional ``.npz`` of real inputs.
         input_values / input_ranges: fill values and ranges per input (:class:`onnxfuse.ort.sessions.InputSpec`).
@@ -82,7 +82,7 @@ class BenchOptions:
     margin: float = 0.02
     warmup: int = 3
     threads: int = 1
-    levels: tuple[str, ...] = LEVELS
+    levels: tuple[str, ...] = ORT_LEVELS
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     input_data: str | None = None
     input_values: dict[str, float] = field(default_factory=dict)

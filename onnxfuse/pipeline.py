@@ -21,13 +21,13 @@ from onnxfuse import passes as passes_mod
 from onnxfuse._version import __version__
 from onnxfuse.analysis import shapes, symbolic, traffic
 from onnxfuse.errors import InputError
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import constants, convert
+from onnxfuse.model import domains, proto
 from onnxfuse.model import io as model_io
-from onnxfuse.model import proto
+from onnxfuse.ort.levels import ORT_LEVELS
 from onnxfuse.ort.providers import (
     DEFAULT_ORT_LEVEL,
     DEFAULT_TARGET,
-    ORT_LEVELS,
     PROBED_ORT_RELEASES,
     TARGETS,
     form_min_release,
@@ -63,7 +63,7 @@ class Options:
             promises that nobody feeds them).
         input_data: path of an ``.npz`` of real inputs (``--input-data``): its array shapes fix the input shapes
             of the report too, and must agree with ``input_shapes``.
-        ort_level: the onnxruntime graph optimization level the user's sessions run at (``providers.ORT_LEVELS``;
+        ort_level: the onnxruntime graph optimization level the user's sessions run at (``levels.ORT_LEVELS``;
             default ``all``, onnxruntime's default). A form that runs slower than the unfused original at this
             level is not emitted (``providers.CPU_SLOWER_AT``). None ignores the speed rules (for
             ``benchmarks/bench_forms.py``, which times every form).
@@ -238,19 +238,19 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     before_ops = _op_counts(model.graph)
 
     overridable = frozenset() if options.constant_initializer_inputs else loaded.overridable
-    blocker = g.rewrite_blocker(model)
+    blocker = convert.rewrite_blocker(model)
     fusions: list[Fusion] = []
     skips: list[Skip] = []
     if blocker is None:
         try:
-            graph = g.to_graph(model)
+            graph = convert.to_graph(model)
             ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
-                          info, namer=g.Namer(graph),
+                          info, namer=constants.Namer(graph),
                           symbolic=sym if options.expressions or not input_shapes else None,  # own shapes only
                           materialize_bytes=options.materialize_weights_bytes)
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
-            out = g.to_model(graph, model, reuse_original=True) if fusions else model
+            out = convert.to_model(graph, model, reuse_original=True) if fusions else model
         except InputError as exc:
             raise InputError(f"{loaded.label}: {exc}") from None
     else:
@@ -419,7 +419,7 @@ def _fused_nodes(model: onnx.ModelProto):
     ``model``."""
     for graph, _ in proto.proto_graphs(model.graph):
         for node in graph.node:
-            if node.domain == g.MS_DOMAIN and node.op_type in ("FusedConv", "FusedGemm"):
+            if node.domain == domains.MS_DOMAIN and node.op_type in ("FusedConv", "FusedGemm"):
                 yield node, next((a.s.decode() for a in node.attribute if a.name == "activation"), None)
 
 
@@ -440,7 +440,7 @@ def _target_warnings(model: onnx.ModelProto, target_name: str) -> list[str]:
 
 
 def _op_counts(graph: onnx.GraphProto) -> dict[str, int]:
-    counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+    counts = Counter(node.op_type if domains.is_default_domain(node.domain) else f"{node.domain}::{node.op_type}"
                      for gr, _ in proto.proto_graphs(graph) for node in gr.node)
     return dict(sorted(counts.items()))
 

@@ -1,4 +1,4 @@
-"""graph.to_model(reuse_original=True), which rewrites the input model in place and keeps its unchanged
+"""convert.to_model(reuse_original=True), which rewrites the input model in place and keeps its unchanged
 initializers, writes exactly the bytes of graphsurgeon's export (the reference path), on the kinds of model the
 export has to handle: plain initializers, IR 3 initializer inputs (folded and kept), an unused initializer input,
 weights in Constant nodes, float16, and a model with subgraphs (which takes the graphsurgeon path); values of
@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxfuse import pipeline
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import constants, convert, export
 from onnxfuse.passes import select
 from onnxfuse.passes.driver import run_passes
 from tests.builders import GraphBuilder, subgraph
@@ -77,12 +77,13 @@ def test_in_place_export_writes_the_same_bytes_as_graphsurgeon(tmp_path, monkeyp
     onnx.save(CASES[case](), str(path))
     opts = pipeline.Options(target="cpu", **options)
     taken = []
-    in_place = g._export_in_place
-    monkeypatch.setattr(g, "_export_in_place", lambda graph, model: taken.append(in_place(graph, model)) or taken[-1])
+    in_place = export.export_in_place
+    monkeypatch.setattr(export, "export_in_place",
+                        lambda graph, model: taken.append(in_place(graph, model)) or taken[-1])
     fast = pipeline.analyse(path, opts)
     assert fast.changed and taken == [case != "subgraph"]
-    real = g.to_model
-    monkeypatch.setattr(g, "to_model", lambda graph, original, reuse_original=False: real(graph, original))
+    real = convert.to_model
+    monkeypatch.setattr(convert, "to_model", lambda graph, original, reuse_original=False: real(graph, original))
     reference = pipeline.analyse(path, opts)
     assert fast.model.SerializeToString(deterministic=True) == reference.model.SerializeToString(deterministic=True)
     onnx.checker.check_model(fast.model)
@@ -91,21 +92,21 @@ def test_in_place_export_writes_the_same_bytes_as_graphsurgeon(tmp_path, monkeyp
 def test_in_place_export_returns_the_original_and_keeps_unchanged_weights(tmp_path):
     model = _unused_initializer_input()
     unused_before = next(t for t in model.graph.initializer if t.name == "unused_w")
-    graph = g.to_graph(model)
-    out = g.to_model(graph, model, reuse_original=True)
+    graph = convert.to_graph(model)
+    out = convert.to_model(graph, model, reuse_original=True)
     assert out is model
     assert any(t is unused_before for t in out.graph.initializer)
 
 
 def test_subgraphs_take_the_graphsurgeon_path():
     model = _with_subgraph()
-    out = g.to_model(g.to_graph(model), model, reuse_original=True)
+    out = convert.to_model(convert.to_graph(model), model, reuse_original=True)
     assert out is not model
 
 
 @pytest.mark.parametrize("raw", [True, False])
 def test_reading_a_weight_exports_the_same_bytes_as_graphsurgeon_caching_it(raw):
-    """graph.constant_value leaves a raw-bytes weight lazily referenced (exported as its original message) and
+    """constants.constant_value leaves a raw-bytes weight lazily referenced (exported as its original message) and
     caches any other (exported from the array): either way the bytes are those of graphsurgeon's export after
     ``Constant.values`` loaded the array."""
     b = GraphBuilder(seed=9)
@@ -119,34 +120,34 @@ def test_reading_a_weight_exports_the_same_bytes_as_graphsurgeon_caching_it(raw)
         w.doc_string = "stored as float_data"
 
     def exported(read) -> bytes:
-        graph = g.to_graph(model)
+        graph = convert.to_graph(model)
         for t in graph.tensors().values():
             if isinstance(t, gs.Constant):
                 read(t)
         return gs.export_onnx(graph, do_type_check=False).SerializeToString(deterministic=True)
 
-    ours = exported(g.constant_value)
+    ours = exported(constants.constant_value)
     assert ours == exported(lambda t: t.values)
     assert (ours == exported(lambda t: None)) is raw  # float_data is rewritten as raw bytes by the export
 
 
 def test_weights_in_constant_nodes_over_the_limit_take_the_graphsurgeon_path(monkeypatch):
     model = _constant_nodes()
-    assert 0 < g._attribute_elements(model.graph) <= g.IN_PLACE_MAX_ATTRIBUTE_ELEMENTS
-    monkeypatch.setattr(g, "IN_PLACE_MAX_ATTRIBUTE_ELEMENTS", 0)
-    out = g.to_model(g.to_graph(model), model, reuse_original=True)
+    assert 0 < export._attribute_elements(model.graph) <= export.IN_PLACE_MAX_ATTRIBUTE_ELEMENTS
+    monkeypatch.setattr(export, "IN_PLACE_MAX_ATTRIBUTE_ELEMENTS", 0)
+    out = convert.to_model(convert.to_graph(model), model, reuse_original=True)
     assert out is not model
 
 
-@pytest.mark.parametrize("data_type", sorted(g._RAW_DTYPES))
+@pytest.mark.parametrize("data_type", sorted(constants._RAW_DTYPES))
 def test_constant_value_reads_raw_bytes_as_onnx_to_array_does(data_type):
-    """The raw-bytes path of graph.constant_value (np.frombuffer, without onnx.numpy_helper.to_array) gives
+    """The raw-bytes path of constants.constant_value (np.frombuffer, without onnx.numpy_helper.to_array) gives
     to_array's dtype, shape and values, for every data type it takes, and leaves the weight lazily referenced."""
     dtype = onnx.helper.tensor_dtype_to_np_dtype(data_type)
     values = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
     proto = helper.make_tensor("w", data_type, values.shape, values.tobytes(), raw=True)
     constant = gs.Constant("w", gs.ir.tensor.LazyValues(proto))
-    got = g.constant_value(constant)
+    got = constants.constant_value(constant)
     want = onnx.numpy_helper.to_array(proto)
     assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
     assert not got.flags.writeable
@@ -158,7 +159,7 @@ def test_constant_value_of_a_tensor_with_other_fields_is_cached_as_to_array_read
     proto = helper.make_tensor("w", TensorProto.FLOAT, values.shape, values.tobytes(), raw=True)
     proto.doc_string = "a field make_tensor(raw=True) does not write"
     constant = gs.Constant("w", gs.ir.tensor.LazyValues(proto))
-    assert np.array_equal(g.constant_value(constant), values)
+    assert np.array_equal(constants.constant_value(constant), values)
     assert isinstance(constant._values, np.ndarray)  # exported from the array, as graphsurgeon would
 
 
@@ -190,12 +191,12 @@ def test_optional_and_sequence_types_survive_the_export(tmp_path, reuse_original
     from onnxfuse.ort.sessions import session
 
     model = _non_tensor_model()
-    graph = g.to_graph(model)
+    graph = convert.to_graph(model)
     ctx_result = run_passes(graph, select((), ()), _context(graph))
     assert [f.pass_name for f in ctx_result[0]] == ["remove_redundant"]
     original = onnx.ModelProto()
     original.CopyFrom(model)
-    out = g.to_model(graph, original, reuse_original=reuse_original)
+    out = convert.to_model(graph, original, reuse_original=reuse_original)
     onnx.checker.check_model(out, full_check=True)
     assert [(vi.name, vi.type) for vi in out.graph.input] == [(vi.name, vi.type) for vi in model.graph.input]
     assert [(vi.name, vi.type) for vi in out.graph.output] == [(vi.name, vi.type) for vi in model.graph.output]
@@ -215,4 +216,4 @@ def _context(graph):
     from onnxfuse.ort.providers import get_target
     from onnxfuse.passes import Context
 
-    return Context(get_target("cpu"), frozenset(), {}, namer=g.Namer(graph))
+    return Context(get_target("cpu"), frozenset(), {}, namer=constants.Namer(graph))

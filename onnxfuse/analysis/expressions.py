@@ -78,7 +78,7 @@ class _Builder:
         self.functions = {name: getattr(sympy, name) for name in _FUNCTIONS}
 
     def build(self, node: ast.AST) -> sympy.Expr:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return self._number(node.value)
         if isinstance(node, ast.Name):
             return self._symbol(node.id)

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 
 from onnxfuse.errors import InputError
+from onnxfuse.model.dtypes import np_dtype_or_none
 from onnxfuse.model.proto import is_placeholder_dim, proto_graphs
 
 #: The sizes a report's figures are given at when the model has symbolic dims and no value was given for them
@@ -80,11 +81,11 @@ def complete_input_shapes(model: onnx.ModelProto, given: dict[str, tuple[int, ..
         tt = vi.type.tensor_type
         if name in out or not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
             continue
-        dims = [d.dim_value if d.HasField("dim_value") else None if is_placeholder_dim(d.dim_param)
-                else bound.get(d.dim_param, (None,))[0] for d in tt.shape.dim]
-        if dims and all(isinstance(d, int) and d > 0 for d in dims) and any(not d.HasField("dim_value")
-                                                                             for d in tt.shape.dim):
-            out[name] = tuple(dims)
+        found = [d.dim_value if d.HasField("dim_value") else None if is_placeholder_dim(d.dim_param)
+                 else bound.get(d.dim_param, (None,))[0] for d in tt.shape.dim]
+        sizes = [d for d in found if isinstance(d, int) and d > 0]
+        if found and len(sizes) == len(found) and any(not d.HasField("dim_value") for d in tt.shape.dim):
+            out[name] = tuple(sizes)
     return out
 
 
@@ -131,13 +132,6 @@ def merge_input_data_shapes(given: dict[str, tuple[int, ...]], data: dict[str, t
     return out
 
 
-def _dtype(elem_type: int) -> np.dtype | None:
-    try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def _info(vi: onnx.ValueInfoProto) -> TensorInfo:
     tt = vi.type.tensor_type
     if not vi.type.HasField("tensor_type"):
@@ -145,7 +139,7 @@ def _info(vi: onnx.ValueInfoProto) -> TensorInfo:
     shape = None
     if tt.HasField("shape"):
         shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-    return shape, (_dtype(tt.elem_type) if tt.elem_type else None)
+    return shape, (np_dtype_or_none(tt.elem_type) if tt.elem_type else None)
 
 
 def _collect(root: onnx.GraphProto, out: dict[str, TensorInfo], elem_sizes: dict) -> None:
@@ -155,7 +149,7 @@ def _collect(root: onnx.GraphProto, out: dict[str, TensorInfo], elem_sizes: dict
 
 def _collect_one(graph: onnx.GraphProto, out: dict[str, TensorInfo], elem_sizes: dict) -> None:
     for t in graph.initializer:
-        out[t.name] = (tuple(t.dims), _dtype(t.data_type))
+        out[t.name] = (tuple(t.dims), np_dtype_or_none(t.data_type))
         elem_sizes[t.name] = t.data_type
     for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
         if vi.name not in out or out[vi.name][0] is None:
@@ -166,7 +160,7 @@ def _collect_one(graph: onnx.GraphProto, out: dict[str, TensorInfo], elem_sizes:
         if node.op_type == "Constant" and node.output:
             for attr in node.attribute:
                 if attr.name == "value":
-                    out[node.output[0]] = (tuple(attr.t.dims), _dtype(attr.t.data_type))
+                    out[node.output[0]] = (tuple(attr.t.dims), np_dtype_or_none(attr.t.data_type))
                     elem_sizes[node.output[0]] = attr.t.data_type
 
 

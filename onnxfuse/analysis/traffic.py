@@ -15,16 +15,22 @@ stays an int, so a model with only numeric dims never imports sympy); None means
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import onnx
 
+from onnxfuse.model.domains import is_default_domain
 from onnxfuse.model.proto import proto_graphs
+
+if TYPE_CHECKING:
+    import sympy
 
 #: itemsize in bytes of each ONNX ``TensorProto.DataType`` (ONNX IR.md, "Tensor Element Types"); sub-byte
 #: types (int4/uint4/float4) are rounded up to one byte per element.
-_ITEMSIZE = {
+_ITEMSIZE: dict[int, int] = {
     onnx.TensorProto.FLOAT: 4, onnx.TensorProto.UINT8: 1, onnx.TensorProto.INT8: 1, onnx.TensorProto.UINT16: 2,
     onnx.TensorProto.INT16: 2, onnx.TensorProto.INT32: 4, onnx.TensorProto.INT64: 8, onnx.TensorProto.BOOL: 1,
     onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.UINT32: 4,
@@ -42,17 +48,17 @@ def itemsize(elem_type: int) -> int | None:
     return _ITEMSIZE.get(elem_type)
 
 
-Bytes = "sympy.Expr | int"  # bytes: an int, or an expression in the input symbols
+Bytes: TypeAlias = "sympy.Expr | int"  # bytes: an int, or an expression in the input symbols
 
 
-def add(parts) -> Bytes:
+def add(parts: Iterable[Bytes]) -> Bytes:
     """The sum of byte counts: an ``int`` when every part is one, else a sympy expression (``sympy.Add``)."""
-    parts = list(parts)
-    if all(type(p) is int for p in parts):
-        return sum(parts)
+    terms = list(parts)
+    if all(type(p) is int for p in terms):
+        return sum(terms)
     import sympy
 
-    return sympy.Add(*parts)
+    return sympy.Add(*terms)
 
 
 def tensor_bytes(shape: tuple | None, elem_type: int | None) -> Bytes | None:
@@ -62,9 +68,10 @@ def tensor_bytes(shape: tuple | None, elem_type: int | None) -> Bytes | None:
     ``shape`` holds ints or sympy expressions; None when the shape, a dim (None, a negative number, a dim name
     given as a string) or the dtype is unknown. A scalar (shape ``()``) has one element.
     """
-    if shape is None or elem_type is None or itemsize(elem_type) is None:
+    size = itemsize(elem_type) if elem_type is not None else None
+    if shape is None or size is None:
         return None
-    dims = []
+    dims: list[Bytes] = []
     symbolic = False
     for d in shape:
         if isinstance(d, (int, np.integer)) and d >= 0:
@@ -75,10 +82,10 @@ def tensor_bytes(shape: tuple | None, elem_type: int | None) -> Bytes | None:
         else:
             return None
     if not symbolic:
-        return math.prod(dims) * itemsize(elem_type)
+        return math.prod(dims) * size
     import sympy
 
-    return sympy.Mul(*dims) * itemsize(elem_type)
+    return sympy.Mul(*dims) * size
 
 
 @dataclass(frozen=True)
@@ -160,10 +167,12 @@ def node_traffic(model: onnx.ModelProto, sizes: Sizes) -> list[NodeTraffic]:
     for graph, inside in proto_graphs(model.graph):
         for node in graph.node:
             key = node.output[0] if node.output else node.name
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            if node.op_type == "Constant" and is_default_domain(node.domain):
                 rows.append(NodeTraffic(key, node.name, node.op_type, 0, 0, (), inside))
                 continue
-            unknown, read, written = [], [], []
+            unknown: list[str] = []
+            read: list[Bytes] = []
+            written: list[Bytes] = []
             for name in dict.fromkeys(i for i in node.input if i):
                 b = sizes.bytes(name)
                 if b is None:
@@ -209,7 +218,7 @@ def totals(rows: list[NodeTraffic]) -> Totals:
 
 def chain_bytes(rows_by_key: dict[str, NodeTraffic], keys: list[str]) -> Bytes | None:
     """Total bytes of the nodes with first-output names ``keys``; None if any is unknown or missing."""
-    parts = []
+    parts: list[Bytes] = []
     for key in keys:
         row = rows_by_key.get(key)
         if row is None or row.total_bytes is None:
@@ -249,13 +258,13 @@ def fused_estimate(index: ModelIndex, keys: list[str], output: str, sizes: Sizes
     Reshape in the chain, which stays (it reads and writes its own tensors). Constants a fold would absorb (BN
     parameters, Clip bounds) are not read. None when a
     size is unknown."""
-    nodes = [index.nodes.get(k) for k in keys]
-    if any(n is None for n in nodes):
+    nodes = [index.nodes[k] for k in keys if k in index.nodes]
+    if len(nodes) != len(keys):
         return None
     produced = {o for n in nodes for o in n.output}
     main = next((n for n in nodes if n.op_type in WEIGHT_OPS), nodes[0])
     reads = list(dict.fromkeys(i for i in main.input[:3] if i and i not in produced))
-    kept = []
+    kept: list[str] = []
     for n in nodes:
         if n is main:
             continue
@@ -265,7 +274,7 @@ def fused_estimate(index: ModelIndex, keys: list[str], output: str, sizes: Sizes
         bias = main.op_type == "MatMul" and n.op_type == "Add"  # its constant becomes Gemm's C, which is read
         reads.extend(i for i in n.input
                      if i and i not in produced and (bias or i not in index.constants) and i not in reads)
-    parts = []
+    parts: list[Bytes] = []
     for name in [*reads, output, *kept]:
         b = sizes.bytes(name)
         if b is None:

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from onnxfuse.cli.args.model_inputs import input_data_option, input_value_options, parse_input_feeds, parse_input_shapes
-from onnxfuse.cli.args.optimization import ORT_LEVELS, optimization_options, to_options
+from onnxfuse.cli.args.optimization import optimization_options, to_options
 from onnxfuse.cli.console import log, progress, verbosity_options
 from onnxfuse.cli.exits import READ_ONLY_EXIT_CODES_HELP, fail_cleanly
 from onnxfuse.errors import InputError
+from onnxfuse.ort.levels import ORT_LEVELS
 
 if TYPE_CHECKING:
     from onnxfuse import pipeline
@@ -72,7 +73,7 @@ def bench(ctx: click.Context, original: Path, optimized: Path | None, target: st
     if optimized is not None:
         _refuse_optimization_options(ctx)
     options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
-    levels = tuple(levels) or bench_mod.LEVELS
+    levels = tuple(levels) or ORT_LEVELS
     bench_options = bench_mod.BenchOptions(runs=runs, max_time=max_time, margin=margin / 100, warmup=warmup,
                                            threads=threads, levels=levels, input_shapes=options.input_shapes,
                                            input_data=input_data, profile=profile)

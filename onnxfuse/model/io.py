@@ -1,5 +1,5 @@
 """Reading and writing model files: load and check, atomic save, external data. No graph rewiring here
-(that is :mod:`onnxfuse.ir.graph`).
+(that is :mod:`onnxfuse.ir.edit`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 
 from onnxfuse.errors import InputError, one_line
 from onnxfuse.model import hygiene, proto
+from onnxfuse.model.domains import is_default_domain
 
 #: Oldest IR version and default-domain opset that onnxfuse accepts. Opset 7 is where Conv, BatchNormalization
 #: (without the removed ``spatial``/``is_test`` semantics of opset 6) and the broadcasting Add/Mul of the ONNX
@@ -294,7 +295,7 @@ def check_convs(model: onnx.ModelProto, info: dict, label: str) -> None:
     """
     for graph in hygiene.all_graphs(model):
         for node in graph.node:
-            if node.domain not in ("", "ai.onnx") or node.op_type not in ("Conv", "ConvTranspose"):
+            if not is_default_domain(node.domain) or node.op_type not in ("Conv", "ConvTranspose"):
                 continue
             problem = _conv_problem(node, info)
             if problem:
@@ -412,7 +413,7 @@ def _recheck(model: onnx.ModelProto | bytes) -> Exception | None:
 def default_opset(model: onnx.ModelProto) -> int | None:
     """Version of the default ONNX domain (``""`` or ``"ai.onnx"``) that ``model`` imports, or None."""
     for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
+        if is_default_domain(imp.domain):
             return imp.version
     return None
 

@@ -15,6 +15,8 @@ import onnx
 from google.protobuf.message import Message
 from onnx import TensorProto
 
+from onnxfuse.model.domains import MS_DOMAIN
+
 _GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 
@@ -105,7 +107,7 @@ def _skeleton_graph(graph: onnx.GraphProto) -> onnx.GraphProto:
         new = out.node.add()
         new.output.extend(node.output)
         new.op_type, new.domain, new.name = node.op_type, node.domain, node.name
-        fused = node.op_type == "FusedConv" and node.domain == "com.microsoft"
+        fused = node.op_type == "FusedConv" and node.domain == MS_DOMAIN
         if fused:
             # onnx cannot infer through FusedConv; its output has the shape of the plain Conv (Z has it too).
             new.op_type, new.domain = "Conv", ""

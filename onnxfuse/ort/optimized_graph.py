@@ -29,6 +29,7 @@ from importlib import metadata
 import onnx
 
 from onnxfuse.errors import one_line
+from onnxfuse.model.domains import is_default_domain
 
 
 @dataclass
@@ -36,7 +37,7 @@ class RuntimeGraphs:
     """onnxruntime's own optimized graphs of the original and the optimized model at one level.
 
     Attributes:
-        level: the graph optimization level (``providers.ORT_LEVELS``).
+        level: the graph optimization level (``onnxfuse.ort.levels.ORT_LEVELS``).
         onnxruntime: the installed onnxruntime's version, which made the graphs.
         provider: the execution provider the sessions used.
         original_ops / optimized_ops: op -> number of nodes (kernels) in each optimized graph, ``domain::op`` for
@@ -128,7 +129,7 @@ def _graphs(graph: onnx.GraphProto):
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     """op -> node count over every graph of ``model`` (``domain::op`` outside the default domain), sorted."""
-    counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+    counts = Counter(node.op_type if is_default_domain(node.domain) else f"{node.domain}::{node.op_type}"
                      for graph in _graphs(model.graph) for node in graph.node)
     return dict(sorted(counts.items()))
 

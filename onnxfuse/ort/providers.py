@@ -33,9 +33,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-#: onnxruntime graph optimization levels (``onnxruntime.GraphOptimizationLevel``: ORT_DISABLE_ALL,
-#: ORT_ENABLE_BASIC, ORT_ENABLE_EXTENDED, ORT_ENABLE_ALL), in increasing order.
-ORT_LEVELS = ("disable", "basic", "extended", "all")
+from onnxfuse.ort.levels import ORT_LEVELS
 
 #: onnxruntime's own default for ``SessionOptions.graph_optimization_level``.
 DEFAULT_ORT_LEVEL = "all"

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 
 from onnxfuse.errors import InputError
+from onnxfuse.ort.levels import GRAPH_OPTIMIZATION_LEVELS
 
 #: Value used for a symbolic dim that neither ``--input-shape`` nor the model fixes: 1 for the first dim
 #: (the batch), 32 elsewhere (large enough for a few stride-2 stages).
@@ -45,9 +46,6 @@ RANDOM_INT_HIGH = 4
 #: break the one-line-error and no-colour promises; failures still arrive as exceptions that onnxfuse reports.
 ORT_LOG_FATAL = 4
 
-#: ``--level`` names -> onnxruntime ``GraphOptimizationLevel`` member names.
-LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-          "all": "ORT_ENABLE_ALL"}
 
 _ORT_TYPES = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
@@ -87,7 +85,7 @@ def session(model: str | os.PathLike | bytes, level: str = "disable", threads: i
     """An onnxruntime CPU ``InferenceSession`` for a model path or serialized bytes.
 
     Args:
-        level: graph optimization level, a key of :data:`LEVELS`.
+        level: graph optimization level, a key of :data:`onnxfuse.ort.levels.GRAPH_OPTIMIZATION_LEVELS`.
         threads: intra-op threads (inter-op is then 1); None keeps onnxruntime's default.
         save_to: write the graph onnxruntime optimized to this path (``optimized_model_filepath``).
         profile_prefix: turn profiling on, writing the profile under this prefix.
@@ -103,7 +101,7 @@ def session(model: str | os.PathLike | bytes, level: str = "disable", threads: i
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION_LEVELS[level])
     opts.log_severity_level = ORT_LOG_FATAL
     if threads is not None:
         opts.intra_op_num_threads = threads

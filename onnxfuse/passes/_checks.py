@@ -8,17 +8,17 @@ from typing import TypeGuard
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import constants, edit
+from onnxfuse.model.domains import is_default_domain
 from onnxfuse.passes.base import Context, Pass
 from onnxfuse.records import Fusion, Reason, Skip
 
 CONV_OPS = ("Conv", "ConvTranspose")
-ONNX_DOMAINS = ("", "ai.onnx", None)  # graphsurgeon reports the default domain as None
 
 
 def is_op(node: gs.Node | None, *ops: str) -> TypeGuard[gs.Node]:
     """True when ``node`` is one of the default-domain ``ops`` (so, for type checkers, not None)."""
-    return node is not None and node.op in ops and node.domain in ONNX_DOMAINS
+    return node is not None and node.op in ops and is_default_domain(node.domain)
 
 
 def skip(reason: Reason, detail: str, nodes: list[gs.Node], output: gs.Tensor) -> Skip:
@@ -38,9 +38,9 @@ def private_check(intermediates: list[gs.Tensor], inside: list[gs.Node], ctx: Co
                             "(read inside a subgraph)", nodes, output)
     ids = {id(n) for n in inside}
     for t in intermediates:
-        if g.is_graph_output(t, ctx.graph):
+        if edit.is_graph_output(t, ctx.graph):
             return skip(Reason.GRAPH_OUTPUT, f"{t.name} is a graph output", nodes, output)
-        readers = g.consumers(t)
+        readers = edit.consumers(t)
         if any(id(r) not in ids for r in readers):
             return skip(Reason.NOT_PRIVATE, f"{t.name} has {len(readers)} consumers", nodes, output)
     return None
@@ -51,9 +51,9 @@ def computed_from_constants(tensor: gs.Tensor, ctx: Context, limit: int = 64) ->
     computed by at most ``limit`` default-domain nodes from initializers and ``Constant`` nodes only (no graph
     input, no overridable initializer). Such a value is one ``constant_fold`` would have folded."""
     overridable = ctx.overridable
-    if g.is_constant(tensor, overridable):
+    if constants.is_constant(tensor, overridable):
         return False
-    # g.is_constant and g.producer inlined: a residual Add's walk visits `limit` tensors on every round
+    # constants.is_constant and edit.producer inlined: a residual Add's walk visits `limit` tensors on every round
     seen, todo = set(), [tensor]
     while todo:
         t = todo.pop()
@@ -66,9 +66,9 @@ def computed_from_constants(tensor: gs.Tensor, ctx: Context, limit: int = 64) ->
                 continue
             return False  # an overridable initializer
         node = t.inputs[0] if t.inputs else None
-        if node is None or node.domain not in ONNX_DOMAINS:
+        if node is None or not is_default_domain(node.domain):
             return False
-        if node.op == "Constant" and g.is_constant(t, overridable):
+        if node.op == "Constant" and constants.is_constant(t, overridable):
             continue
         if len(seen) > limit:
             return False
@@ -82,8 +82,8 @@ def qdq_check(conv: gs.Node, output: gs.Tensor, nodes: list[gs.Node]) -> Skip | 
     QuantizeLinear. A weight or bias alone computed by DequantizeLinear (a weight-only int8 model, whose compute
     stays float) is no QDQ pattern: onnxruntime's QDQ node groups are DequantizeLinear -> op -> QuantizeLinear
     on the activations (``core/optimizer/qdq_transformer/selectors_actions/qdq_selectors.h``, NodeGroup)."""
-    fed = bool(conv.inputs) and is_op(g.producer(conv.inputs[0]), "DequantizeLinear")
-    feeds = any(is_op(c, "QuantizeLinear") for c in g.consumers(output))
+    fed = bool(conv.inputs) and is_op(edit.producer(conv.inputs[0]), "DequantizeLinear")
+    feeds = any(is_op(c, "QuantizeLinear") for c in edit.consumers(output))
     if fed or feeds:
         return skip(Reason.QDQ, "the conv is part of a QuantizeLinear/DequantizeLinear pattern", nodes, output)
     return None

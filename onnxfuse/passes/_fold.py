@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import constants, edit
 from onnxfuse.passes._checks import computed_from_constants, is_op, private_check, qdq_check, skip
 from onnxfuse.passes.base import Context, Match
 from onnxfuse.records import Reason, Skip
@@ -153,10 +153,10 @@ def set_weights(conv: gs.Node, ctx: Context, weight: np.ndarray | None, bias: np
     """
     base = conv.name or conv.outputs[0].name
     if weight is not None:
-        conv.inputs[1] = g.new_constant(ctx.namer, f"{base}.weight_folded", weight.astype(dtype, copy=False))
+        conv.inputs[1] = constants.new_constant(ctx.namer, f"{base}.weight_folded", weight.astype(dtype, copy=False))
     if bias is None:
         return
-    b = g.new_constant(ctx.namer, f"{base}.bias_folded", np.asarray(bias).astype(dtype).reshape(-1))
+    b = constants.new_constant(ctx.namer, f"{base}.bias_folded", np.asarray(bias).astype(dtype).reshape(-1))
     if len(conv.inputs) > 2:
         conv.inputs[2] = b
     else:
@@ -202,7 +202,7 @@ def batchnorm_mode_check(bn: gs.Node, ctx: Context, nodes: list[gs.Node], output
     if int(bn.attrs.get("spatial", 1)) == 0:
         return skip(Reason.BN_SPATIAL, "BatchNormalization has spatial=0 (per-element statistics)", nodes, output)
     extra = [t for t in bn.outputs[1:] if t.name]
-    if int(bn.attrs.get("training_mode", 0)) or any(t.outputs or g.is_graph_output(t, ctx.graph) for t in extra):
+    if int(bn.attrs.get("training_mode", 0)) or any(t.outputs or edit.is_graph_output(t, ctx.graph) for t in extra):
         return skip(Reason.TRAINING_MODE, "BatchNormalization is in training mode", nodes, output)
     return None
 
@@ -305,7 +305,7 @@ def compact_scale_axis(reader: gs.Node, cw: CompactWeight, axis: int, m: int, sc
     rank = cw.ndim
     s = np.broadcast_to(np.asarray(scale, dtype=np.float64).reshape(-1), (m,))
     channel_shape = tuple(m if a == axis else 1 for a in range(rank))
-    found = _scale_input(g.producer(cw.tensor), cw, ctx, axis, m) if _private(cw.tensor, reader, ctx) else None
+    found = _scale_input(edit.producer(cw.tensor), cw, ctx, axis, m) if _private(cw.tensor, reader, ctx) else None
     if found is None:
         result = CompactScale(None, 0, s.reshape(channel_shape), cw.dtype, cw.shape)
     else:
@@ -322,7 +322,7 @@ def compact_scale_axis(reader: gs.Node, cw: CompactWeight, axis: int, m: int, sc
 
 def _private(w: gs.Tensor, conv: gs.Node, ctx: Context) -> bool:
     """True when ``w`` is read by ``conv`` only and is no graph output (its producer may then be edited)."""
-    return all(r is conv for r in g.consumers(w)) and not g.is_graph_output(w, ctx.graph)
+    return all(r is conv for r in edit.consumers(w)) and not edit.is_graph_output(w, ctx.graph)
 
 
 def _scale_input(p: gs.Node | None, cw: CompactWeight, ctx: Context, axis: int, m: int):
@@ -352,7 +352,7 @@ def set_compact_scale(conv: gs.Node, ctx: Context, scale: CompactScale, slot: in
     producer by a fresh constant, or insert ``Mul(W, value)`` into ``ctx.edit_order`` at ``slot`` (a free slot
     before the conv, after W's producer) and make the conv read its output. Never edits a tensor in place."""
     base = conv.name or conv.outputs[0].name
-    const = g.new_constant(ctx.namer, f"{base}.weight_scale_folded", scale.value.astype(scale.dtype))
+    const = constants.new_constant(ctx.namer, f"{base}.weight_scale_folded", scale.value.astype(scale.dtype))
     if scale.node is not None:
         scale.node.inputs[scale.index] = const
         return

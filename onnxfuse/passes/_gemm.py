@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import constants, edit
 from onnxfuse.passes._checks import is_op, private_check, skip
 from onnxfuse.passes._fold import FOLDABLE_DTYPES, CompactScale, CompactWeight, compact_weight
 from onnxfuse.passes.base import Context, Match
@@ -146,8 +146,8 @@ def gemm_fold_inputs(gemm: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[g
 def gemm_qdq_check(gemm: gs.Node, output: gs.Tensor, nodes: list[gs.Node]) -> Skip | None:
     """Skip a Gemm fed by DequantizeLinear or feeding QuantizeLinear: onnxruntime's QDQ fusions need to see it
     as it is (they turn it into QGemm)."""
-    fed = any(is_op(g.producer(t), "DequantizeLinear") for t in gemm.inputs if t.name)
-    feeds = any(is_op(c, "QuantizeLinear") for c in g.consumers(output))
+    fed = any(is_op(edit.producer(t), "DequantizeLinear") for t in gemm.inputs if t.name)
+    feeds = any(is_op(c, "QuantizeLinear") for c in edit.consumers(output))
     if fed or feeds:
         return skip(Reason.QDQ, "the Gemm is part of a QuantizeLinear/DequantizeLinear pattern", nodes, output)
     return None
@@ -159,13 +159,13 @@ def set_gemm_weights(gemm: gs.Node, ctx: Context, b: np.ndarray | None, c: np.nd
     ``beta * C``, so beta becomes 1. A [1, N] C is stored as [N]. Never edits a tensor in place."""
     base = gemm.name or gemm.outputs[0].name
     if b is not None:
-        gemm.inputs[1] = g.new_constant(ctx.namer, f"{base}.weight_folded", b.astype(dtype))
+        gemm.inputs[1] = constants.new_constant(ctx.namer, f"{base}.weight_folded", b.astype(dtype))
     if c is None:
         return
     c = np.asarray(c)
     if c.ndim == 2 and c.shape[0] == 1:
         c = c.reshape(-1)
-    new_c = g.new_constant(ctx.namer, f"{base}.bias_folded", c.astype(dtype))
+    new_c = constants.new_constant(ctx.namer, f"{base}.bias_folded", c.astype(dtype))
     if len(gemm.inputs) > 2:
         gemm.inputs[2] = new_c
     else:

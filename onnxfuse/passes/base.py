@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import constants, edit
 from onnxfuse.ort.providers import Target
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -45,7 +45,7 @@ class Context:
         namer: fresh names for new initializers and nodes, unique in the whole model.
         graph: the (sub)graph being optimized (set by ``driver.run_passes`` for each graph in turn).
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
-        order: the node slots of ``graph`` that rewrites edit (see ``graph.NodeOrder``; set with ``graph``; a
+        order: the node slots of ``graph`` that rewrites edit (see ``onnxfuse.ir.edit.NodeOrder``; set with ``graph``; a
             rewrite reads it as :attr:`edit_order`).
         symbolic: the model's own symbolic shapes (``onnxfuse.analysis.symbolic.SymbolicShapes``: every dim a sympy
             expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed.
@@ -57,10 +57,10 @@ class Context:
     target: Target
     overridable: frozenset[str]
     shapes: dict[str, tuple[tuple | None, np.dtype | None]]
-    namer: g.Namer
+    namer: constants.Namer
     graph: gs.Graph | None = None
     members: set[int] = field(default_factory=set)
-    order: g.NodeOrder | None = None
+    order: edit.NodeOrder | None = None
     symbolic: SymbolicShapes | None = None
     materialize_bytes: int = 0
 
@@ -70,7 +70,7 @@ class Context:
         The reason is :attr:`Reason.INITIALIZER_IS_INPUT` for an initializer that is also a graph input,
         :attr:`Reason.PARAMS_NOT_CONSTANT` otherwise.
         """
-        value = g.constant_value(tensor, self.overridable)
+        value = constants.constant_value(tensor, self.overridable)
         if value is not None:
             return value, None
         if isinstance(tensor, gs.Constant) and tensor.name in self.overridable:
@@ -89,7 +89,7 @@ class Context:
         return int(self.graph.opset)
 
     @property
-    def edit_order(self) -> g.NodeOrder:
+    def edit_order(self) -> edit.NodeOrder:
         """:attr:`order`, which a rewrite edits.
 
         Raises:
@@ -102,11 +102,11 @@ class Context:
     def dtype(self, tensor: gs.Tensor) -> np.dtype | None:
         """numpy dtype of ``tensor``, or None when no one knows it (bfloat16 and float8 are None too)."""
         if isinstance(tensor, gs.Constant):
-            return g.tensor_dtype(tensor)
+            return constants.tensor_dtype(tensor)
         info = self.shapes.get(tensor.name)
         if info is not None and info[1] is not None:
             return info[1]
-        return g.tensor_dtype(tensor)
+        return constants.tensor_dtype(tensor)
 
     def shape(self, tensor: gs.Tensor) -> tuple | None:
         """Static shape of ``tensor``: ints for known dims, strings for named symbolic dims, None for unknown ones.

@@ -48,7 +48,7 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._fold import batchnorm_scale_shift, fold_fits
 from onnxfuse.passes._gemm import (
@@ -84,8 +84,8 @@ class BatchNormGemm(Pass[GemmFoldMatch]):
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:
         if not is_op(node, *self.anchors):
             return None
-        reshape = g.producer(node.inputs[0])
-        bn = g.producer(reshape.inputs[0]) if is_op(reshape, *RESHAPE_OPS) and reshape.inputs else reshape
+        reshape = edit.producer(node.inputs[0])
+        bn = edit.producer(reshape.inputs[0]) if is_op(reshape, *RESHAPE_OPS) and reshape.inputs else reshape
         reshape = reshape if reshape is not bn else None
         if not is_op(bn, "BatchNormalization"):
             return None
@@ -163,5 +163,5 @@ class BatchNormGemm(Pass[GemmFoldMatch]):
         original = replaced([bn, gemm])  # a Flatten/Reshape stays in the graph: it is not part of the fused node
         (between[0] if between else gemm).inputs[0] = bn.inputs[0]
         set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
-        g.replace_chain(ctx.edit_order, gemm, gemm, [bn])
+        edit.replace_chain(ctx.edit_order, gemm, gemm, [bn])
         return describe(self, gemm, original)

@@ -60,8 +60,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
-from onnxfuse.passes._checks import ONNX_DOMAINS, replaced, skip
+from onnxfuse.ir import edit
+from onnxfuse.model.domains import is_default_domain
+from onnxfuse.model.dtypes import np_dtype, onnx_dtype
+from onnxfuse.passes._checks import replaced, skip
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -125,7 +127,7 @@ def _one_node_model(node: gs.Node, inputs: list[np.ndarray | None], opset: int, 
             inits.append(onnx.numpy_helper.from_array(np.asarray(value), t.name))
         else:
             feeds[t.name] = value
-            elem = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+            elem = onnx_dtype(value.dtype)
             graph_inputs.append(onnx.helper.make_tensor_value_info(t.name, elem, list(value.shape)))
     named = [t.name for t in node.outputs if t.name]
     graph = onnx.helper.make_graph([proto], "fold", graph_inputs, [onnx.ValueInfoProto(name=n) for n in named],
@@ -198,7 +200,7 @@ def predicted_outputs(node: gs.Node, inputs: list[np.ndarray | None], opset: int
             dims = [None]  # not even the rank is known
         itemsize: int | None
         try:
-            itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize
+            itemsize = np_dtype(tt.elem_type).itemsize
         except (KeyError, TypeError, ValueError):
             itemsize = None
         known = [d for d in dims if d is not None and d >= 0]
@@ -232,7 +234,7 @@ def evaluate(node: gs.Node, inputs: list[np.ndarray | None], opset: int, elems: 
     for i, (name, elem) in enumerate(zip(named, elems or [0] * len(named), strict=True)):
         if not elem:
             continue
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+        dtype = np_dtype(elem)
         if _native(dtype):
             continue
         integer = onnx.TensorProto.DataType.Name(elem).startswith(("INT", "UINT"))  # INT4, UINT4, INT2, UINT2
@@ -288,7 +290,7 @@ def _fold_static_shape(node: gs.Node, ctx: Context) -> ConstantFoldMatch | Skip 
     if value is None:
         return None
     nodes, out = [node], node.outputs[0]
-    if g.is_graph_output(out, ctx.graph):
+    if edit.is_graph_output(out, ctx.graph):
         return skip(Reason.GRAPH_OUTPUT, f"{out.name} is a graph output", nodes, out)
     return ConstantFoldMatch(nodes, values=[value])
 
@@ -323,7 +325,7 @@ def refresh_shapes(graph: gs.Graph, ctx: Context) -> None:
                     inits.append(onnx.numpy_helper.from_array(np.asarray(t.values), t.name))
                 else:
                     inits.append(onnx.TensorProto(name=t.name, dims=list(t.shape),
-                                                  data_type=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype))))
+                                                  data_type=onnx_dtype(t.dtype)))
         proto = onnx.helper.make_graph(
             nodes, "shapes", [exporter.export_value_info_proto(t, do_type_check=False) for t in graph.inputs],
             [exporter.export_value_info_proto(t, do_type_check=False) for t in graph.outputs], inits)
@@ -364,11 +366,11 @@ def _weight_only(node: gs.Node, graph: gs.Graph, depth: int = 8) -> bool:
     if not outputs:
         return False
     for t in outputs:
-        readers = g.consumers(t)
-        if not readers or g.is_graph_output(t, graph):
+        readers = edit.consumers(t)
+        if not readers or edit.is_graph_output(t, graph):
             return False
         for r in readers:
-            if r.domain not in ONNX_DOMAINS:
+            if not is_default_domain(r.domain):
                 return False
             if r.op in WEIGHT_READERS and any(x is t for x in r.inputs[1:3]) and t is not r.inputs[0]:
                 continue
@@ -387,7 +389,7 @@ class ConstantFold(Pass[ConstantFoldMatch]):
                Reason.FOLD_GROWS, Reason.FOLD_SIZE_UNKNOWN, Reason.DTYPE_NOT_FOLDABLE, Reason.EVALUATION_FAILED)
 
     def match(self, node: gs.Node, ctx: Context) -> ConstantFoldMatch | Skip | None:
-        if node.op == "Constant" or node.domain not in ONNX_DOMAINS or _has_subgraph(node) or not node.outputs:
+        if node.op == "Constant" or not is_default_domain(node.domain) or _has_subgraph(node) or not node.outputs:
             return None
         if node.op in NON_TENSOR_OPS:
             return None
@@ -419,14 +421,14 @@ class ConstantFold(Pass[ConstantFoldMatch]):
         if node.op in QDQ_OPS:
             return skip(Reason.QDQ_NODE, f"{node.op} stays a node for onnxruntime's QDQ fusions", nodes, out)
         for t in node.outputs:
-            if g.is_graph_output(t, ctx.graph):
+            if edit.is_graph_output(t, ctx.graph):
                 return skip(Reason.GRAPH_OUTPUT, f"{t.name} is a graph output", nodes, out)
         for t, v in zip(node.inputs, values, strict=True):
             if v is not None and (v.dtype.kind not in "biuf" or not _native(v.dtype)):
                 return skip(Reason.DTYPE_NOT_FOLDABLE, f"input {t.name} has dtype {v.dtype}", nodes, out)
         distinct = {id(t): (t, v) for t, v in zip(node.inputs, values, strict=True) if v is not None}
         in_bytes = sum(v.nbytes for _, v in distinct.values())
-        freed = sum(v.nbytes for t, v in distinct.values() if all(r is node for r in g.consumers(t)))
+        freed = sum(v.nbytes for t, v in distinct.values() if all(r is node for r in edit.consumers(t)))
         predicted, elems = predicted_outputs(node, values, ctx.opset)
         if predicted is None:
             return skip(Reason.FOLD_SIZE_UNKNOWN, f"the size of {node.op}'s output is not known before running it "
@@ -477,6 +479,6 @@ class ConstantFold(Pass[ConstantFoldMatch]):
         node = match.nodes[0]
         original = replaced(match.nodes)
         ctx.materialize_bytes -= match.growth
-        g.fold_to_constants(ctx.edit_order, node, match.values)
+        edit.fold_to_constants(ctx.edit_order, node, match.values)
         # node and op "": nothing computes it now
         return Fusion(self.name, "", "", original, None, original[0][2], self.kind)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import describe, is_op, private_check, qdq_check, replaced, skip
 from onnxfuse.passes.base import Context, Pass
 from onnxfuse.passes.fusedconv import (
@@ -58,7 +58,7 @@ def activation_params(ctx: Context, act: gs.Node) -> list[float] | None:
 
 def _is_silu(x: gs.Tensor, sigmoid: gs.Node) -> bool:
     """True when ``x`` is read only by ``sigmoid`` and by a Mul of ``x`` and the sigmoid's output."""
-    readers = g.consumers(x)
+    readers = edit.consumers(x)
     return len(readers) == 2 and any(
         is_op(r, "Mul") and {id(t) for t in r.inputs} == {id(x), id(sigmoid.outputs[0])} for r in readers)
 
@@ -77,7 +77,7 @@ class ConvActivation(Pass[FusedConvMatch]):
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:
         if not is_op(node, *self.anchors):
             return None
-        conv = g.producer(node.inputs[0])
+        conv = edit.producer(node.inputs[0])
         if not fusable_conv(conv):
             return None
         nodes, out = [conv, node], node.outputs[0]

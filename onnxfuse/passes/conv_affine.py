@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced, skip
 from onnxfuse.passes._fold import (
     CompactWeight,
@@ -84,7 +84,7 @@ class ConvAffine(Pass[ConvFoldMatch]):
         if not is_op(node, *self.anchors) or len(node.inputs) != 2:
             return None
         for side in (0, 1):
-            conv = g.producer(node.inputs[side])
+            conv = edit.producer(node.inputs[side])
             if not is_op(conv, *CONV_OPS):
                 continue
             c_tensor = node.inputs[1 - side]
@@ -150,7 +150,7 @@ class ConvAffine(Pass[ConvFoldMatch]):
         (``[1, M, 1, 1]``, ``[M, 1, 1]``, ``[1]``...; never the conv output's full shape): shaped like a bias or
         scale."""
         shape, y_shape = ctx.shape(c), ctx.shape(conv.outputs[0])
-        if g.producer(c) is not None or not isinstance(c, gs.Variable) or shape is None or y_shape is None:
+        if edit.producer(c) is not None or not isinstance(c, gs.Variable) or shape is None or y_shape is None:
             return False
         if not all(isinstance(d, int) for d in shape) or len(shape) > len(y_shape) or len(y_shape) < 3:
             return False
@@ -176,7 +176,7 @@ class ConvAffine(Pass[ConvFoldMatch]):
         original = replaced(match.nodes)
         slot = ctx.edit_order.slot(conv)
         set_weights(conv, ctx, match.weight, match.bias, match.dtype)
-        g.replace_chain(ctx.edit_order, conv, op_node, [op_node])
+        edit.replace_chain(ctx.edit_order, conv, op_node, [op_node])
         if match.scale is not None:
             set_compact_scale(conv, ctx, match.scale, slot)
         return describe(self, conv, original)

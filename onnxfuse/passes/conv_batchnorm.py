@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import CONV_OPS, describe, is_op, replaced
 from onnxfuse.passes._fold import (
     CompactWeight,
@@ -70,7 +70,7 @@ class ConvBatchNorm(Pass[ConvFoldMatch]):
     def match(self, node: gs.Node, ctx: Context) -> ConvFoldMatch | Skip | None:
         if not is_op(node, *self.anchors):
             return None
-        conv = g.producer(node.inputs[0])
+        conv = edit.producer(node.inputs[0])
         if not is_op(conv, *CONV_OPS):
             return None
         nodes, out = [conv, node], node.outputs[0]
@@ -100,7 +100,7 @@ class ConvBatchNorm(Pass[ConvFoldMatch]):
         original = replaced(match.nodes)
         slot = ctx.edit_order.slot(conv)
         set_weights(conv, ctx, match.weight, match.bias, match.dtype)
-        g.replace_chain(ctx.edit_order, conv, bn, [bn])
+        edit.replace_chain(ctx.edit_order, conv, bn, [bn])
         if match.scale is not None:
             set_compact_scale(conv, ctx, match.scale, slot)
         return describe(self, conv, original)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import describe, is_op, private_check, qdq_check, replaced
 from onnxfuse.passes.base import Context, Pass
 from onnxfuse.passes.fusedconv import (
@@ -49,7 +49,7 @@ from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 def _relu6_plus3(ctx: Context, t: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node]] | None:
     """``(x, [Add, Clip])`` when ``t = Clip(Add(x, 3), 0, 6)``."""
-    clip = g.producer(t)
+    clip = edit.producer(t)
     if not is_op(clip, "Clip"):
         return None
     bounds = clip_bounds(ctx, clip)
@@ -58,7 +58,7 @@ def _relu6_plus3(ctx: Context, t: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node]] 
     lo, hi = bounds
     if not (close(lo, 0.0) and close(hi, 6.0)):
         return None
-    add = g.producer(clip.inputs[0])
+    add = edit.producer(clip.inputs[0])
     if not is_op(add, "Add"):
         return None
     for side in (0, 1):
@@ -80,7 +80,7 @@ def _divided_by_6(ctx: Context, node: gs.Node | None) -> gs.Tensor | None:
 
 def _gate(ctx: Context, t: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node]] | None:
     """``(x, nodes)`` when ``t`` is HardSigmoid(x, 1/6, 0.5) or Clip(x + 3, 0, 6) / 6."""
-    node = g.producer(t)
+    node = edit.producer(t)
     if is_op(node, "HardSigmoid") and close(float(node.attrs.get("alpha", 0.2)), 1.0 / 6.0) and close(
             float(node.attrs.get("beta", 0.5)), 0.5):
         return node.inputs[0], [node]
@@ -99,17 +99,17 @@ def _find(ctx: Context, node: gs.Node) -> tuple[gs.Node, list[gs.Node]] | None:
         for side in (0, 1):
             x, other = node.inputs[side], node.inputs[1 - side]
             gate = _gate(ctx, other)
-            if gate and gate[0] is x and fusable_conv(g.producer(x)):
-                return g.producer(x), gate[1] + [node]
+            if gate and gate[0] is x and fusable_conv(edit.producer(x)):
+                return edit.producer(x), gate[1] + [node]
     # (x * relu6(x + 3)) / 6
     product = _divided_by_6(ctx, node)
-    mul = g.producer(product) if product is not None else None
+    mul = edit.producer(product) if product is not None else None
     if is_op(mul, "Mul"):
         for side in (0, 1):
             x, other = mul.inputs[side], mul.inputs[1 - side]
             found = _relu6_plus3(ctx, other)
-            if found and found[0] is x and fusable_conv(g.producer(x)):
-                return g.producer(x), found[1] + [mul, node]
+            if found and found[0] is x and fusable_conv(edit.producer(x)):
+                return edit.producer(x), found[1] + [mul, node]
     return None
 
 

@@ -41,7 +41,7 @@ import re
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import computed_from_constants, describe, is_op, private_check, qdq_check, replaced, skip
 from onnxfuse.passes.base import Context, Pass
 from onnxfuse.passes.conv_activation import ACTIVATIONS, activation_params
@@ -121,7 +121,7 @@ class ConvResidual(Pass[FusedConvMatch]):
             return None
         first_skip = None
         for side in (0, 1):
-            conv, z = g.producer(node.inputs[side]), node.inputs[1 - side]
+            conv, z = edit.producer(node.inputs[side]), node.inputs[1 - side]
             if not is_op(conv, "Conv") or z is conv.outputs[0]:
                 continue
             if ctx.constant(z)[0] is not None or isinstance(z, gs.Constant):
@@ -166,8 +166,8 @@ class ConvResidual(Pass[FusedConvMatch]):
 
     @staticmethod
     def _activation_after(add: gs.Node, ctx: Context) -> gs.Node | None:
-        readers = g.consumers(add.outputs[0])
-        if len(readers) == 1 and is_op(readers[0], *ACTIVATIONS) and not g.is_graph_output(add.outputs[0],
+        readers = edit.consumers(add.outputs[0])
+        if len(readers) == 1 and is_op(readers[0], *ACTIVATIONS) and not edit.is_graph_output(add.outputs[0],
                                                                                            ctx.graph):
             return readers[0]
         return None

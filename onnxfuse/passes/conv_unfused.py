@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
+from onnxfuse.model.domains import is_default_domain
 from onnxfuse.passes._checks import CONV_OPS, computed_from_constants, is_op, skip
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.passes.conv_activation import ACTIVATIONS
@@ -72,8 +73,8 @@ def unary_chain(conv: gs.Node, ctx: Context) -> list[gs.Node] | None:
     graph output). None when there is no such group of at most :data:`MAX_CHAIN` nodes (y read by another op, a
     run-time operand from outside). Read-only."""
     y = conv.outputs[0]
-    readers = g.consumers(y)
-    if g.is_graph_output(y, ctx.graph) or not all(is_op(r, *CHAIN_OPS) for r in readers):
+    readers = edit.consumers(y)
+    if edit.is_graph_output(y, ctx.graph) or not all(is_op(r, *CHAIN_OPS) for r in readers):
         return None
     inside: dict[int, gs.Node] = {}
     produced = {id(y)}
@@ -88,10 +89,10 @@ def unary_chain(conv: gs.Node, ctx: Context) -> list[gs.Node] | None:
         produced.add(id(node.outputs[0]))
         if not pending and all(id(r) in inside for r in readers):
             nodes = list(inside.values())
-            if all(all(id(r) in inside for r in g.consumers(n.outputs[0]))
-                   and not g.is_graph_output(n.outputs[0], ctx.graph) for n in nodes[:-1]):
+            if all(all(id(r) in inside for r in edit.consumers(n.outputs[0]))
+                   and not edit.is_graph_output(n.outputs[0], ctx.graph) for n in nodes[:-1]):
                 return nodes
-        pending.extend(r for r in g.consumers(node.outputs[0]) if id(r) not in inside and r not in pending)
+        pending.extend(r for r in edit.consumers(node.outputs[0]) if id(r) not in inside and r not in pending)
     return None
 
 
@@ -126,8 +127,8 @@ def _with_half(chain: list[gs.Node], ctx: Context) -> list[gs.Node]:
         return n.op == "Mul" and any(_near(ctx, t, 0.5) for t in n.inputs)
 
     last = chain[-1].outputs[0]
-    readers = g.consumers(last)
-    if any(half(n) for n in chain) or len(readers) != 1 or g.is_graph_output(last, ctx.graph):
+    readers = edit.consumers(last)
+    if any(half(n) for n in chain) or len(readers) != 1 or edit.is_graph_output(last, ctx.graph):
         return chain
     return [*chain, readers[0]] if is_op(readers[0], "Mul") and half(readers[0]) else chain
 
@@ -197,14 +198,14 @@ class ConvUnfused(Pass[ChainMatch]):
             return skip(Reason.NO_FUSEDCONV_FORM, f"FusedConv has no form for {CHAIN_NAMES[kind]}, written out as "
                         f"{len(chain)} nodes; {onnxruntime_makes(kind, chain, y, ctx)}", [node, *chain],
                         chain[-1].outputs[0])
-        for reader in g.consumers(y):
-            if reader.domain not in (None, "", "ai.onnx") or _handled_elsewhere(node, reader, ctx):
+        for reader in edit.consumers(y):
+            if not is_default_domain(reader.domain) or _handled_elsewhere(node, reader, ctx):
                 continue
             if reader.op in ELEMENTWISE:
                 return self._elementwise(node, reader, ctx, [node, reader])
             between, last = [reader], reader
             while is_op(last, *IN_BETWEEN) and last.outputs and len(between) <= MAX_BETWEEN:
-                after = g.consumers(last.outputs[0])
+                after = edit.consumers(last.outputs[0])
                 end = next((n for n in after if is_op(n, *ELEMENTWISE)), None)
                 if end is not None:
                     ops = " -> ".join(n.op for n in between)
@@ -220,8 +221,8 @@ class ConvUnfused(Pass[ChainMatch]):
     def _quantized(node: gs.Node) -> Skip | None:
         """A ``quantized-conv`` Skip for ``node`` (a Conv, ConvTranspose, Gemm or MatMul) when it reads a
         DequantizeLinear output or feeds a QuantizeLinear, with the QuantizeLinear after it in the chain."""
-        fed = any(is_op(g.producer(t), "DequantizeLinear") for t in node.inputs if t.name)
-        quant = [r for r in g.consumers(node.outputs[0]) if is_op(r, "QuantizeLinear")]
+        fed = any(is_op(edit.producer(t), "DequantizeLinear") for t in node.inputs if t.name)
+        quant = [r for r in edit.consumers(node.outputs[0]) if is_op(r, "QuantizeLinear")]
         if not fed and not quant:
             return None
         nodes = [node, *quant[:1]]

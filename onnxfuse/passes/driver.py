@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
@@ -39,8 +39,8 @@ def run_passes(graph: gs.Graph, selected: tuple[Pass, ...], ctx: Context) -> tup
               tuple(p for p in selected if p.kind is not RewriteKind.CANONICALIZE)]
     fusions: list[Fusion] = []
     skips: list[Skip] = []
-    for sub in list(g.all_graphs(graph)):
-        order = g.NodeOrder(sub)
+    for sub in list(edit.all_graphs(graph)):
+        order = edit.NodeOrder(sub)
         ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, order
         for stage in stages:
             done = len(fusions)
@@ -48,11 +48,11 @@ def run_passes(graph: gs.Graph, selected: tuple[Pass, ...], ctx: Context) -> tup
             if sub is graph and any(f.pass_name == "constant_fold" and f.replaced[0][1] in SHAPE_OPS
                                     for f in fusions[done:]):
                 refresh_shapes(sub, ctx)  # a Reshape of a folded static Shape now has a shape the passes can see
-        g.remove_unused_constant_nodes(sub)
+        edit.remove_unused_constant_nodes(sub)
     return fusions, skips
 
 
-def _run_stage(sub: gs.Graph, stage: tuple[Pass, ...], ctx: Context, order: g.NodeOrder, fusions: list[Fusion],
+def _run_stage(sub: gs.Graph, stage: tuple[Pass, ...], ctx: Context, order: edit.NodeOrder, fusions: list[Fusion],
                skips: list[Skip]) -> None:
     for _ in range(MAX_ROUNDS if stage else 0):
         changed, round_skips = False, []

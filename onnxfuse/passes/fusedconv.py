@@ -13,7 +13,8 @@ from typing import TypeGuard
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
+from onnxfuse.model import domains
 from onnxfuse.ort.providers import form_name, release_text
 from onnxfuse.passes._checks import is_op, skip
 from onnxfuse.passes.base import Context, Match
@@ -44,7 +45,7 @@ def fusable_conv(node: gs.Node | None) -> TypeGuard[gs.Node]:
     checkers, not None)."""
     if is_op(node, "Conv"):
         return True
-    return (node is not None and node.op == "FusedConv" and node.domain == g.MS_DOMAIN
+    return (node is not None and node.op == "FusedConv" and node.domain == domains.MS_DOMAIN
             and "activation" not in node.attrs)
 
 
@@ -92,7 +93,7 @@ def to_fused_conv(ctx: Context, conv: gs.Node, activation: str | None, params: l
     """Turn ``conv`` into a FusedConv that takes over ``last``'s output, optionally with a Z input, and delete
     ``removed``."""
     if conv.op == "Conv":
-        conv.op, conv.domain = "FusedConv", g.MS_DOMAIN
+        conv.op, conv.domain = "FusedConv", domains.MS_DOMAIN
     if activation is not None:
         conv.attrs["activation"] = activation
         if params:
@@ -101,7 +102,7 @@ def to_fused_conv(ctx: Context, conv: gs.Node, activation: str | None, params: l
         while len(conv.inputs) < 3:
             conv.inputs.append(gs.Variable.empty())
         conv.inputs.append(z)
-    g.replace_chain(ctx.edit_order, conv, last, removed)
+    edit.replace_chain(ctx.edit_order, conv, last, removed)
 
 
 def scalar(ctx: Context, tensor: gs.Tensor) -> float | None:

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
+from onnxfuse.model import domains
 from onnxfuse.ort.providers import FUSED_GEMM_ACTIVATIONS, gemm_form_name, release_text
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._gemm import gemm_qdq_check
@@ -63,7 +64,7 @@ class GemmActivation(Pass[GemmActivationMatch]):
     def match(self, node: gs.Node, ctx: Context) -> GemmActivationMatch | Skip | None:
         if not is_op(node, *self.anchors):
             return None
-        gemm = g.producer(node.inputs[0])
+        gemm = edit.producer(node.inputs[0])
         if not is_op(gemm, "Gemm"):
             return None
         nodes, out = [gemm, node], node.outputs[0]
@@ -103,8 +104,8 @@ class GemmActivation(Pass[GemmActivationMatch]):
     def rewrite(self, match: GemmActivationMatch, ctx: Context) -> Fusion:
         gemm, act = match.nodes
         original = replaced(match.nodes)
-        gemm.op, gemm.domain = "FusedGemm", g.MS_DOMAIN
+        gemm.op, gemm.domain = "FusedGemm", domains.MS_DOMAIN
         gemm.attrs["activation"] = match.activation
         gemm.attrs.update(match.params)
-        g.replace_chain(ctx.edit_order, gemm, act, [act])
+        edit.replace_chain(ctx.edit_order, gemm, act, [act])
         return describe(self, gemm, original, match.activation)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import describe, is_op, replaced, skip
 from onnxfuse.passes._fold import CompactWeight, compact_scale_axis, fold_fits, set_compact_scale
 from onnxfuse.passes._gemm import (
@@ -68,7 +68,7 @@ class GemmAffine(Pass[GemmFoldMatch]):
         if not is_op(node, *self.anchors) or len(node.inputs) != 2:
             return None
         for side in (0, 1):
-            gemm = g.producer(node.inputs[side])
+            gemm = edit.producer(node.inputs[side])
             if not is_op(gemm, "Gemm"):
                 continue
             c_tensor = node.inputs[1 - side]
@@ -138,7 +138,7 @@ class GemmAffine(Pass[GemmFoldMatch]):
         original = replaced(match.nodes)
         slot = ctx.edit_order.slot(gemm)
         set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
-        g.replace_chain(ctx.edit_order, gemm, op_node, [op_node])
+        edit.replace_chain(ctx.edit_order, gemm, op_node, [op_node])
         if match.scale is not None:
             set_compact_scale(gemm, ctx, match.scale, slot)
         return describe(self, gemm, original)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import describe, is_op, replaced
 from onnxfuse.passes._fold import (
     CompactWeight,
@@ -74,7 +74,7 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:
         if not is_op(node, *self.anchors):
             return None
-        gemm = g.producer(node.inputs[0])
+        gemm = edit.producer(node.inputs[0])
         if not is_op(gemm, "Gemm"):
             return None
         nodes, out = [gemm, node], node.outputs[0]
@@ -104,7 +104,7 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
         original = replaced(match.nodes)
         slot = ctx.edit_order.slot(gemm)
         set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
-        g.replace_chain(ctx.edit_order, gemm, bn, [bn])
+        edit.replace_chain(ctx.edit_order, gemm, bn, [bn])
         if match.scale is not None:
             set_compact_scale(gemm, ctx, match.scale, slot)
         return describe(self, gemm, original)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._fold import FOLDABLE_DTYPES
 from onnxfuse.passes._gemm import gemm_qdq_check
@@ -65,7 +65,7 @@ class MatMulAdd(Pass[MatMulAddMatch]):
         if not is_op(node, *self.anchors) or len(node.inputs) != 2:
             return None
         for side in (0, 1):
-            mm = g.producer(node.inputs[side])
+            mm = edit.producer(node.inputs[side])
             if not is_op(mm, "MatMul"):
                 continue
             b_tensor = node.inputs[1 - side]
@@ -112,7 +112,7 @@ class MatMulAdd(Pass[MatMulAddMatch]):
         original = replaced(match.nodes)
         mm.op = "Gemm"
         mm.inputs.append(match.bias)
-        g.replace_chain(ctx.edit_order, mm, add, [add])
+        edit.replace_chain(ctx.edit_order, mm, add, [add])
         return describe(self, mm, original)
 
 

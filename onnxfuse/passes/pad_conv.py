@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import is_op, private_check, replaced, skip
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
@@ -63,7 +63,7 @@ class PadConv(Pass[PadConvMatch]):
     def match(self, node: gs.Node, ctx: Context) -> PadConvMatch | Skip | None:
         if not is_op(node, *self.anchors) or len(node.inputs) < 2:
             return None
-        pad = g.producer(node.inputs[0])
+        pad = edit.producer(node.inputs[0])
         if not is_op(pad, "Pad"):
             return None
         nodes, out = [pad, node], node.outputs[0]
@@ -152,5 +152,5 @@ class PadConv(Pass[PadConvMatch]):
         pad, conv = match.nodes
         original = replaced(match.nodes)
         conv.attrs["pads"] = match.pads
-        g.bypass(ctx.edit_order, pad, pad.inputs[0])
+        edit.bypass(ctx.edit_order, pad, pad.inputs[0])
         return Fusion(self.name, conv.name, conv.op, original, None, conv.outputs[0].name, self.kind)

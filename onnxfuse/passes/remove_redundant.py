@@ -36,10 +36,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import graph as g
+from onnxfuse.ir import edit
+from onnxfuse.model.dtypes import np_dtype
 from onnxfuse.passes._checks import is_op, replaced, skip
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
@@ -69,7 +69,7 @@ def _perm(node: gs.Node, ctx: Context) -> list[int] | None:
 
 
 def _read(t: gs.Tensor, ctx: Context) -> bool:
-    return bool(t.name) and (bool(g.consumers(t)) or g.is_graph_output(t, ctx.graph))
+    return bool(t.name) and (bool(edit.consumers(t)) or edit.is_graph_output(t, ctx.graph))
 
 
 class RemoveRedundant(Pass[BypassMatch]):
@@ -91,7 +91,7 @@ class RemoveRedundant(Pass[BypassMatch]):
         if node.op == "Cast":
             to, dtype = node.attrs.get("to"), ctx.dtype(source)
             try:
-                if dtype is None or np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to))) != dtype:
+                if dtype is None or np_dtype(int(to)) != dtype:
                     return None
             except (KeyError, TypeError, ValueError):
                 return None
@@ -110,14 +110,14 @@ class RemoveRedundant(Pass[BypassMatch]):
             return None
         if q == list(range(len(q))):
             return _bypass([node], node.inputs[0], [], ctx)
-        first = g.producer(node.inputs[0])
+        first = edit.producer(node.inputs[0])
         if not is_op(first, "Transpose") or not first.inputs or (ctx.members and id(first) not in ctx.members):
             return None  # no pair, or its first Transpose is in an enclosing graph
         p = _perm(first, ctx)
         if p is None or len(p) != len(q):
             return None
         source, composed = first.inputs[0], [p[q[i]] for i in range(len(q))]
-        private = len(g.consumers(first.outputs[0])) == 1 and not g.is_graph_output(first.outputs[0], ctx.graph)
+        private = len(edit.consumers(first.outputs[0])) == 1 and not edit.is_graph_output(first.outputs[0], ctx.graph)
         removed = [first] if private else []
         if composed == list(range(len(q))):
             return _bypass([*removed, node], source, removed, ctx)
@@ -141,12 +141,12 @@ class RemoveRedundant(Pass[BypassMatch]):
         original = replaced(match.nodes)
         if match.perm is not None:
             node.attrs["perm"] = list(match.perm)
-            g.replace_input(ctx.edit_order, node, 0, match.source, match.removed)
+            edit.replace_input(ctx.edit_order, node, 0, match.source, match.removed)
             return Fusion(self.name, node.name, node.op, original, None, original[-1][2], self.kind)
         out = node.outputs[0]
-        g.bypass(ctx.edit_order, node, match.source, match.removed)
+        edit.bypass(ctx.edit_order, node, match.source, match.removed)
         if match.takes_output:
-            g.take_over_output(ctx.graph, out, match.source)
+            edit.take_over_output(ctx.graph, out, match.source)
         # node and op "": nothing computes it now
         return Fusion(self.name, "", "", original, None, original[-1][2], self.kind)
 
@@ -155,7 +155,7 @@ def _bypass(nodes: list[gs.Node], source: gs.Tensor, removed: list[gs.Node], ctx
     """Bypass ``nodes[-1]`` (readers of its output read ``source``), taking over its output's name when that is
     a graph output and :func:`_takeover_blocker` allows it."""
     out = nodes[-1].outputs[0]
-    if not g.is_graph_output(out, ctx.graph):
+    if not edit.is_graph_output(out, ctx.graph):
         return BypassMatch(nodes, source=source, removed=removed)
     why = _takeover_blocker(source, ctx)
     if why:
@@ -169,13 +169,13 @@ def _takeover_blocker(source: gs.Tensor, ctx: Context) -> str | None:
     ``ctx.graph`` only (a subgraph node reads an outer tensor by name)."""
     if isinstance(source, gs.Constant):
         return f"its input {source.name} is a constant"
-    producer = g.producer(source)
+    producer = edit.producer(source)
     if producer is None:
         return f"its input {source.name} is a graph input"
     if ctx.members and id(producer) not in ctx.members:
         return f"its input {source.name} comes from an enclosing graph"
-    if g.is_graph_output(source, ctx.graph):
+    if edit.is_graph_output(source, ctx.graph):
         return f"its input {source.name} is a graph output too"
-    if ctx.members and any(id(r) not in ctx.members for r in g.consumers(source)):
+    if ctx.members and any(id(r) not in ctx.members for r in edit.consumers(source)):
         return f"its input {source.name} is read inside a subgraph"
     return None

@@ -16,12 +16,12 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-import numpy as np
 import onnx
 
 from onnxfuse._version import __version__
 from onnxfuse.analysis.symbolic import SymbolicShapes, evaluate, growth_share, make_symbol, printer
 from onnxfuse.analysis.traffic import ModelIndex, NodeTraffic, Sizes, add, chain_bytes, fused_estimate, totals
+from onnxfuse.model.dtypes import np_dtype
 from onnxfuse.records import CANONICALIZE_NAMES, Fusion, Skip
 from onnxfuse.report.present import percent
 from onnxfuse.report.schema import (
@@ -184,7 +184,7 @@ class Report:
 def dtype_name(elem_type: int) -> str:
     """numpy-style name of an ONNX dtype (``float32``, ``float16``, ``int64``; ``bfloat16`` where numpy has none)."""
     try:
-        return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
+        return str(np_dtype(elem_type))
     except (KeyError, TypeError, ValueError):
         return onnx.helper.tensor_dtype_to_string(elem_type).replace("TensorProto.", "").lower()
 

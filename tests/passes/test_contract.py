@@ -75,7 +75,7 @@ def test_match_returns_none_on_every_node_that_is_no_anchor(p: Pass):
     import numpy as np
     import onnx_graphsurgeon as gs
 
-    from onnxfuse.ir import graph as g
+    from onnxfuse.ir import constants
     from onnxfuse.ort.providers import get_target
     from onnxfuse.passes import Context
 
@@ -91,5 +91,5 @@ def test_match_returns_none_on_every_node_that_is_no_anchor(p: Pass):
         k = gs.Constant("k", np.ones((1, 4, 1, 1), np.float32))
         node = gs.Node(op, "n", inputs=[y, k], outputs=[gs.Variable("z", np.float32, (1, 4, 8, 8))])
         graph = gs.Graph(nodes=[conv, node], inputs=[x], outputs=node.outputs)
-        ctx = Context(get_target("cpu"), frozenset(), {}, g.Namer(graph), graph=graph)
+        ctx = Context(get_target("cpu"), frozenset(), {}, constants.Namer(graph), graph=graph)
         assert p.match(node, ctx) is None, (p.name, op)

@@ -138,7 +138,7 @@ def test_each_stage_stops_after_max_rounds_when_a_pass_never_settles():
     # a pass whose rewrite reports a change every time: the driver still ends, after MAX_ROUNDS rounds per stage
     import onnx_graphsurgeon as gs
 
-    from onnxfuse.ir import graph as g
+    from onnxfuse.ir import constants
     from onnxfuse.ort.providers import get_target
     from onnxfuse.passes import Context, Match, Pass
     from onnxfuse.records import Fusion
@@ -156,7 +156,7 @@ def test_each_stage_stops_after_max_rounds_when_a_pass_never_settles():
     relu = gs.Node("Relu", "relu", inputs=[x], outputs=[gs.Variable("y", np.float32, (1, 4))])
     graph = gs.Graph(nodes=[relu], inputs=[x], outputs=relu.outputs, opset=17)
     fusions, skips = driver.run_passes(graph, (Restless(),), Context(get_target("cpu"), frozenset(), {},
-                                                                      g.Namer(graph)))
+                                                                      constants.Namer(graph)))
     assert len(fusions) == driver.MAX_ROUNDS and not skips
 
 
@@ -164,17 +164,17 @@ def test_a_rewrite_outside_the_driver_is_a_clear_error():
     # the driver sets the graph and its node order; a pass run without them says so instead of failing on None
     import onnx_graphsurgeon as gs
 
-    from onnxfuse.ir import graph as g
+    from onnxfuse.ir import constants, edit
     from onnxfuse.ort.providers import get_target
     from onnxfuse.passes import Context
 
     graph = gs.Graph(opset=17)
-    ctx = Context(get_target("cpu"), frozenset(), {}, g.Namer(graph))
+    ctx = Context(get_target("cpu"), frozenset(), {}, constants.Namer(graph))
     with pytest.raises(RuntimeError, match=r"Context\.graph is not set"):
         _ = ctx.opset
     with pytest.raises(RuntimeError, match=r"Context\.order is not set"):
         _ = ctx.edit_order
-    ctx.graph, ctx.order = graph, g.NodeOrder(graph)
+    ctx.graph, ctx.order = graph, edit.NodeOrder(graph)
     assert ctx.opset == 17 and ctx.edit_order is ctx.order
 
 

@@ -10,6 +10,7 @@ import click
 
 from onnxfuse.cli.args.model_inputs import input_shape_option, parse_input_shapes
 from onnxfuse.errors import InputError
+from onnxfuse.ort.levels import ORT_LEVELS
 
 if TYPE_CHECKING:
     from onnxfuse import pipeline
@@ -19,8 +20,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: providers.TARGETS (its keys, in order) and providers.DEFAULT_TARGET.
 TARGET_NAMES = ("cpu+cuda", "cpu", "cuda", "onnx")
 DEFAULT_TARGET = "cpu+cuda"
-#: providers.ORT_LEVELS and providers.DEFAULT_ORT_LEVEL.
-ORT_LEVELS = ("disable", "basic", "extended", "all")
+#: providers.DEFAULT_ORT_LEVEL.
 DEFAULT_ORT_LEVEL = "all"
 
 
