@@ -567,12 +567,13 @@ def _preload() -> None:
     """Import what a task uses (the library, onnxruntime, sympy, plotly for the HTML report): each worker pays the
     import time once, before its first model, and its first model's time and peak memory are comparable with the
     others'."""
-    import onnxruntime  # noqa: F401
     import sympy  # noqa: F401
 
+    from onnxfuse.ort import sessions
     from onnxfuse.report.html import plotly_js_gzip_base64
     from onnxfuse.verification import verify as verification  # noqa: F401
 
+    sessions.preload()
     plotly_js_gzip_base64()
 
 

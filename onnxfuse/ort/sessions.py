@@ -79,6 +79,11 @@ class InputSpec:
         return set(self.data) | set(self.values) | set(self.ranges)
 
 
+def preload() -> None:
+    """Import onnxruntime now (about 0.15 s), so that a long-lived worker pays it once, before its first model."""
+    import onnxruntime  # noqa: F401
+
+
 def session(model: str | os.PathLike | bytes, level: str = "disable", threads: int | None = None,
             save_to: str | None = None, profile_prefix: str | None = None, spinning: bool = True,
             config: dict[str, str] | None = None) -> Any:
