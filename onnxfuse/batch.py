@@ -48,6 +48,7 @@ from typing import Any
 
 from onnxfuse._version import __version__
 from onnxfuse.errors import InputError, one_line
+from onnxfuse.model.files import write_atomically
 
 SUMMARY_SCHEMA_VERSION = 1
 #: The environment variable of the test hook (see the module docstring).
@@ -470,16 +471,7 @@ def _optimize_into(job: dict, stage: Path) -> dict:
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, data)
 
 
 def _commit_order(rel: str) -> tuple[int, str]:

@@ -44,3 +44,32 @@ def test_report_format_with_several_files_or_a_file_twice_is_refused(tmp_path):
     result = runner.invoke(main, ["report", str(SAMPLE), "-o", str(tmp_path / "a.json"), "-o", str(tmp_path / "a.xyz")])
     assert result.exit_code == 2 and "give a" in result.output and "--format" in result.output
     assert not list(tmp_path.iterdir())
+
+
+def test_write_atomically_keeps_the_old_file_when_the_rename_fails(tmp_path, monkeypatch):
+    """The one writer of reports and batch summaries: a failed rename leaves the old bytes and no temporary file;
+    a successful one gives a new file the permissions of the umask."""
+    import os
+
+    import pytest
+
+    from onnxfuse.model import files
+
+    target = tmp_path / "r.json"
+    target.write_text("old")
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError):
+        files.write_atomically(target, "new")
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+    monkeypatch.undo()
+    umask = os.umask(0o027)
+    try:
+        files.write_atomically(tmp_path / "n.md", b"\xc3\xa9")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "n.md").read_text(encoding="utf-8") == "é"
+    assert (tmp_path / "n.md").stat().st_mode & 0o777 == 0o640

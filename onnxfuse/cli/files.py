@@ -4,7 +4,6 @@ and what a report file's reader should know (the width of a text report, the siz
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sys
@@ -70,35 +69,18 @@ def check_not_data_file(path: Path, what: str, loaded: model_io.LoadedModel) -> 
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write a report file atomically (a temporary file in the same folder, then ``os.replace``; same contract
-    as the model), UTF-8, with the usual umask permissions. No temporary file is left, also on Ctrl-C.
+    """Write a report file atomically (:func:`onnxfuse.model.files.write_atomically`), UTF-8.
 
     Raises:
         InputError: the folder takes no new file, or the write or the rename fails.
     """
-    import tempfile
+    from onnxfuse.model.files import write_atomically
 
     check_folder(path, "report")
-    folder = path.resolve().parent
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".tmp", dir=folder)  # any legal name
-    except OSError as exc:  # /proc, /sys: the folder passes os.access but takes no new file
+        write_atomically(path.resolve().parent / path.name, text)
+    except OSError as exc:  # also /proc, /sys: the folder passes os.access but takes no new file
         raise InputError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
-    replaced = False
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-        replaced = True
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
-    finally:  # also on Ctrl-C
-        if not replaced:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
 
 
 def text_width(output: Path | None) -> int:

@@ -1,4 +1,6 @@
-"""Reading the small files that options name (``--baseline OLD.json``): regular files of bounded size only.
+"""The files onnxfuse reads and writes besides models: the one atomic writer of reports and summaries
+(:func:`write_atomically`), and the small files that options name (``--baseline OLD.json``): regular files of
+bounded size only.
 
 Such a file may come from elsewhere (a CI job downloads the baseline from an earlier run), so it is checked before
 a byte is read: a FIFO would block the read forever, a device such as ``/dev/zero`` or ``/dev/urandom`` never ends,
@@ -9,8 +11,10 @@ opening a FIFO from waiting for a writer (POSIX ``open``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from onnxfuse.errors import InputError
@@ -66,3 +70,30 @@ def shown_path(path: str | os.PathLike) -> str:
         return os.path.relpath(p) if p.is_relative_to(Path.cwd()) else p.name
     except (OSError, ValueError):
         return p.name
+
+
+def write_atomically(path: str | os.PathLike, data: bytes | str) -> None:
+    """Replace ``path`` by a file holding ``data`` (a ``str`` is written as UTF-8), or leave it as it was: the
+    bytes go to a temporary file in the same folder, which gets the permissions of a new file (0o666 less the
+    umask) and is moved onto ``path`` with ``os.replace`` (atomic on POSIX). No temporary file is left behind, also
+    on Ctrl-C. Models have their own writer (:func:`onnxfuse.model.io.save_model`: a model may come with a data
+    file, committed by the same rule).
+
+    Raises:
+        OSError: the folder takes no new file, or the write or the rename failed (callers word the message).
+    """
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:64]}.", suffix=".tmp", dir=target.parent)  # any legal name
+    replaced = False
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, target)
+        replaced = True
+    finally:
+        if not replaced:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
