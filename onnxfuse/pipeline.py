@@ -222,16 +222,21 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     if model is None:
         raise TypeError(f"analyse: {loaded.label}'s model was released by an earlier run; load it again")
     log.debug("loaded %s: %d nodes in the main graph", loaded.label, len(model.graph.node))
-    skel = proto.skeleton(model)
+    # the load's strict shape check already made the skeleton and inferred it (model.io.checked_shapes)
+    skel, inferred = loaded.shape_inference or (proto.skeleton(model), None)
+    loaded.shape_inference = None
     given = dict(options.input_shapes)
     if options.input_data:
         inits = {t.name for t in model.graph.initializer}
         given = shapes.merge_input_data_shapes(given, shapes.npz_shapes(options.input_data),
                                                {vi.name for vi in model.graph.input} - inits, options.input_data)
     input_shapes = shapes.complete_input_shapes(model, given) if given else {}
-    info, elem_types = shapes.infer(skel)  # the model's own (symbolic) shapes: what the passes may rely on
+    # the model's own (symbolic) shapes: what the passes may rely on
+    info, elem_types = shapes.infer(skel) if inferred is None else shapes.inferred_info(inferred)
+    del inferred
     model_io.check_convs(model, info, loaded.label)
     sym, mismatches = _count_shapes(skel, info, input_shapes, options.expressions)
+    del skel  # weight-free, but its messages take a few MiB at the peak that comes later
     before_sizes = traffic.Sizes(sym.shapes, {**elem_types, **sym.elem_types}, sym.reasons).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
     missing = _missing_shapes(model, input_shapes)
