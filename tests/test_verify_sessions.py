@@ -1,0 +1,96 @@
+"""optimize's onnxruntime sessions: verification's noise-floor session (the original at ORT_ENABLE_ALL) also writes
+the graph that the report's comparison with onnxruntime at level ``all`` needs, so that comparison makes no second
+session of the original; the verdict and the report are those of separate sessions."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from onnxfuse import pipeline
+from onnxfuse.ort import optimized_graph as ort_graph
+from onnxfuse.ort import sessions as runtime
+from onnxfuse.verification.options import VerifyOptions
+from tests.test_verify import deep_net
+
+
+@pytest.fixture
+def made(monkeypatch):
+    """(level, writes its optimized graph) of every onnxruntime session made, in order."""
+    sessions = []
+    real = runtime.session
+
+    def counting(model, level="disable", *args, **kwargs):
+        sessions.append((level, bool(kwargs.get("save_to"))))
+        return real(model, level, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "session", counting)
+    return sessions
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    """A deep Conv -> BN -> HardSwish net whose fold verification passes only with onnxruntime's noise floor."""
+    path = tmp_path_factory.mktemp("deep") / "deep.onnx"
+    onnx.save(deep_net(blocks=20), path)
+    return path
+
+
+def _separately(path, options: pipeline.Options) -> dict:
+    """The report of optimize as made before: verification, then a comparison with its own sessions."""
+    analysed = pipeline.analyse(path, options)  # runtime_graphs makes both sessions itself
+    return analysed.report.to_dict()
+
+
+def test_floor_session_writes_the_original_graph_at_level_all(made, deep):
+    result = pipeline.optimize(deep, pipeline.Options(), VerifyOptions())
+    v = result.report.verification
+    assert v.status == "passed" and v.floor_note is None and v.outputs[0].floor > 0  # the floor was measured
+    # original, candidate, original at all (the floor, writing its graph), candidate at all (its graph)
+    assert made == [("disable", False), ("disable", False), ("all", True), ("all", True)]
+    made.clear()
+    doc, alone = result.report.to_dict(), _separately(deep, pipeline.Options())
+    assert ("all", True) in made and len(made) == 2  # the comparison alone: both sessions of its own
+    assert doc["onnxruntime"]["status"] == "compared"
+    assert doc["onnxruntime"] == alone["onnxruntime"]
+    assert doc["fusions"] == alone["fusions"]
+
+
+def test_floor_graph_is_not_used_at_another_level(made, deep):
+    result = pipeline.optimize(deep, pipeline.Options(ort_level="extended"), VerifyOptions())
+    assert result.report.verification.status == "passed"
+    assert made == [("disable", False), ("disable", False), ("all", False), ("extended", True), ("extended", True)]
+    assert result.report.to_dict()["onnxruntime"] == _separately(deep, pipeline.Options(ort_level="extended"))[
+        "onnxruntime"]
+
+
+def test_no_floor_session_leaves_the_comparison_its_own(made, tmp_path):
+    path = tmp_path / "block.onnx"
+    onnx.save(deep_net(blocks=1, gain=1.0), path)
+    result = pipeline.optimize(path, pipeline.Options(), VerifyOptions())
+    assert result.report.verification.status == "passed"
+    assert result.report.verification.floor_note.startswith("not measured")
+    assert made == [("disable", False), ("disable", False), ("all", True), ("all", True)]
+    assert result.report.to_dict()["onnxruntime"] == _separately(path, pipeline.Options())["onnxruntime"]
+
+
+def test_an_unreadable_floor_graph_falls_back_to_a_session_of_its_own(made, deep, monkeypatch):
+    monkeypatch.setattr(ort_graph, "read_graph", lambda path: None)  # as if the floor session wrote nothing usable
+    result = pipeline.optimize(deep, pipeline.Options(), VerifyOptions())
+    assert made == [("disable", False), ("disable", False), ("all", True), ("all", True), ("all", True)]
+    assert result.report.to_dict()["onnxruntime"] == _separately(deep, pipeline.Options())["onnxruntime"]
+
+
+def test_read_graph_of_a_missing_or_truncated_file(tmp_path):
+    assert ort_graph.read_graph(str(tmp_path / "none.onnx")) is None
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x0a\xff\xff\xff")
+    assert ort_graph.read_graph(str(bad)) is None
+
+
+def test_no_verify_and_comparison_off_make_no_floor_graph(made, deep):
+    pipeline.optimize(deep, pipeline.Options(compare_with_onnxruntime=False), VerifyOptions())
+    assert made == [("disable", False), ("disable", False), ("all", False)]
+    made.clear()
+    pipeline.optimize(deep, pipeline.Options(compare_with_onnxruntime=False), None)
+    assert made == []
