@@ -10,6 +10,7 @@ import pytest
 from onnxfuse import pipeline
 from onnxfuse.ort import optimized_graph as ort_graph
 from onnxfuse.ort import sessions as runtime
+from onnxfuse.verification.models import ACCUMULATING_OPS, weights_moved_by_one_ulp
 from onnxfuse.verification.options import VerifyOptions
 from tests.test_verify import deep_net
 
@@ -94,3 +95,55 @@ def test_no_verify_and_comparison_off_make_no_floor_graph(made, deep):
     made.clear()
     pipeline.optimize(deep, pipeline.Options(compare_with_onnxruntime=False), None)
     assert made == []
+
+
+def _moved_reference(model: onnx.ModelProto, seed: int = 0) -> dict[str, bytes]:
+    """The rounding floor's weights as first written: both neighbours of every element, then a seeded choice."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(seed)
+    weights = {n.input[1] for n in model.graph.node if n.op_type in ACCUMULATING_OPS and len(n.input) > 1}
+    out = {}
+    for t in model.graph.initializer:
+        if t.name not in weights:
+            continue
+        a = numpy_helper.to_array(t)
+        up = rng.integers(0, 2, a.shape).astype(bool)
+        with np.errstate(over="ignore"):  # the largest finite value's neighbour towards +inf is inf
+            b = np.where(up, np.nextafter(a, np.array(np.inf, a.dtype)), np.nextafter(a, np.array(-np.inf, a.dtype)))
+        out[t.name] = b.astype(a.dtype).tobytes()
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_weights_moved_by_one_ulp_same_values_as_both_neighbours_then_a_choice(dtype):
+    """One nextafter per element towards the chosen side gives the bytes of computing both neighbours and choosing,
+    on zeros of both signs, subnormals, the largest finite values, infinities and NaN; in place or on a copy."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    dt = np.dtype(dtype)
+    info = np.finfo(dt)
+    special = np.array([0.0, -0.0, info.smallest_subnormal, -info.smallest_subnormal, info.max, -info.max,
+                        np.inf, -np.inf, np.nan, 1.0, -1.0, info.tiny, -info.tiny], dtype=dt)
+    rng = np.random.default_rng(3)
+    w1 = np.concatenate([special, rng.standard_normal(64 * 3 * 3 - special.size).astype(dt)]).reshape(64, 1, 3, 3)
+    w2 = rng.standard_normal((8, 64)).astype(dt)
+    elem = helper.np_dtype_to_tensor_dtype(dt)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["y"], name="c", group=1),
+         helper.make_node("Flatten", ["y"], ["f"], name="f"),
+         helper.make_node("Gemm", ["f", "w2"], ["z"], name="g", transB=1)], "g",
+        [helper.make_tensor_value_info("x", elem, [1, 1, 3, 3])], [helper.make_tensor_value_info("z", elem, None)],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    expected = _moved_reference(model)
+    assert set(expected) == {"w1", "w2"}
+    copy = weights_moved_by_one_ulp(model)
+    original = model.SerializeToString()
+    moved = {t.name: t.raw_data for t in copy.graph.initializer}
+    assert moved == expected
+    assert model.SerializeToString() == original  # not in place: the input is left as it was
+    same = weights_moved_by_one_ulp(model, in_place=True)
+    assert same is model and {t.name: t.raw_data for t in model.graph.initializer} == expected

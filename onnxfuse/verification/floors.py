@@ -80,7 +80,8 @@ def measure_rounding_floor(original: Model, feeds_list: list[Feeds], refs: Outpu
     """
     try:
         model = proto(original)
-        moved = weights_moved_by_one_ulp(model)
+        # a model proto() read from a path or bytes is this function's own: moved in place, not copied first
+        moved = weights_moved_by_one_ulp(model, in_place=model is not original)
         del model
         with runtime.loadable(moved, as_file=True) as src:
             outs = run_all(session(src), feeds_list)
