@@ -206,7 +206,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     """Load the model at ``path`` (or take ``loaded``), run the passes in memory and build the report (no file).
 
     ``verify_options`` (for :func:`optimize`): when the passes rewrote the model, verify it
-    (:func:`_verify_before_comparing`) before onnxruntime's graphs are made, and put the result in
+    (:func:`_verify_and_compare`) before onnxruntime's graphs are made, and put the result in
     ``report.verification``; None: no verification.
 
     Raises:
@@ -328,54 +328,65 @@ def _release_warnings(release: tuple[int, int], forms: Counter, min_release: tup
 def _verify_and_compare_graphs(loaded: model_io.LoadedModel, out: onnx.ModelProto, input_shapes: dict,
                                options: Options, verify_options, fusions: list[Fusion]):
     """:func:`analyse`'s work in onnxruntime once the passes have run: ``(verification or None, runtime graphs
-    or None)``. With ``verify_options`` and ``fusions``, the verification of ``out`` (:func:`_verify_before_comparing`);
-    with ``fusions`` and a comparison asked for (``options.ort_level``, ``options.compare_with_onnxruntime``), then
-    :func:`onnxfuse.ort.optimized_graph.runtime_graphs` at that level.
+    or None)``. With ``verify_options`` and ``fusions``, the verification of ``out`` and the comparison share
+    their sessions' work (:func:`_verify_and_compare`); with ``fusions`` and a comparison asked for
+    (``options.ort_level``, ``options.compare_with_onnxruntime``) but no verification,
+    :func:`onnxfuse.ort.optimized_graph.runtime_graphs` alone.
 
     Raises:
         InputError: as :func:`optimize`.
     """
     from onnxfuse.ort import optimized_graph as ort_graph
 
-    compare = bool(fusions) and options.ort_level is not None and options.compare_with_onnxruntime
-    verified, original_graph = None, None
+    level = options.ort_level if fusions and options.compare_with_onnxruntime else None
     if fusions and verify_options is not None:
-        verified, original_graph = _verify_before_comparing(loaded, out, input_shapes, verify_options,
-                                                             compare and options.ort_level == "all")
-    runtime = None
-    if compare and options.ort_level is not None:
-        log.debug("asking onnxruntime which of these fusions it makes itself at level %s", options.ort_level)
-        runtime = ort_graph.runtime_graphs(loaded.ort_source(), out, options.ort_level, original_graph)
-    return verified, runtime
+        return _verify_and_compare(loaded, out, input_shapes, verify_options, level)
+    if level is None:
+        return None, None
+    log.debug("asking onnxruntime which of these fusions it makes itself at level %s", level)
+    return None, ort_graph.runtime_graphs(loaded.ort_source(), out, level)
 
 
-def _verify_before_comparing(loaded: model_io.LoadedModel, out: onnx.ModelProto, input_shapes: dict,
-                             verify_options, save_graph: bool):
-    """:func:`optimize`'s verification of ``out`` against the original, made before
-    :func:`onnxfuse.ort.optimized_graph.runtime_graphs`: ``(verification, graph)``. With ``save_graph`` (a
-    comparison at level ``all``), the noise-floor session, when verification makes one, is the session of the
-    original at ``ORT_ENABLE_ALL`` that ``runtime_graphs`` would make again: it writes onnxruntime's graph
-    (:data:`onnxfuse.ort.optimized_graph.SAVE_CONFIG`), returned as ``graph`` (else None), so one session of the
-    original at that level is made, not two. Same verdict, same report.
+def _verify_and_compare(loaded: model_io.LoadedModel, out: onnx.ModelProto, input_shapes: dict, verify_options,
+                        level: str | None):
+    """:func:`optimize`'s verification of ``out`` against the original, then, at ``level`` (None: not wanted),
+    :func:`onnxfuse.ort.optimized_graph.runtime_graphs`: ``(verification, runtime graphs or None)``. The two share
+    what they can, for the same verdict and the same report:
+
+    * one temporary file of ``out`` (:func:`onnxfuse.ort.sessions.loadable` with ``as_file``) for verification's
+      session of it and the comparison's, instead of one written for each;
+    * at level ``all``, the noise-floor session, when verification makes one, is the session of the original at
+      ``ORT_ENABLE_ALL`` that ``runtime_graphs`` would make again: it writes onnxruntime's graph
+      (:data:`onnxfuse.ort.optimized_graph.SAVE_CONFIG`) and ``runtime_graphs`` reads it, so one session of the
+      original at that level is made, not two.
 
     Raises:
         InputError: as :func:`optimize`.
     """
+    import contextlib
     import tempfile
 
     from onnxfuse.ort import optimized_graph as ort_graph
+    from onnxfuse.ort import sessions as ort_sessions
     from onnxfuse.verification import verify
 
     # the shapes analyse() used: the given ones plus those their named dims complete
     verify_options.input_shapes = {k: tuple(v) for k, v in input_shapes.items()}
     _check_input_sizes(verify_options.input_shapes)
-    log.debug("verifying the optimized model against the original in onnxruntime")
-    if not save_graph:
-        return verify.verify_models(loaded.ort_source(), out, verify_options), None
-    with tempfile.TemporaryDirectory(prefix="onnxfuse-ort-") as folder:
-        path = os.path.join(folder, "optimized.onnx")
-        verification = verify.verify_models(loaded.ort_source(), out, verify_options, path)
-        return verification, ort_graph.read_graph(path)
+    with contextlib.ExitStack() as stack:
+        written = stack.enter_context(ort_sessions.loadable(out, as_file=True)) if level is not None else None
+        candidate_file = written if isinstance(written, str) else None  # bytes: no temporary file could be written
+        floor_graph = None
+        if level == "all":
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxfuse-ort-"))
+            floor_graph = os.path.join(folder, "optimized.onnx")
+        log.debug("verifying the optimized model against the original in onnxruntime")
+        verification = verify.verify_models(loaded.ort_source(), out, verify_options, floor_graph, candidate_file)
+        if level is None:
+            return verification, None
+        log.debug("asking onnxruntime which of these fusions it makes itself at level %s", level)
+        return verification, ort_graph.runtime_graphs(loaded.ort_source(), candidate_file or out, level,
+                                                      ort_graph.read_graph(floor_graph) if floor_graph else None)
 
 
 def optimize(path: str | os.PathLike | None, options: Options, verify_options=None,

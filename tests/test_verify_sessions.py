@@ -147,3 +147,23 @@ def test_weights_moved_by_one_ulp_same_values_as_both_neighbours_then_a_choice(d
     assert model.SerializeToString() == original  # not in place: the input is left as it was
     same = weights_moved_by_one_ulp(model, in_place=True)
     assert same is model and {t.name: t.raw_data for t in model.graph.initializer} == expected
+
+
+def test_one_temporary_file_of_the_output_for_verification_and_comparison(made, deep, monkeypatch):
+    written = []
+    real = runtime._write_temporary
+    monkeypatch.setattr(runtime, "_write_temporary", lambda model: written.append(model) or real(model))
+    result = pipeline.optimize(deep, pipeline.Options(ort_level="extended"), VerifyOptions())
+    assert result.report.verification.status == "passed"
+    assert sum(1 for m in written if m is result.model) == 1  # was 2: one for each session of the output
+    assert ("disable", False) in made and made[-1] == ("extended", True)
+    assert result.report.to_dict()["onnxruntime"] == _separately(deep, pipeline.Options(ort_level="extended"))[
+        "onnxruntime"]
+
+
+def test_without_a_temporary_folder_the_output_is_given_as_bytes(made, deep, monkeypatch):
+    """Where no temporary file can be written, each session gets the serialized output, as before."""
+    monkeypatch.setattr(runtime, "_write_temporary", lambda model: None)
+    result = pipeline.optimize(deep, pipeline.Options(), VerifyOptions())
+    assert result.report.verification.status == "passed"
+    assert result.report.to_dict()["onnxruntime"]["status"] == "compared"

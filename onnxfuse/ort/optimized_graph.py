@@ -79,10 +79,10 @@ def installed_version() -> str:
         return onnxruntime.__version__
 
 
-def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto, level: str,
+def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto | str, level: str,
                    original_graph: onnx.ModelProto | None = None) -> RuntimeGraphs:
-    """Have onnxruntime optimize ``original`` (a path, or serialized bytes) and ``optimized`` at ``level`` on the
-    CPU execution provider and describe both graphs (:class:`RuntimeGraphs`).
+    """Have onnxruntime optimize ``original`` (a path, or serialized bytes) and ``optimized`` (a ModelProto, or the
+    path of its file) at ``level`` on the CPU execution provider and describe both graphs (:class:`RuntimeGraphs`).
 
     ``original_graph``: onnxruntime's graph of ``original`` at ``level``, when a session made with the same options
     (:func:`onnxfuse.ort.sessions.session` with ``spinning=False`` and :data:`SAVE_CONFIG`) already wrote it

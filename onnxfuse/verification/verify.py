@@ -39,7 +39,7 @@ ORIGINAL_UNLOADABLE = "onnxruntime cannot load the original"
 
 
 def verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None,
-                  floor_graph_to: str | None = None) -> Verification:
+                  floor_graph_to: str | None = None, candidate_file: str | None = None) -> Verification:
     """:func:`_verify_models` within ``options.timeout`` seconds (DEFAULT_TIMEOUT_S): when they run out (an
     onnxruntime run is stopped, or no time is left to make the next session) the result is ``skipped`` with
     ``cause`` ``time``, whatever was compared so far. See :func:`onnxfuse.ort.sessions.run` for how a run is stopped
@@ -49,7 +49,11 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
     ``ORT_ENABLE_ALL``) also writes there the graph onnxruntime optimized, with its weights in a side file
     (:data:`onnxfuse.ort.optimized_graph.SAVE_CONFIG`): the graph
     :func:`onnxfuse.ort.optimized_graph.runtime_graphs` needs at level ``all``. Nothing is written when no floor
-    session is made. The session computes the same outputs either way."""
+    session is made. The session computes the same outputs either way.
+
+    ``candidate_file``: a file that holds ``candidate`` serialized (:func:`onnxfuse.ort.sessions.loadable` with
+    ``as_file``), which its session loads instead of a temporary copy of its own; ``candidate`` itself is still
+    what is inspected."""
     opts = options or VerifyOptions()
     random = random_ops(graph_only(candidate))
     if random:
@@ -58,7 +62,7 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
                             cause=Cause.RANDOM)
     token = BUDGET.set(Budget(opts.timeout))
     try:
-        return _verify_models(original, candidate, opts, floor_graph_to)
+        return _verify_models(original, candidate, opts, floor_graph_to, candidate_file)
     except runtime.RunTimeout:
         runtime.trim_heap()
         return Verification(Status.SKIPPED, f"time: verification did not finish within {opts.timeout:g} s "
@@ -100,7 +104,7 @@ class _Reference:
 
 
 def _verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None,
-                   floor_graph_to: str | None = None) -> Verification:
+                   floor_graph_to: str | None = None, candidate_file: str | None = None) -> Verification:
     """Compare ``candidate`` with ``original`` (each a model path, serialized model bytes or a ModelProto, left
     unmodified) in onnxruntime by the rule of :mod:`onnxfuse.verification.rule`.
 
@@ -131,7 +135,7 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
     if isinstance(ref, Verification):
         return ref
     runtime.trim_heap()
-    gots = run_candidate(candidate, ref.feeds_list, ref.inputs, ref.outputs)
+    gots = run_candidate(candidate_file or candidate, ref.feeds_list, ref.inputs, ref.outputs)
     runtime.trim_heap()
     if isinstance(gots, str):
         return ref.verification(Status.FAILED, gots)
