@@ -391,9 +391,10 @@ def _verify_and_compare(loaded: model_io.LoadedModel, out: onnx.ModelProto, inpu
 
 def optimize(path: str | os.PathLike | None, options: Options, verify_options=None,
              loaded: model_io.LoadedModel | None = None) -> Result:
-    """:func:`analyse`, then verify the optimized model against the original in onnxruntime unless
+    """:func:`analyse` with verification of the optimized model against the original in onnxruntime, unless
     ``verify_options`` is None or nothing was rewritten (status ``unchanged``); the verification result goes
-    into ``result.report.verification``.
+    into ``result.report.verification``. It is made before the report's comparison with onnxruntime's own graphs,
+    which reuses its sessions' work (:func:`_verify_and_compare`).
 
     An input that onnxruntime (CPU provider, optimizations disabled) cannot load is refused: verification's own
     session of the original is that load, so it costs nothing more. Without verification (``verify_options``
