@@ -201,10 +201,13 @@ def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...
         model.metadata_props.add(key=key, value=value)
 
 
-def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.LoadedModel | None = None
-            ) -> Result:
-    """Load the model at ``path`` (or take ``loaded``), run the passes in memory and build the report (no
-    verification, no file).
+def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.LoadedModel | None = None,
+            verify_options=None) -> Result:
+    """Load the model at ``path`` (or take ``loaded``), run the passes in memory and build the report (no file).
+
+    ``verify_options`` (for :func:`optimize`): when the passes rewrote the model, verify it
+    (:func:`_verify_and_compare`) before onnxruntime's graphs are made, and put the result in
+    ``report.verification``; None: no verification.
 
     Raises:
         InputError: unreadable or invalid model (:func:`onnxfuse.model.io.load_model`, and a Conv whose
@@ -214,24 +217,17 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     selected = _check_options(options)
     if options.input_data:
         check_regular_file(options.input_data, "--input-data")
-    if loaded is None:
-        if path is None:
-            raise TypeError("analyse: give a path or a loaded model")
-        loaded = model_io.load_model(path)
-    model = loaded.model
-    if model is None:
-        raise TypeError(f"analyse: {loaded.label}'s model was released by an earlier run; load it again")
-    log.debug("loaded %s: %d nodes in the main graph", loaded.label, len(model.graph.node))
-    skel = proto.skeleton(model)
-    given = dict(options.input_shapes)
-    if options.input_data:
-        inits = {t.name for t in model.graph.initializer}
-        given = shapes.merge_input_data_shapes(given, shapes.npz_shapes(options.input_data),
-                                               {vi.name for vi in model.graph.input} - inits, options.input_data)
-    input_shapes = shapes.complete_input_shapes(model, given) if given else {}
-    info, elem_types = shapes.infer(skel)  # the model's own (symbolic) shapes: what the passes may rely on
+    loaded, model = _model_of(path, loaded)
+    # the load's strict shape check already made the skeleton and inferred it (model.io.checked_shapes)
+    skel, inferred = loaded.shape_inference or (proto.skeleton(model), None)
+    loaded.shape_inference = None
+    input_shapes = _input_shapes(model, options)
+    # the model's own (symbolic) shapes: what the passes may rely on
+    info, elem_types = shapes.infer(skel) if inferred is None else shapes.inferred_info(inferred)
+    del inferred
     model_io.check_convs(model, info, loaded.label)
     sym, mismatches = _count_shapes(skel, info, input_shapes, options.expressions)
+    del skel  # weight-free, but its messages take a few MiB at the peak that comes later
     before_sizes = traffic.Sizes(sym.shapes, {**elem_types, **sym.elem_types}, sym.reasons).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
     missing = _missing_shapes(model, input_shapes)
@@ -263,12 +259,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         del graph, ctx, model
         loaded.model = None
 
-    runtime = None
-    if fusions and options.ort_level is not None and options.compare_with_onnxruntime:
-        from onnxfuse.ort import optimized_graph as ort_graph
-
-        log.debug("asking onnxruntime which of these fusions it makes itself at level %s", options.ort_level)
-        runtime = ort_graph.runtime_graphs(loaded.ort_source(), out, options.ort_level)
+    verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options, fusions)
     after_sizes = before_sizes.with_model(out)
     after_rows = traffic.node_traffic(out, after_sizes)
     report = rep.build(
@@ -280,25 +271,130 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     release = deployment_release(options)
     report.deployment = rep.deployment_section(release, forms, min_release)
     report.model["optimized_bytes"] = _serialized_bytes(out)
-    if min_release > release:
-        mismatches = [*mismatches, f"the model needs onnxruntime {release_text(min_release)} or newer for forms it "
-                      f"already held ({', '.join(sorted(f for f in forms if form_min_release(f) > release))}), "
-                      f"above --ort-version {release_text(release)}; onnxfuse does not unfuse them"]
-    if release > PROBED_ORT_RELEASES[-1]:
-        mismatches = [*mismatches, f"onnxruntime {release_text(release)} is newer than the newest release probed "
-                      f"({release_text(PROBED_ORT_RELEASES[-1])}): onnxfuse assumes it loads every form "
-                      f"{release_text(PROBED_ORT_RELEASES[-1])} loads"]
+    mismatches = [*mismatches, *_release_warnings(release, forms, min_release)]
     report.warnings = loaded.warnings + _target_warnings(out, options.target) + mismatches
     if blocker is not None:
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
+    report.verification = verified
     return Result(out, fusions, skips, bool(fusions), report, loaded)
+
+
+def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None
+              ) -> tuple[model_io.LoadedModel, onnx.ModelProto]:
+    """``loaded`` (else the model at ``path``, loaded) and its model.
+
+    Raises:
+        TypeError: neither is given, or ``loaded``'s model was released by an earlier :func:`analyse`.
+        InputError: as :func:`onnxfuse.model.io.load_model`.
+    """
+    if loaded is None:
+        if path is None:
+            raise TypeError("analyse: give a path or a loaded model")
+        loaded = model_io.load_model(path)
+    model = loaded.model
+    if model is None:
+        raise TypeError(f"analyse: {loaded.label}'s model was released by an earlier run; load it again")
+    log.debug("loaded %s: %d nodes in the main graph", loaded.label, len(model.graph.node))
+    return loaded, model
+
+
+def _input_shapes(model: onnx.ModelProto, options: Options) -> dict[str, tuple[int, ...]]:
+    """The concrete input shapes the report counts: ``options.input_shapes``, those of ``options.input_data``,
+    and the ones their named dims complete (:func:`onnxfuse.analysis.shapes.complete_input_shapes`); {} when
+    none is given."""
+    given = dict(options.input_shapes)
+    if options.input_data:
+        inits = {t.name for t in model.graph.initializer}
+        given = shapes.merge_input_data_shapes(given, shapes.npz_shapes(options.input_data),
+                                               {vi.name for vi in model.graph.input} - inits, options.input_data)
+    return shapes.complete_input_shapes(model, given) if given else {}
+
+
+def _release_warnings(release: tuple[int, int], forms: Counter, min_release: tuple[int, int]) -> list[str]:
+    """The report's warnings about ``--ort-version`` (``release``): the model holds forms (``forms``, of
+    :func:`emitted_forms`) that need ``min_release`` above it, or it is newer than every release probed."""
+    warnings = []
+    if min_release > release:
+        warnings.append(f"the model needs onnxruntime {release_text(min_release)} or newer for forms it "
+                        f"already held ({', '.join(sorted(f for f in forms if form_min_release(f) > release))}), "
+                        f"above --ort-version {release_text(release)}; onnxfuse does not unfuse them")
+    if release > PROBED_ORT_RELEASES[-1]:
+        warnings.append(f"onnxruntime {release_text(release)} is newer than the newest release probed "
+                        f"({release_text(PROBED_ORT_RELEASES[-1])}): onnxfuse assumes it loads every form "
+                        f"{release_text(PROBED_ORT_RELEASES[-1])} loads")
+    return warnings
+
+
+def _verify_and_compare_graphs(loaded: model_io.LoadedModel, out: onnx.ModelProto, input_shapes: dict,
+                               options: Options, verify_options, fusions: list[Fusion]):
+    """:func:`analyse`'s work in onnxruntime once the passes have run: ``(verification or None, runtime graphs
+    or None)``. With ``verify_options`` and ``fusions``, the verification of ``out`` and the comparison share
+    their sessions' work (:func:`_verify_and_compare`); with ``fusions`` and a comparison asked for
+    (``options.ort_level``, ``options.compare_with_onnxruntime``) but no verification,
+    :func:`onnxfuse.ort.optimized_graph.runtime_graphs` alone.
+
+    Raises:
+        InputError: as :func:`optimize`.
+    """
+    from onnxfuse.ort import optimized_graph as ort_graph
+
+    level = options.ort_level if fusions and options.compare_with_onnxruntime else None
+    if fusions and verify_options is not None:
+        return _verify_and_compare(loaded, out, input_shapes, verify_options, level)
+    if level is None:
+        return None, None
+    log.debug("asking onnxruntime which of these fusions it makes itself at level %s", level)
+    return None, ort_graph.runtime_graphs(loaded.ort_source(), out, level)
+
+
+def _verify_and_compare(loaded: model_io.LoadedModel, out: onnx.ModelProto, input_shapes: dict, verify_options,
+                        level: str | None):
+    """:func:`optimize`'s verification of ``out`` against the original, then, at ``level`` (None: not wanted),
+    :func:`onnxfuse.ort.optimized_graph.runtime_graphs`: ``(verification, runtime graphs or None)``. The two share
+    what they can, for the same verdict and the same report:
+
+    * one temporary file of ``out`` (:func:`onnxfuse.ort.sessions.loadable` with ``as_file``) for verification's
+      session of it and the comparison's, instead of one written for each;
+    * at level ``all``, the noise-floor session, when verification makes one, is the session of the original at
+      ``ORT_ENABLE_ALL`` that ``runtime_graphs`` would make again: it writes onnxruntime's graph
+      (:data:`onnxfuse.ort.optimized_graph.SAVE_CONFIG`) and ``runtime_graphs`` reads it, so one session of the
+      original at that level is made, not two.
+
+    Raises:
+        InputError: as :func:`optimize`.
+    """
+    import contextlib
+    import tempfile
+
+    from onnxfuse.ort import optimized_graph as ort_graph
+    from onnxfuse.ort import sessions as ort_sessions
+    from onnxfuse.verification import verify
+
+    # the shapes analyse() used: the given ones plus those their named dims complete
+    verify_options.input_shapes = {k: tuple(v) for k, v in input_shapes.items()}
+    _check_input_sizes(verify_options.input_shapes)
+    with contextlib.ExitStack() as stack:
+        written = stack.enter_context(ort_sessions.loadable(out, as_file=True)) if level is not None else None
+        candidate_file = written if isinstance(written, str) else None  # bytes: no temporary file could be written
+        floor_graph = None
+        if level == "all":
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxfuse-ort-"))
+            floor_graph = os.path.join(folder, "optimized.onnx")
+        log.debug("verifying the optimized model against the original in onnxruntime")
+        verification = verify.verify_models(loaded.ort_source(), out, verify_options, floor_graph, candidate_file)
+        if level is None:
+            return verification, None
+        log.debug("asking onnxruntime which of these fusions it makes itself at level %s", level)
+        return verification, ort_graph.runtime_graphs(loaded.ort_source(), candidate_file or out, level,
+                                                      ort_graph.read_graph(floor_graph) if floor_graph else None)
 
 
 def optimize(path: str | os.PathLike | None, options: Options, verify_options=None,
              loaded: model_io.LoadedModel | None = None) -> Result:
-    """:func:`analyse`, then verify the optimized model against the original in onnxruntime unless
+    """:func:`analyse` with verification of the optimized model against the original in onnxruntime, unless
     ``verify_options`` is None or nothing was rewritten (status ``unchanged``); the verification result goes
-    into ``result.report.verification``.
+    into ``result.report.verification``. It is made before the report's comparison with onnxruntime's own graphs,
+    which reuses its sessions' work (:func:`_verify_and_compare`).
 
     An input that onnxruntime (CPU provider, optimizations disabled) cannot load is refused: verification's own
     session of the original is that load, so it costs nothing more. Without verification (``verify_options``
@@ -316,17 +412,12 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
 
     if verify_options is not None and verify_options.input_data and not options.input_data:
         options = replace(options, input_data=verify_options.input_data)  # real inputs fix the report's shapes
-    result = analyse(path, options, loaded)
+    result = analyse(path, options, loaded, verify_options)  # verifies a rewritten model
     if verify_options is None:
         result.report.verification = Verification.skipped_by_user()
     elif not result.changed:  # the output computes exactly what the input does: nothing to run
         result.report.verification = Verification.unchanged()
     else:
-        # the shapes analyse() used: the given ones plus those their named dims complete
-        verify_options.input_shapes = {k: tuple(v) for k, v in result.report.input_shapes.items()}
-        _check_input_sizes(verify_options.input_shapes)
-        log.debug("verifying the optimized model against the original in onnxruntime")
-        result.report.verification = verify.verify_models(result.loaded.ort_source(), result.model, verify_options)
         reason = result.report.verification.reason or ""
         if result.report.verification.status == "skipped" and reason.startswith(verify.ORIGINAL_UNLOADABLE):
             raise InputError(f"{result.loaded.label}: {reason}; onnxfuse does not rewrite a model onnxruntime "

@@ -178,6 +178,12 @@ def infer(skel: onnx.ModelProto) -> tuple[dict[str, TensorInfo], dict[str, int]]
         inferred = onnx.shape_inference.infer_shapes(skel, check_type=False, strict_mode=False, data_prop=True)
     except Exception:
         inferred = skel
+    return inferred_info(inferred)
+
+
+def inferred_info(inferred: onnx.ModelProto) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+    """What :func:`infer` returns, read from ``inferred``, a skeleton that ``onnx.shape_inference`` (with data
+    propagation) has already inferred (``onnxfuse.model.io.checked_shapes``). Nothing is inferred again."""
     info: dict[str, TensorInfo] = {}
     elem_types: dict[str, int] = {}
     _collect(inferred.graph, info, elem_types)

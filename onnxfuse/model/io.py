@@ -50,6 +50,11 @@ class LoadedModel:
         warnings: what the checks at load let through but the user should know (:func:`check_shapes`: declared
             shapes that contradict shape inference).
         name: what reports call the model instead of its path (the API's ``name``); None: the path.
+        shape_inference: ``(skeleton, inferred)`` from the load's strict shape check (:func:`checked_shapes`):
+            :func:`onnxfuse.model.proto.skeleton` of :attr:`model` and onnx's inference of it with data
+            propagation, which ``pipeline.analyse`` uses instead of making and inferring a second skeleton; None
+            when the check could not give it (external data, declared shapes that contradict inference).
+            Weight-free.
     """
 
     model: onnx.ModelProto | None
@@ -62,6 +67,7 @@ class LoadedModel:
     proto: onnx.ModelProto | None = field(default=None, repr=False)
     warnings: list[str] = field(default_factory=list)
     name: str | None = None
+    shape_inference: tuple[onnx.ModelProto, onnx.ModelProto] | None = field(default=None, repr=False)
 
     @property
     def label(self) -> str:
@@ -98,14 +104,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
             (:func:`check_node_names`), or its IR version / opset is older than MIN_IR_VERSION / MIN_OPSET.
     """
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"{p}: no such file")
-    if p.is_dir():
-        raise InputError(f"{p}: is a directory, not an ONNX model file")
-    if not p.is_file():
-        raise InputError(f"{p}: is not a regular file (a device or FIFO)")
-    if p.stat().st_size == 0:
-        raise InputError(f"{p}: the file is empty")
+    _check_model_file(p)
     # The file is read once: the checker, the parse and the SHA-256 all use these bytes (the checker on the path
     # read the file again and was several times slower than on bytes). The checker runs before Python parses
     # its own copy; its verdict is reported after the more specific checks below.
@@ -156,7 +155,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         raise InputError(f"{p}: onnx.checker rejected the model: {one_line(rejected)}")
     check_node_names(model, str(p))
     hygiene.negative_dims_to_symbolic(model)
-    warning = check_shapes(model, str(p))
+    warning, inferred = checked_shapes(model, str(p))
     if has_external:
         try:
             onnx.load_external_data_for_model(model, str(base))
@@ -164,7 +163,25 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
             raise InputError(f"{p}: cannot read external data ({one_line(exc)})") from None
     overridable = frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
     return LoadedModel(model, p, sha256, file_bytes, has_external, overridable,
-                       tuple(base / loc for loc in sorted(locations)), warnings=[warning] if warning else [])
+                       tuple(base / loc for loc in sorted(locations)), warnings=[warning] if warning else [],
+                       # the skeleton was made before the external data was read in: it would differ from one now
+                       shape_inference=None if has_external else inferred)
+
+
+def _check_model_file(p: Path) -> None:
+    """Refuse a ``p`` that is missing, a directory, not a regular file or empty.
+
+    Raises:
+        InputError: one line naming ``p`` and which of these it is.
+    """
+    if not p.exists():
+        raise InputError(f"{p}: no such file")
+    if p.is_dir():
+        raise InputError(f"{p}: is a directory, not an ONNX model file")
+    if not p.is_file():
+        raise InputError(f"{p}: is not a regular file (a device or FIFO)")
+    if p.stat().st_size == 0:
+        raise InputError(f"{p}: the file is empty")
 
 
 def _checker_verdict(source: bytes | str) -> Exception | None:
@@ -200,12 +217,38 @@ def check_shapes(model: onnx.ModelProto, label: str) -> str | None:
     Raises:
         InputError: one line with onnx's message.
     """
+    return checked_shapes(model, label)[0]
 
+
+def checked_shapes(model: onnx.ModelProto, label: str
+                   ) -> tuple[str | None, tuple[onnx.ModelProto, onnx.ModelProto] | None]:
+    """:func:`check_shapes`, also returning the inference it ran when that is the one ``pipeline.analyse`` needs:
+    ``(warning, (skeleton, inferred))``, where ``skeleton`` is :func:`onnxfuse.model.proto.skeleton` of ``model``
+    and ``inferred`` is ``onnx.shape_inference.infer_shapes(skeleton, data_prop=True)`` (what
+    :func:`onnxfuse.analysis.shapes.infer` runs), or ``(warning, None)``.
+
+    The check first runs strict inference *with* data propagation. Where it passes, its result is the one
+    :func:`onnxfuse.analysis.shapes.infer` computes (``strict_mode`` and ``check_type`` only decide whether an
+    error is raised; without one, the same inference writes the same shapes: onnx
+    ``shape_inference/implementation.cc``), and the check without data propagation passes too (data propagation
+    only adds known dims and values, so it can only find more contradictions, never fewer). Where it fails, the
+    check is made as :func:`check_shapes` describes, without data propagation, so no model is refused that was
+    accepted before.
+
+    Raises:
+        InputError: as :func:`check_shapes`.
+    """
     skel = proto.skeleton(model)
+    errors = (onnx.shape_inference.InferenceError, onnx.checker.ValidationError)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skel, check_type=True, strict_mode=True, data_prop=True)
+        return None, (skel, inferred)
+    except errors:
+        pass
     try:
         onnx.shape_inference.infer_shapes(skel, check_type=True, strict_mode=True)
-        return None
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        return None, None
+    except errors as exc:
         declared = exc
     proto.strip_declared_shapes(skel)
     try:
@@ -214,7 +257,7 @@ def check_shapes(model: onnx.ModelProto, label: str) -> str | None:
         raise InputError(f"{label}: onnx.checker (full_check) rejected the model: {one_line(exc)}") from None
     return (f"the model declares shapes that its operators contradict ({one_line(declared, 200)}); onnxruntime "
             "runs it and onnxfuse counts the inferred shapes, but onnx.checker with full_check rejects it, and the "
-            "output keeps the declarations")
+            "output keeps the declarations"), None
 
 
 def check_external_data(tensor: onnx.TensorProto, label: str) -> onnx.external_data_helper.ExternalDataInfo:
@@ -395,10 +438,10 @@ def load_proto(model: onnx.ModelProto) -> LoadedModel:
         raise InputError(f"{label}: onnx.checker rejected the model: {one_line(rejected)}") from None
     check_node_names(copy, label)
     hygiene.negative_dims_to_symbolic(copy)
-    warning = check_shapes(copy, label)
+    warning, inferred = checked_shapes(copy, label)
     overridable = frozenset({t.name for t in copy.graph.initializer} & {i.name for i in copy.graph.input})
     return LoadedModel(copy, None, hashlib.sha256(data).hexdigest(), len(data), False, overridable, (), model,
-                       [warning] if warning else [])
+                       [warning] if warning else [], shape_inference=inferred)
 
 
 def _recheck(model: onnx.ModelProto | bytes) -> Exception | None:

@@ -79,9 +79,14 @@ def installed_version() -> str:
         return onnxruntime.__version__
 
 
-def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto, level: str) -> RuntimeGraphs:
-    """Have onnxruntime optimize ``original`` (a path, or serialized bytes) and ``optimized`` at ``level`` on the
-    CPU execution provider and describe both graphs (:class:`RuntimeGraphs`).
+def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto | str, level: str,
+                   original_graph: onnx.ModelProto | None = None) -> RuntimeGraphs:
+    """Have onnxruntime optimize ``original`` (a path, or serialized bytes) and ``optimized`` (a ModelProto, or the
+    path of its file) at ``level`` on the CPU execution provider and describe both graphs (:class:`RuntimeGraphs`).
+
+    ``original_graph``: onnxruntime's graph of ``original`` at ``level``, when a session made with the same options
+    (:func:`onnxfuse.ort.sessions.session` with ``spinning=False`` and :data:`SAVE_CONFIG`) already wrote it
+    (:func:`read_graph`); no session of the original is made then.
 
     Never raises for a model onnxruntime cannot load: the result's ``reason`` says why (one line).
     """
@@ -89,7 +94,8 @@ def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto, level: str
 
     result = RuntimeGraphs(level=level, onnxruntime=installed_version())
     try:
-        original_graph = _optimized_graph(original, level)
+        if original_graph is None:
+            original_graph = _optimized_graph(original, level)
         with runtime.loadable(optimized, as_file=True) as source:
             optimized_graph = _optimized_graph(source, level)
     except Exception as exc:  # onnxruntime raises its own exception types for a model it cannot load
@@ -110,12 +116,27 @@ def _optimized_graph(source: str | bytes, level: str) -> onnx.ModelProto:
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-ort-") as folder:
         path = os.path.join(folder, "optimized.onnx")
-        # onnxruntime_session_options_config_keys.h: write initializers to a side file, so that a model of any size
-        # can be saved (a graph over 2 GiB cannot) and only its structure is read back
-        runtime.session(source, level=level, save_to=path, spinning=False, config={
-            "session.optimized_model_external_initializers_file_name": "weights.bin",
-            "session.optimized_model_external_initializers_min_size_in_bytes": "0"})
+        runtime.session(source, level=level, save_to=path, spinning=False, config=SAVE_CONFIG)
         return onnx.load_model(path, load_external_data=False)
+
+
+#: Session configuration of the sessions whose optimized graph is read (onnxruntime_session_options_config_keys.h):
+#: write every initializer to a side file, so that a model of any size can be saved (a graph over 2 GiB cannot) and
+#: only its structure is read back. With ``spinning=False`` (:func:`onnxfuse.ort.sessions.session`), the options
+#: of every session that writes a graph for :func:`runtime_graphs`.
+SAVE_CONFIG = {"session.optimized_model_external_initializers_file_name": "weights.bin",
+               "session.optimized_model_external_initializers_min_size_in_bytes": "0"}
+
+
+def read_graph(path: str) -> onnx.ModelProto | None:
+    """The graph a session made with :data:`SAVE_CONFIG` wrote to ``path``, without its weights; None when there
+    is no such file or it cannot be read (the session that should have written it failed)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        return onnx.load_model(path, load_external_data=False)
+    except Exception:  # onnx raises DecodeError, ValueError... for a truncated file
+        return None
 
 
 def _graphs(graph: onnx.GraphProto):

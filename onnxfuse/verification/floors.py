@@ -13,9 +13,10 @@ from onnxfuse.verification.run import Feeds, Outputs, run_all, session
 
 
 def measure_floors(original: Model, feeds_list: list[Feeds], refs: Outputs, accs: list[Accumulator],
-                   opts: VerifyOptions) -> str | None:
+                   opts: VerifyOptions, floor_graph_to: str | None = None) -> str | None:
     """Measure the floors that the verdict of ``accs`` (every input set compared) depends on, into ``accs``;
     the report's ``floor_note``: why a floor was not measured (None when both needed were).
+    ``floor_graph_to``: as in :func:`onnxfuse.verification.verify.verify_models`.
 
     No floor is measured under explicit rtol/atol, with no floating-point output, when every floating-point
     output is bit-identical to the original's, or when every output is within ``floor_multiple`` x its one-ulp
@@ -37,24 +38,26 @@ def measure_floors(original: Model, feeds_list: list[Feeds], refs: Outputs, accs
     if not any(over(a, opts) for a in accs):
         return (f"not measured: every floating-point output is within {opts.floor_multiple:g}x its "
                 "one-ulp minimum floor")
-    floor_note = measure_floor(original, feeds_list, refs, accs)
+    floor_note = measure_floor(original, feeds_list, refs, accs, floor_graph_to)
     if any(over(a, opts) for a in accs):
         note = measure_rounding_floor(original, feeds_list, refs, accs)
         floor_note = "; ".join(n for n in (floor_note, note) if n) or None
     return floor_note
 
 
-def measure_floor(original: Model, feeds_list: list[Feeds], refs: Outputs, accs: list[Accumulator]) -> str | None:
+def measure_floor(original: Model, feeds_list: list[Feeds], refs: Outputs, accs: list[Accumulator],
+                  save_to: str | None = None) -> str | None:
     """Set each output's ``floor`` (and its slices', and an integer output's ``floor_differing``) from one
     ORT_ENABLE_ALL session of the original; a note when that session cannot be made or run (the floor then
-    stays None and min_floor alone applies).
+    stays None and min_floor alone applies). ``save_to``: as ``floor_graph_to`` of
+    :func:`onnxfuse.verification.verify.verify_models`.
 
     Raises:
         runtime.RunTimeout: the budget ran out.
     """
     with runtime.loadable(original) as src:
         try:
-            alls = run_all(session(src, "all"), feeds_list)
+            alls = run_all(session(src, "all", save_to), feeds_list)
         except runtime.RunTimeout:
             raise
         except Exception as exc:
@@ -77,7 +80,8 @@ def measure_rounding_floor(original: Model, feeds_list: list[Feeds], refs: Outpu
     """
     try:
         model = proto(original)
-        moved = weights_moved_by_one_ulp(model)
+        # a model proto() read from a path or bytes is this function's own: moved in place, not copied first
+        moved = weights_moved_by_one_ulp(model, in_place=model is not original)
         del model
         with runtime.loadable(moved, as_file=True) as src:
             outs = run_all(session(src), feeds_list)

@@ -64,16 +64,18 @@ def proto(model: Model) -> onnx.ModelProto:
     return onnx.load(str(model))
 
 
-def weights_moved_by_one_ulp(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
+def weights_moved_by_one_ulp(model: onnx.ModelProto, seed: int = 0, in_place: bool = False) -> onnx.ModelProto:
     """A copy of ``model`` in which every floating-point constant weight (initializer or ``Constant`` node) read as
     input 1 of an :data:`ACCUMULATING_OPS` node has each element moved to its float neighbour (numpy.nextafter)
-    up or down at random (seeded): the rounding a fold makes when it computes ``W * s`` in the weights' dtype."""
+    up or down at random (seeded): the rounding a fold makes when it computes ``W * s`` in the weights' dtype.
+    ``in_place``: move them in ``model`` itself and return it (no copy of the whole model)."""
     from onnx import numpy_helper
 
     from onnxfuse.model.proto import proto_graphs
 
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = model if in_place else onnx.ModelProto()
+    if not in_place:
+        out.CopyFrom(model)
     rng = np.random.default_rng(seed)
     weights = {n.input[1] for graph, _ in proto_graphs(out.graph) for n in graph.node
                if n.op_type in ACCUMULATING_OPS and len(n.input) > 1}
@@ -83,8 +85,10 @@ def weights_moved_by_one_ulp(model: onnx.ModelProto, seed: int = 0) -> onnx.Mode
         if not np.issubdtype(a.dtype, np.floating):
             return None
         up = rng.integers(0, 2, a.shape).astype(bool)
-        b = np.where(up, np.nextafter(a, np.array(np.inf, a.dtype)), np.nextafter(a, np.array(-np.inf, a.dtype)))
-        return numpy_helper.from_array(b.astype(a.dtype), t.name)
+        # one nextafter towards +inf or -inf per element: the same values as both directions then a choice
+        towards = np.where(up, np.array(np.inf, a.dtype), np.array(-np.inf, a.dtype))
+        b = np.nextafter(a, towards, out=towards)
+        return numpy_helper.from_array(b.astype(a.dtype, copy=False), t.name)
 
     for graph, _ in proto_graphs(out.graph):
         for t in graph.initializer:

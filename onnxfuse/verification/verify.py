@@ -38,11 +38,22 @@ from onnxfuse.verification.run import (
 ORIGINAL_UNLOADABLE = "onnxruntime cannot load the original"
 
 
-def verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None) -> Verification:
+def verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None,
+                  floor_graph_to: str | None = None, candidate_file: str | None = None) -> Verification:
     """:func:`_verify_models` within ``options.timeout`` seconds (DEFAULT_TIMEOUT_S): when they run out (an
     onnxruntime run is stopped, or no time is left to make the next session) the result is ``skipped`` with
     ``cause`` ``time``, whatever was compared so far. See :func:`onnxfuse.ort.sessions.run` for how a run is stopped
-    (onnxruntime's ``RunOptions.terminate``, in this process). Raises as :func:`_verify_models`."""
+    (onnxruntime's ``RunOptions.terminate``, in this process). Raises as :func:`_verify_models`.
+
+    ``floor_graph_to``: a file path; when the noise floor is measured, its session (the original at
+    ``ORT_ENABLE_ALL``) also writes there the graph onnxruntime optimized, with its weights in a side file
+    (:data:`onnxfuse.ort.optimized_graph.SAVE_CONFIG`): the graph
+    :func:`onnxfuse.ort.optimized_graph.runtime_graphs` needs at level ``all``. Nothing is written when no floor
+    session is made. The session computes the same outputs either way.
+
+    ``candidate_file``: a file that holds ``candidate`` serialized (:func:`onnxfuse.ort.sessions.loadable` with
+    ``as_file``), which its session loads instead of a temporary copy of its own; ``candidate`` itself is still
+    what is inspected."""
     opts = options or VerifyOptions()
     random = random_ops(graph_only(candidate))
     if random:
@@ -51,7 +62,7 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
                             cause=Cause.RANDOM)
     token = BUDGET.set(Budget(opts.timeout))
     try:
-        return _verify_models(original, candidate, opts)
+        return _verify_models(original, candidate, opts, floor_graph_to, candidate_file)
     except runtime.RunTimeout:
         runtime.trim_heap()
         return Verification(Status.SKIPPED, f"time: verification did not finish within {opts.timeout:g} s "
@@ -92,7 +103,8 @@ class _Reference:
                             random_integers=self.random_integers)
 
 
-def _verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None) -> Verification:
+def _verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None,
+                   floor_graph_to: str | None = None, candidate_file: str | None = None) -> Verification:
     """Compare ``candidate`` with ``original`` (each a model path, serialized model bytes or a ModelProto, left
     unmodified) in onnxruntime by the rule of :mod:`onnxfuse.verification.rule`.
 
@@ -123,7 +135,7 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
     if isinstance(ref, Verification):
         return ref
     runtime.trim_heap()
-    gots = run_candidate(candidate, ref.feeds_list, ref.inputs, ref.outputs)
+    gots = run_candidate(candidate_file or candidate, ref.feeds_list, ref.inputs, ref.outputs)
     runtime.trim_heap()
     if isinstance(gots, str):
         return ref.verification(Status.FAILED, gots)
@@ -135,7 +147,7 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
     nothing = _nothing_compared(ref, accs)
     if nothing is not None:
         return nothing
-    floor_note = measure_floors(original, ref.feeds_list, ref.refs, accs, opts)
+    floor_note = measure_floors(original, ref.feeds_list, ref.refs, accs, opts, floor_graph_to)
     outputs = [finish(a, opts) for a in accs]
     failed = [o for o in outputs if not o.passed and not o.not_compared]
     status = Status.FAILED if failed else Status.PASSED
