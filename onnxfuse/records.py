@@ -85,6 +85,7 @@ class Reason(str, Enum):
     CLIP_BOUNDS_NOT_CONSTANT = ("clip-bounds-not-constant", "export Clip's min and max as constants")
     RESIDUAL_SHAPE = ("residual-shape-mismatch", "none: FusedConv's Z input must have exactly the conv output's shape")
     QDQ = ("quantized-conv", "none: quantized convs are left to onnxruntime's QDQ fusions")
+    QDQ_GEMM = ("quantized-gemm", "none: quantized Gemm and MatMul patterns are left to onnxruntime's QDQ fusions")
     FOLD_NOT_FINITE = ("fold-not-finite", "none: the folded weights would overflow the dtype")
     MATMUL_NOT_2D = ("matmul-input-not-2d", "none: Gemm takes 2-D inputs only")
     NOT_PER_FEATURE = ("constant-not-per-feature", "none: the constant varies along more than the feature axis")

@@ -428,6 +428,25 @@ def test_unfused_patterns_are_grouped_by_reason_with_what_would_fuse_them(tmp_pa
     assert len(report.to_dict()["unfused"]) == 3  # the JSON keeps every pattern
 
 
+def test_the_quantized_summary_line_counts_quantized_convs_and_gemms():
+    """A QDQ model with a quantized Conv and a quantized Gemm: one ``quantized-conv`` and one ``quantized-gemm``
+    pattern (passes/conv_unfused.py), and the summary's ``quantized:`` line counts both."""
+    from onnxfuse.model import io as model_io
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    conv = b.conv(b.dequantized(b.input("x", [1, 3, 8, 8])), 3, 4)
+    gemm = b.gemm(b.dequantized(b.input("v", [2, 6])), 6, 5)
+    model = b.build([b.dequantized(conv), b.dequantized(gemm)])
+    report = pipeline.analyse(None, pipeline.Options(target="cpu", compare_with_onnxruntime=False),
+                              loaded=model_io.load_proto(model)).report
+    assert sorted((u["reason"], u["nodes"][0]["op"]) for u in report.to_dict()["unfused"]) == [
+        ("quantized-conv", "Conv"), ("quantized-gemm", "Gemm")]
+    assert ("quantized: 2 patterns inside QuantizeLinear/DequantizeLinear pairs left as they are; onnxruntime turns "
+            "them into quantized kernels (QLinearConv, QGemm, QLinearMatMul) at load, at level extended and above "
+            "(core/optimizer/qdq_transformer)") in present.summary_lines(report)
+
+
 def test_reports_carry_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
     """A report is an artifact a CI job archives: the model is named by its path as given when relative, relative
     to the working folder when inside it, else by its file name."""

@@ -144,12 +144,14 @@ def gemm_fold_inputs(gemm: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[g
 
 
 def gemm_qdq_check(gemm: gs.Node, output: gs.Tensor, nodes: list[gs.Node]) -> Skip | None:
-    """Skip a Gemm fed by DequantizeLinear or feeding QuantizeLinear: onnxruntime's QDQ fusions need to see it
-    as it is (they turn it into QGemm)."""
+    """A ``quantized-gemm`` Skip for a Gemm or MatMul fed by DequantizeLinear or feeding QuantizeLinear:
+    onnxruntime's QDQ fusions need to see it as it is (they turn it into QGemm or QLinearMatMul,
+    ``core/optimizer/qdq_transformer``); None otherwise."""
     fed = any(is_op(edit.producer(t), "DequantizeLinear") for t in gemm.inputs if t.name)
     feeds = any(is_op(c, "QuantizeLinear") for c in edit.consumers(output))
     if fed or feeds:
-        return skip(Reason.QDQ, "the Gemm is part of a QuantizeLinear/DequantizeLinear pattern", nodes, output)
+        return skip(Reason.QDQ_GEMM, f"the {gemm.op} is part of a QuantizeLinear/DequantizeLinear pattern", nodes,
+                    output)
     return None
 
 

@@ -38,7 +38,7 @@ Skipped when:
                                        or B / C does not have a Gemm shape
     dtype-not-foldable                 B is not float16/float32/float64
     fold-not-finite                    B'' or C' would hold inf/NaN or overflow B's dtype
-    quantized-conv                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
+    quantized-gemm                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class BatchNormGemm(Pass[GemmFoldMatch]):
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.GEMM_TRANS_A, Reason.FLATTEN_REORDERS,
                Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT, Reason.PARAMS_NOT_CONSTANT,
                Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE, Reason.FOLD_NOT_FINITE,
-               Reason.QDQ, Reason.BN_SPATIAL)
+               Reason.QDQ_GEMM, Reason.BN_SPATIAL)
     anchors = ("Gemm",)
 
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:

@@ -21,10 +21,12 @@ Skipped (listed) when:
                                refused first), an elementwise op with a run-time operand other than a residual
                                Add (Mul, Sub, Div, Max...), or any activation after a ConvTranspose (FusedConv is
                                a Conv; onnxruntime contrib_defs.cc)
-    quantized-conv             a Conv, ConvTranspose, Gemm or MatMul reads a DequantizeLinear output or feeds a
-                               QuantizeLinear: onnxruntime's QDQ transformers (core/optimizer/qdq_transformer)
-                               make QLinearConv / com.microsoft QGemm / QLinearMatMul of the group at level
-                               extended (seen in the graph onnxruntime 1.32 saves); onnxfuse leaves it to them
+    quantized-conv             a Conv or ConvTranspose reads a DequantizeLinear output or feeds a QuantizeLinear:
+                               onnxruntime's QDQ transformers (core/optimizer/qdq_transformer) make QLinearConv
+                               of the group at level extended (seen in the graph onnxruntime 1.32 saves);
+                               onnxfuse leaves it to them
+    quantized-gemm             a Gemm or MatMul reads a DequantizeLinear output or feeds a QuantizeLinear: the
+                               same transformers make com.microsoft QGemm or QLinearMatMul of the group
     constant-not-folded        Add/Sub/Mul/Div by a value computed from constants only that was not folded
                                (constant_fold skipped or refused it)
     chain-broken-by-op         the conv feeds up to MAX_BETWEEN nodes no pass removes (Transpose, Cast to
@@ -64,6 +66,8 @@ MAX_CHAIN = 12
 CHAIN_NAMES = {"erf": "GELU (Erf form)", "tanh": "GELU (tanh approximation)", "silu": "SiLU (x * Sigmoid(x))"}
 #: The kernel onnxruntime's QDQ transformers make of DequantizeLinear -> op -> QuantizeLinear at level extended.
 QDQ_KERNELS = {"Conv": "QLinearConv", "Gemm": "com.microsoft::QGemm", "MatMul": "QLinearMatMul"}
+#: The ops whose Q/DQ patterns are ``quantized-gemm`` (a Conv's or ConvTranspose's are ``quantized-conv``).
+GEMM_OPS = ("Gemm", "MatMul")
 
 
 def unary_chain(conv: gs.Node, ctx: Context) -> list[gs.Node] | None:
@@ -180,8 +184,9 @@ class ConvUnfused(Pass[ChainMatch]):
     name = "conv_unfused"
     kind = RewriteKind.FUSE
     summary = "list Conv chains that stay unfused and no other pass explains (never rewrites)"
-    reasons = (Reason.NO_FUSEDCONV_FORM, Reason.CONSTANT_NOT_FOLDED, Reason.CHAIN_BROKEN, Reason.QDQ)
-    anchors = (*CONV_OPS, "Gemm", "MatMul")
+    reasons = (Reason.NO_FUSEDCONV_FORM, Reason.CONSTANT_NOT_FOLDED, Reason.CHAIN_BROKEN, Reason.QDQ,
+               Reason.QDQ_GEMM)
+    anchors = (*CONV_OPS, *GEMM_OPS)
 
     def match(self, node: gs.Node, ctx: Context) -> ChainMatch | Skip | None:
         if not is_op(node, *self.anchors) or not node.outputs:
@@ -219,8 +224,9 @@ class ConvUnfused(Pass[ChainMatch]):
 
     @staticmethod
     def _quantized(node: gs.Node) -> Skip | None:
-        """A ``quantized-conv`` Skip for ``node`` (a Conv, ConvTranspose, Gemm or MatMul) when it reads a
-        DequantizeLinear output or feeds a QuantizeLinear, with the QuantizeLinear after it in the chain."""
+        """A Skip for ``node`` (a Conv, ConvTranspose, Gemm or MatMul) when it reads a DequantizeLinear output or
+        feeds a QuantizeLinear, with the QuantizeLinear after it in the chain: ``quantized-gemm`` for a Gemm or
+        MatMul, ``quantized-conv`` for a Conv or ConvTranspose."""
         fed = any(is_op(edit.producer(t), "DequantizeLinear") for t in node.inputs if t.name)
         quant = [r for r in edit.consumers(node.outputs[0]) if is_op(r, "QuantizeLinear")]
         if not fed and not quant:
@@ -232,7 +238,8 @@ class ConvUnfused(Pass[ChainMatch]):
                     "load, at level extended and above (core/optimizer/qdq_transformer)")
         else:
             what = "onnxruntime's QDQ transformers (core/optimizer/qdq_transformer) read its Q/DQ nodes as they are"
-        return skip(Reason.QDQ, f"{node.op} is part of a QuantizeLinear/DequantizeLinear pattern; {what}", nodes,
+        reason = Reason.QDQ_GEMM if node.op in GEMM_OPS else Reason.QDQ
+        return skip(reason, f"{node.op} is part of a QuantizeLinear/DequantizeLinear pattern; {what}", nodes,
                     nodes[-1].outputs[0])
 
     @staticmethod

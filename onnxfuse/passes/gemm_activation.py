@@ -20,7 +20,7 @@ Skipped when:
     activation-not-supported-by-target targets cpu+cuda and cuda (no CUDA FusedGemm kernel was checked), and
                                        Clip / HardSwish, which the CPU kernel does not have
     dtype-has-no-fusedgemm-kernel      the Gemm is not float32 (float16, float64)
-    quantized-conv                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
+    quantized-gemm                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
     form-needs-newer-onnxruntime       the FusedGemm form does not load in the onnxruntime release given by
                                        --ort-version (``providers.FORM_MIN_ORT``; every probed release loads them all)
 """
@@ -58,7 +58,7 @@ class GemmActivation(Pass[GemmActivationMatch]):
     kind = RewriteKind.FUSE
     summary = "fuse Gemm + Relu/Tanh/Sigmoid/LeakyRelu/HardSigmoid/Elu/Selu/... into FusedGemm (target cpu)"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.ACTIVATION_UNSUPPORTED,
-               Reason.DTYPE_NO_FUSED_GEMM, Reason.QDQ, Reason.NEEDS_NEWER_ORT)
+               Reason.DTYPE_NO_FUSED_GEMM, Reason.QDQ_GEMM, Reason.NEEDS_NEWER_ORT)
     anchors = MATCHED
 
     def match(self, node: gs.Node, ctx: Context) -> GemmActivationMatch | Skip | None:

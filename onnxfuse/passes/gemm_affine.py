@@ -28,7 +28,7 @@ Skipped when:
     parameter-shape-mismatch           B or C does not have a Gemm shape
     dtype-not-foldable                 B is not float16/float32/float64
     fold-not-finite                    B' or C' would hold inf/NaN or overflow B's dtype
-    quantized-conv                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
+    quantized-gemm                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class GemmAffine(Pass[GemmFoldMatch]):
     summary = "fold Add/Sub (bias) and Mul/Div (scale) by per-feature constants into the preceding Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.NOT_PER_FEATURE, Reason.GEMM_IS_DIVISOR, Reason.ZERO_DIVISOR, Reason.PARAM_SHAPE,
-               Reason.DTYPE_NOT_FOLDABLE, Reason.FOLD_NOT_FINITE, Reason.QDQ)
+               Reason.DTYPE_NOT_FOLDABLE, Reason.FOLD_NOT_FINITE, Reason.QDQ_GEMM)
     anchors = ("Add", "Sub", "Mul", "Div")
 
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:

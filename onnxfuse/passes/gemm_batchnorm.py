@@ -16,7 +16,7 @@ alpha, transA and transB are kept. Computed in float64 in ``match`` and stored i
 
 A B computed from compact constants (int8 x scale, ConstantOfShape...; ``_fold.compact_weight``) stays compact: s
 goes into its per-feature scale or a small ``Mul(B, s)`` before the Gemm, and onnxruntime computes B' at load. A B
-from DequantizeLinear stays a QDQ refusal (``_gemm.gemm_qdq_check``).
+from DequantizeLinear stays a ``quantized-gemm`` refusal (``_gemm.gemm_qdq_check``).
 
 Skipped when:
     intermediate-has-other-consumers   the Gemm output is read by another node too
@@ -30,7 +30,7 @@ Skipped when:
                                        does not have a Gemm shape
     dtype-not-foldable                 B is not float16/float32/float64
     fold-not-finite                    B' or C' would hold inf/NaN or overflow B's dtype (var + epsilon = 0)
-    quantized-conv                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
+    quantized-gemm                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
     summary = "fold BatchNormalization (inference mode) into the preceding Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
-               Reason.FOLD_NOT_FINITE, Reason.QDQ, Reason.BN_SPATIAL)
+               Reason.FOLD_NOT_FINITE, Reason.QDQ_GEMM, Reason.BN_SPATIAL)
     anchors = ("BatchNormalization",)
 
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:

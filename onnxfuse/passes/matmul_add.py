@@ -26,7 +26,7 @@ Skipped when:
                                        [1], [], or [1, N] while M is a known number other than 1; an operand
                                        of the output's own shape is a residual and is left alone unlisted)
     dtype-not-foldable                 W is not float16/float32/float64
-    quantized-conv                     the MatMul is part of a QuantizeLinear/DequantizeLinear pattern
+    quantized-gemm                     the MatMul is part of a QuantizeLinear/DequantizeLinear pattern
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class MatMulAdd(Pass[MatMulAddMatch]):
     kind = RewriteKind.FUSE
     summary = "turn a 2-D MatMul by a constant matrix + bias Add into Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.MATMUL_NOT_2D, Reason.WEIGHTS_NOT_CONSTANT,
-               Reason.INITIALIZER_IS_INPUT, Reason.NOT_PER_FEATURE, Reason.DTYPE_NOT_FOLDABLE, Reason.QDQ,
+               Reason.INITIALIZER_IS_INPUT, Reason.NOT_PER_FEATURE, Reason.DTYPE_NOT_FOLDABLE, Reason.QDQ_GEMM,
                Reason.PARAMS_NOT_CONSTANT)
     anchors = ("Add",)
 

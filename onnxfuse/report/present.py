@@ -17,6 +17,7 @@ from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
 from onnxfuse.analysis.symbolic import make_symbol, printer
 from onnxfuse.analysis.traffic import add
 from onnxfuse.ort.providers import TARGETS
+from onnxfuse.records import Reason
 from onnxfuse.report import escape
 from onnxfuse.report.remedies import remedy
 from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY, Doc, SupportsToDict
@@ -405,6 +406,10 @@ def unfused_groups(doc: Doc) -> list[tuple[str, int, str]]:
 # ---------------------------------------------------------------------------------------------------------------
 # Sentences: the summary and its lines
 
+#: The refusal codes of a pattern inside QuantizeLinear/DequantizeLinear pairs (passes/conv_unfused.py and the Gemm
+#: passes): a Conv or ConvTranspose, and a Gemm or MatMul. The summary's ``quantized:`` line counts both.
+QDQ_REASONS = frozenset({Reason.QDQ.value, Reason.QDQ_GEMM.value})
+
 
 def summary_lines(report: SupportsToDict, hints: bool = True) -> list[str]:
     """The short summary ``optimize`` prints: traffic, fusion count, unfused count, for a QDQ model what
@@ -416,7 +421,7 @@ def summary_lines(report: SupportsToDict, hints: bool = True) -> list[str]:
              f"(target {doc['target']})"]
     if doc["unfused"]:
         lines.append(unfused_line(doc))
-    quantized = sum(u["reason"] == "quantized-conv" for u in doc["unfused"])
+    quantized = sum(u["reason"] in QDQ_REASONS for u in doc["unfused"])
     if quantized:  # a QDQ model: onnxfuse leaves its Conv/Gemm/MatMul groups to onnxruntime (passes/conv_unfused.py)
         lines.append(f"quantized: {plural(quantized, 'pattern')} inside QuantizeLinear/DequantizeLinear pairs "
                      "left as they are; onnxruntime turns them into quantized kernels (QLinearConv, QGemm, "

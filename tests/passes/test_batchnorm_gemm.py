@@ -242,12 +242,12 @@ def test_skip_fold_not_finite(fuse):
     assert_skipped(fuse(model), model, Reason.FOLD_NOT_FINITE)
 
 
-def test_skip_quantized_conv(fuse):
+def test_skip_quantized_gemm(fuse):
     b = GraphBuilder()
     model = b.build(b.op("QuantizeLinear", [b.gemm(b.bn(b.input("x", [M, C]), C), C, N),
                                             b.const(np.float32(0.05)), b.const(np.uint8(128))]),
                     output_dtype=np.uint8)
-    assert_skipped(fuse(model), model, Reason.QDQ)
+    assert_skipped(fuse(model), model, Reason.QDQ_GEMM)
 
 
 def test_unfused_row_would_save_the_bn_traffic(fuse):

@@ -208,16 +208,26 @@ def qdq_model(kind):
     return b.build(out, opset=17)
 
 
-@pytest.mark.parametrize(("op", "kernel"), [("Conv", "QLinearConv"), ("Gemm", "com.microsoft::QGemm"),
-                                            ("MatMul", "QLinearMatMul")])
-def test_quantized_conv_qdq_patterns_are_listed(fuse, tmp_path, op, kernel):
+def test_quantized_conv_conv_transpose_between_q_and_dq(fuse):
+    """A ConvTranspose inside a Q/DQ pattern is a conv: ``quantized-conv``, never ``quantized-gemm``."""
+    b = GraphBuilder()
+    model = b.build(b.dequantized(b.conv_transpose(b.dequantized(b.input("x", [1, 4, 4, 4])), 4, 2)))
+    s = assert_listed(fuse(model, target="cpu"), model, Reason.QDQ)
+    assert [n[1] for n in s.nodes] == ["ConvTranspose", "QuantizeLinear"]
+    assert s.detail.startswith("ConvTranspose is part of a QuantizeLinear/DequantizeLinear pattern")
+
+
+@pytest.mark.parametrize(("op", "kernel", "reason"), [("Conv", "QLinearConv", Reason.QDQ),
+                                                      ("Gemm", "com.microsoft::QGemm", Reason.QDQ_GEMM),
+                                                      ("MatMul", "QLinearMatMul", Reason.QDQ_GEMM)])
+def test_quantized_conv_and_quantized_gemm_qdq_patterns_are_listed(fuse, tmp_path, op, kernel, reason):
     import onnx
 
     model = qdq_model(op)
     result = fuse(model, target="cpu")
     onnx.checker.check_model(result.model, full_check=True)
     assert not result.fusions
-    s = assert_listed(result, model, Reason.QDQ)
+    s = assert_listed(result, model, reason)
     assert [n[1] for n in s.nodes] == [op, "QuantizeLinear"]
     assert f"one {kernel} kernel at load" in s.detail
     (line,) = [line for line in summary_lines(result.report) if line.startswith("quantized:")]

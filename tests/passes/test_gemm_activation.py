@@ -141,10 +141,10 @@ def test_skip_dtype_has_no_fusedgemm_kernel(fuse, dtype):
     assert np.dtype(dtype).name in s.detail
 
 
-def test_skip_quantized_conv(fuse):
+def test_skip_quantized_gemm(fuse):
     b = GraphBuilder()
     model = b.build(b.op("Relu", [b.gemm(b.dequantized(b.input("x", [M, K])), K, N)]))
-    assert_skipped(fuse(model), model, Reason.QDQ)
+    assert_skipped(fuse(model), model, Reason.QDQ_GEMM)
 
 
 def test_reoptimizing_a_fused_gemm_for_another_target_warns(fuse):

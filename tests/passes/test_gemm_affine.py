@@ -207,11 +207,11 @@ def test_skip_fold_not_finite(fuse):
     assert_skipped(fuse(model), model, Reason.FOLD_NOT_FINITE)
 
 
-def test_skip_quantized_conv(fuse):
+def test_skip_quantized_gemm(fuse):
     b = GraphBuilder()
     g = b.gemm(b.dequantized(b.input("x", [M, K])), K, N)
     model = b.build(b.op("Mul", [g, b.const(np.ones(N, np.float32))]))
-    assert_skipped(fuse(model), model, Reason.QDQ)
+    assert_skipped(fuse(model), model, Reason.QDQ_GEMM)
 
 
 # --------------------------------------------------------------------------------------------------------------

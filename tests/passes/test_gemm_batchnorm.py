@@ -205,10 +205,10 @@ def test_skip_fold_not_finite(fuse):
     assert_skipped(fuse(model), model, Reason.FOLD_NOT_FINITE)
 
 
-def test_skip_quantized_conv(fuse):
+def test_skip_quantized_gemm(fuse):
     b = GraphBuilder()
     model = b.build(b.bn(b.gemm(b.dequantized(b.input("x", [M, K])), K, N), N))
-    s = assert_skipped(fuse(model), model, Reason.QDQ)
+    s = assert_skipped(fuse(model), model, Reason.QDQ_GEMM)
     assert "Gemm" in s.detail
 
 

@@ -184,11 +184,12 @@ def test_skip_dtype_not_foldable(fuse):
     assert "int64" in s.detail
 
 
-def test_skip_quantized_conv(fuse):
+def test_skip_quantized_gemm(fuse):
     b = GraphBuilder()
     mm = b.op("MatMul", [b.dequantized(b.input("x", [M, K])), b.const(b.rand(K, N))])
     model = b.build(b.op("Add", [mm, b.const(b.rand(N))]))
-    assert_skipped(fuse(model), model, Reason.QDQ)
+    s = assert_skipped(fuse(model), model, Reason.QDQ_GEMM)
+    assert s.detail == "the MatMul is part of a QuantizeLinear/DequantizeLinear pattern"
 
 
 def test_unfused_row_would_save_the_intermediate_tensor(fuse):
