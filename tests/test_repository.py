@@ -50,3 +50,19 @@ def test_banned_imports_keep_onnxruntime_and_graphsurgeon_in_their_modules():
                              input=code, capture_output=True, text=True, cwd=REPO)
         assert {m for m in ("onnxruntime", "onnx_graphsurgeon") if f"`{m}` is banned" in out.stdout} == banned, (
             name, out.stdout)
+
+
+def test_no_function_in_the_package_is_over_80_lines():
+    """A function that does one job reads in one screen: none in onnxfuse/ is over 80 lines from its ``def`` to
+    its last line (docstring included; click's option decorators above it are declarations, not counted), read
+    from the source with :mod:`ast`."""
+    import ast
+
+    long = []
+    for path in sorted((REPO / "onnxfuse").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "functions over 80 lines:\n" + "\n".join(long)
