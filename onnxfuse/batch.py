@@ -775,9 +775,8 @@ def run_ray(jobs: list[dict], outdir: Outdir, address: str | None = None, timeou
         raise InputError("--ray needs Ray: pip install 'onnxfuse[ray]'") from None
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    options = {"num_cpus": 1, "memory": memory or WORKER_MEMORY_ESTIMATE, "max_retries": max_retries,
-               "retry_exceptions": False}
-    task = ray.remote(**options)(_ray_task)
+    task = ray.remote(num_cpus=1, memory=memory or WORKER_MEMORY_ESTIMATE, max_retries=max_retries,
+                      retry_exceptions=False)(_ray_task)
     # no more tasks in flight than the cluster has CPUs: a task's clock (timeout) starts about when it does
     window = max(1, int(ray.cluster_resources().get("CPU", 1)))
     pending = list(reversed(jobs))
