@@ -10,7 +10,8 @@ script only sorts them.
 
 from __future__ import annotations
 
-from onnxfuse.report.html import _e, _json_for_script
+from onnxfuse.report.escape import html_text as _e
+from onnxfuse.report.escape import json_for_script as _json_for_script
 from onnxfuse.report.present import human_bytes
 
 #: Columns: heading, sort kind (``num`` sorts by the cell's ``data-v``), the row's key.

@@ -4,8 +4,9 @@ messages about them) made safe for the place it is printed: one function per out
 * :func:`text`: terminals, text reports, error and log lines, rich tables (whose console has markup off).
 * :func:`markdown` and :func:`markdown_code`: Markdown text and code spans (GitHub-flavoured; CI job summaries,
   pull-request comments), also inside table cells.
-* HTML escapes with ``html.escape`` (onnxfuse/report/html.py); JSON keeps every string exact (``json.dumps``
-  writes control characters as ``\\u001b`` escapes).
+* :func:`html_text` and :func:`json_for_script`: HTML text and attributes, and JSON inside a ``<script>`` (the
+  report page and the batch index page); JSON files keep every string exact (``json.dumps`` writes control
+  characters as ``\\u001b`` escapes).
 
 A name is data: it must not move the cursor, clear the screen, set a terminal title (ANSI/OSC escape sequences),
 overwrite a line (``\\r``), add a line (``\\n``) to a one-line message or a Markdown table, or be read as
@@ -14,8 +15,11 @@ formatting (rich markup ``[red]``, Markdown ``|``, ``#``, ``*``, ``<b>``).
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import unicodedata
+from typing import Any
 
 #: Unicode categories written as escapes by :func:`text`: control characters (Cc: C0, DEL, C1; ESC starts the
 #: ANSI sequences), format characters (Cf: bidi overrides that reorder what a line shows, zero-width characters),
@@ -86,3 +90,19 @@ def escaped(obj, fn=text):
     if type(obj) is tuple:
         return tuple(escaped(v, fn) for v in obj)
     return obj
+
+
+def html_text(value: Any) -> str:
+    """``str(value)`` with ``&``, ``<``, ``>``, ``"`` and ``'`` escaped (``html.escape``): safe as HTML text and in a
+    quoted attribute."""
+    return html.escape(str(value))
+
+
+def json_for_script(value: Any) -> str:
+    """JSON safe inside ``<script>``: ``<``, ``>`` and ``&`` escaped, so no ``</script>`` can end it early.
+
+    Raises:
+        ValueError: ``value`` holds a NaN or an infinity (no JSON number).
+    """
+    text = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

@@ -18,11 +18,13 @@ import base64
 import functools
 import gzip
 import html
-import json
-from typing import Any
 
 from onnxfuse.report import escape
+from onnxfuse.report.escape import html_text as _e
+from onnxfuse.report.escape import json_for_script as _json_for_script
 from onnxfuse.report.present import (
+    NOT_RUN_DETAIL,
+    NOT_RUN_STATUS,
     bytes_of,
     chain,
     chart_sizes,
@@ -36,9 +38,10 @@ from onnxfuse.report.present import (
     made_by_onnxruntime,
     passes_text,
     target_providers,
+    verification_not_run,
 )
 from onnxfuse.report.remedies import remedy
-from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY, Doc
+from onnxfuse.report.schema import Doc
 
 #: Chart trace names, one per kind of layer; the legend shows them, the tests look them up.
 TRACE_BEFORE = "before: original nodes"
@@ -236,16 +239,6 @@ def plotly_js_gzip_base64() -> str:
     return base64.b64encode(gzip.compress(get_plotlyjs().encode("utf-8"), compresslevel=9, mtime=0)).decode()
 
 
-def _json_for_script(value: Any) -> str:
-    """JSON safe inside ``<script>``: ``<``, ``>`` and ``&`` escaped, so no ``</script>`` can end it early."""
-    text = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value))
-
-
 def _shapes_html(doc: Doc) -> str:
     parts = [f"<code>{_e(k)}</code> = {_e('x'.join(map(str, v)))}" for k, v in doc["input_shapes"].items()]
     for u in doc.get("unknown_shapes") or []:
@@ -267,9 +260,8 @@ def _verification_html(doc: Doc) -> str:
     """Status, its summary (or the reason it was skipped), and each output's errors against its tolerance."""
     v = doc["verification"] or {}
     status = v.get("status", "unknown")
-    if v.get("reason") == REPORT_DOES_NOT_VERIFY:  # onnxfuse report: nothing was run, nothing failed
-        return ('<span class="status" id="verification-status">not run</span> (onnxfuse report only analyses; '
-                "onnxfuse optimize verifies what it writes)")
+    if verification_not_run(doc):
+        return f'<span class="status" id="verification-status">{_e(NOT_RUN_STATUS)}</span> ({_e(NOT_RUN_DETAIL)})'
     out = [f'<span class="status status-{_e(status)}" id="verification-status">{_e(status)}</span>']
     if v.get("reason"):
         out.append(f" ({_e(v['reason'])})")

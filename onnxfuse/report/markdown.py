@@ -9,10 +9,10 @@ from typing import Any
 
 from onnxfuse.report import escape
 from onnxfuse.report.present import (
-    DEFAULT_TOP_ROWS,
     bandwidth_line,
     cell,
     chain,
+    first_rows,
     fused_count,
     grouped_unfused,
     headline,
@@ -84,7 +84,7 @@ def to_markdown(report: SupportsToDict, show_all: bool = False) -> str:
     if doc["unknown_nodes"]:
         out += [f"#### Nodes of unknown size ({len(doc['unknown_nodes'])}, left out of the totals)", "",
                 _md_row(["node", "op", "why"]), _md_row(["---"] * 3)]
-        rows = doc["unknown_nodes"] if show_all else doc["unknown_nodes"][:DEFAULT_TOP_ROWS]
+        rows = first_rows(doc["unknown_nodes"], show_all)
         out += [_md_row([code(r["node"] or r["output"]), md(r["op"]), md(r["reason"])]) for r in rows]
         out.append("")
     return "\n".join(out).rstrip("\n") + "\n"

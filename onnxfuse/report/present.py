@@ -362,6 +362,11 @@ def _sort_value(row: dict, key: str) -> float:
         return 0.0
 
 
+def first_rows(rows: list[dict], show_all: bool) -> list[dict]:
+    """The rows a table shows in their order: all with ``show_all``, else the first :data:`DEFAULT_TOP_ROWS`."""
+    return rows if show_all else rows[:DEFAULT_TOP_ROWS]
+
+
 def top_rows(rows: list[dict], key: str, show_all: bool) -> tuple[list[dict], int]:
     ordered = sorted(rows, key=lambda r: -_sort_value(r, key))
     if show_all or len(ordered) <= DEFAULT_TOP_ROWS:
@@ -543,10 +548,19 @@ def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
             f"({kernels}), saving {saved}{at}")
 
 
+#: What every format says of the verification of a report that ``onnxfuse report`` made (it runs nothing).
+NOT_RUN_STATUS, NOT_RUN_DETAIL = "not run", "onnxfuse report only analyses; onnxfuse optimize verifies what it writes"
+
+
+def verification_not_run(doc: Doc) -> bool:
+    """True for a report of ``onnxfuse report``: nothing was run, so nothing passed or failed."""
+    return (doc["verification"] or {}).get("reason") == REPORT_DOES_NOT_VERIFY
+
+
 def verification_line(doc: Doc) -> str:
     v = doc["verification"]
-    if v.get("reason") == REPORT_DOES_NOT_VERIFY:
-        return "verification: not run (onnxfuse report only analyses; onnxfuse optimize verifies what it writes)"
+    if verification_not_run(doc):
+        return f"verification: {NOT_RUN_STATUS} ({NOT_RUN_DETAIL})"
     detail = v.get("summary") or v.get("reason")
     if not detail and v.get("max_abs_error") is not None:
         detail = f"max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g}"

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from onnxfuse.report import escape
 from onnxfuse.report.present import (
-    DEFAULT_TOP_ROWS,
     bytes_text,
     cell,
     chain,
+    first_rows,
     grouped_unfused,
     human_bytes,
     kinds,
@@ -119,7 +119,7 @@ def _unfused(console: Console, doc: Doc, show_all: bool) -> None:
 def _unknown_nodes(console: Console, doc: Doc, show_all: bool) -> None:
     if not doc["unknown_nodes"]:
         return
-    rows = doc["unknown_nodes"] if show_all else doc["unknown_nodes"][:DEFAULT_TOP_ROWS]
+    rows = first_rows(doc["unknown_nodes"], show_all)
     tab = _table(f"Nodes of unknown size ({len(doc['unknown_nodes'])}, left out of the totals)",
                  [("node", _FOLD), ("op", {}), ("why", _FOLD)])
     for r in rows:
