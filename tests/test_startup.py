@@ -163,3 +163,28 @@ def test_the_command_collects_garbage_less_often_and_cycles_still():
             "assert ref() is None\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_command_freezes_its_objects_before_exit_and_clean_ups_still_run(tmp_path):
+    """``__main__.run`` calls ``gc.freeze()`` when the command is done (the interpreter's final collection skips
+    what it made); a temporary folder left in a reference cycle is still removed at exit (``weakref.finalize``)."""
+    code = ("import gc, sys, tempfile\n"
+            "gc.disable()\n"  # the cycle is still there when the command freezes it
+            f"holder = {{'tmp': tempfile.TemporaryDirectory(dir={str(tmp_path)!r})}}\n"
+            "holder['self'] = holder\n"
+            "print(holder['tmp'].name)\n"
+            "del holder\n"
+            "assert gc.get_freeze_count() == 0\n"
+            "from onnxfuse.__main__ import run\n"
+            "sys.argv = ['onnxfuse', 'passes']\n"
+            "try:\n"
+            "    run()\n"
+            "except SystemExit as exc:\n"
+            "    assert exc.code in (0, None), exc.code\n"
+            "assert gc.get_freeze_count() > 0\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "conv_batchnorm" in proc.stdout
+    folder = proc.stdout.splitlines()[0]
+    assert folder.startswith(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
