@@ -407,7 +407,6 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
         InputError: as :func:`analyse`; onnxruntime cannot load the original; given input shapes whose random
             inputs numpy cannot even size (more bytes than a pointer can count).
     """
-    from onnxfuse.verification import verify
     from onnxfuse.verification.result import Verification
 
     if verify_options is not None and verify_options.input_data and not options.input_data:
@@ -418,6 +417,8 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     elif not result.changed:  # the output computes exactly what the input does: nothing to run
         result.report.verification = Verification.unchanged()
     else:
+        from onnxfuse.verification import verify  # not imported by a run that verifies nothing
+
         reason = result.report.verification.reason or ""
         if result.report.verification.status == "skipped" and reason.startswith(verify.ORIGINAL_UNLOADABLE):
             raise InputError(f"{result.loaded.label}: {reason}; onnxfuse does not rewrite a model onnxruntime "

@@ -132,3 +132,59 @@ def test_version_shows_the_gpu_build_and_a_missing_library(monkeypatch):
 
     monkeypatch.setattr(metadata, "version", fake_version)
     assert version_lines()[1:] == ["onnxruntime-gpu 9.8.7", "onnx 1.2.3", "onnx-graphsurgeon not installed"]
+
+
+def test_no_verify_imports_no_verification_machinery(tmp_path):
+    """``optimize --no-verify`` fuses and writes the model without importing what only verification runs (the
+    comparison of outputs, onnxruntime); the same command with verification does import it (the check can fail)."""
+    out = tmp_path / "out.onnx"
+    proc, modules = run_with_importtime("optimize", "sample_models/resnet_block.onnx", str(out), "--no-verify", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert out.is_file()
+    assert "onnxfuse.verification.verify" not in modules
+    assert "onnxruntime" not in modules
+    proc, modules = run_with_importtime("optimize", "sample_models/resnet_block.onnx", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert {"onnxfuse.verification.verify", "onnxruntime"} <= modules
+
+
+def test_the_command_collects_garbage_less_often_and_cycles_still():
+    """The ``onnxfuse`` process raises the youngest generation's threshold (``__main__.GC_THRESHOLD0``), keeps the
+    older ones, and still collects a reference cycle on its own."""
+    code = ("import gc, weakref, onnxfuse.__main__ as m\n"
+            "before = gc.get_threshold()\n"
+            "m._collect_less_often()\n"
+            "after = gc.get_threshold()\n"
+            "assert after == (m.GC_THRESHOLD0, *before[1:]), (before, after)\n"
+            "class C: pass\n"
+            "c = C(); c.self = c; ref = weakref.ref(c); del c\n"
+            "for _ in range(3 * m.GC_THRESHOLD0): [[]]\n"
+            "junk = [[] for _ in range(3 * m.GC_THRESHOLD0)]\n"
+            "assert ref() is None\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_command_freezes_its_objects_before_exit_and_clean_ups_still_run(tmp_path):
+    """``__main__.run`` calls ``gc.freeze()`` when the command is done (the interpreter's final collection skips
+    what it made); a temporary folder left in a reference cycle is still removed at exit (``weakref.finalize``)."""
+    code = ("import gc, sys, tempfile\n"
+            "gc.disable()\n"  # the cycle is still there when the command freezes it
+            f"holder = {{'tmp': tempfile.TemporaryDirectory(dir={str(tmp_path)!r})}}\n"
+            "holder['self'] = holder\n"
+            "print(holder['tmp'].name)\n"
+            "del holder\n"
+            "assert gc.get_freeze_count() == 0\n"
+            "from onnxfuse.__main__ import run\n"
+            "sys.argv = ['onnxfuse', 'passes']\n"
+            "try:\n"
+            "    run()\n"
+            "except SystemExit as exc:\n"
+            "    assert exc.code in (0, None), exc.code\n"
+            "assert gc.get_freeze_count() > 0\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "conv_batchnorm" in proc.stdout
+    folder = proc.stdout.splitlines()[0]
+    assert folder.startswith(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []

@@ -420,7 +420,7 @@ def summary_lines(report: SupportsToDict, hints: bool = True) -> list[str]:
     """The short summary ``optimize`` prints: traffic, fusion count, unfused count, for a QDQ model what
     onnxruntime does with its quantized patterns, verification, bandwidth, and (when ``hints``)
     :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.report.escape.text`)."""
-    doc = escape.escaped(report.to_dict())
+    doc = _summary_doc(report.to_dict())
     lines = [*headline(doc, hints=hints),
              f"fusions: {fused_count(doc)}; {plural(len(doc['unfused']), 'pattern')} left unfused "
              f"(target {doc['target']})"]
@@ -441,12 +441,19 @@ def unknown_shapes_hint(report: SupportsToDict) -> str | None:
     """``give --input-shape for the figures at one input size (symbols: N_ = x[0], ...)`` when the report has
     symbols, no value for them and no figures at batch 1; else None. Names escaped for a terminal
     (:func:`onnxfuse.report.escape.text`)."""
-    doc = escape.escaped(report.to_dict())
+    doc = report.to_dict()
     t = doc["totals"]
     if not doc["symbols"] or t["saved_bytes"] is not None or (t["at_batch_1"] and
                                                              t["at_batch_1"]["saved_bytes"] is not None):
         return None
-    return input_shape_hint(doc)
+    return input_shape_hint(_summary_doc(doc))
+
+
+def _summary_doc(doc: Doc) -> Doc:
+    """A report's dict escaped for a terminal (:func:`onnxfuse.report.escape.escaped`) without its per-node rows
+    (``nodes``), which neither :func:`summary_lines` nor :func:`input_shape_hint` reads: escaping them was most
+    of the summary's time on a model of thousands of nodes."""
+    return escape.escaped({k: v for k, v in doc.items() if k != "nodes"})
 
 
 def input_shape_hint(doc: Doc) -> str:
