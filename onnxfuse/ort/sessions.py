@@ -145,7 +145,8 @@ def loadable(model: str | os.PathLike | bytes | onnx.ModelProto, as_file: bool =
     copy of it (the proto's size, twice while protobuf encodes it) is in memory beside the session onnxruntime
     builds: onnxruntime's Python ``InferenceSession`` keeps the bytes it was made from for as long as it lives
     (``_model_bytes``, onnxruntime_inference_collection.py), on top of its own parsed copy and weights. Where no
-    temporary file can be written, the bytes are given as without ``as_file``.
+    temporary file can be written, the bytes are given as without ``as_file``. Once that file is written the
+    context holds no reference to the proto: a caller done with it may drop its own before the session is made.
     """
     from onnxfuse.model import io as model_io
 
@@ -158,6 +159,7 @@ def loadable(model: str | os.PathLike | bytes | onnx.ModelProto, as_file: bool =
     too_large = model_io.exceeds_protobuf_limit(model)
     written = _write_temporary(model) if as_file and not too_large else None
     if written is not None:
+        del model  # the file holds it now: a caller that drops its own reference frees the proto
         with written as folder:
             yield str(Path(folder) / "model.onnx")
         return
