@@ -167,3 +167,56 @@ def test_without_a_temporary_folder_the_output_is_given_as_bytes(made, deep, mon
     result = pipeline.optimize(deep, pipeline.Options(), VerifyOptions())
     assert result.report.verification.status == "passed"
     assert result.report.to_dict()["onnxruntime"]["status"] == "compared"
+
+
+def test_trimming_hands_the_heap_back_from_a_thread_while_the_body_runs(monkeypatch):
+    import threading
+    import time
+
+    calls = []
+    monkeypatch.setattr(runtime, "trim_heap", lambda: calls.append(threading.get_ident()))
+    with runtime.trimming(0.001):
+        time.sleep(0.05)
+    done = len(calls)
+    time.sleep(0.01)
+    assert done >= 1 and len(calls) == done  # stopped with the body
+    assert threading.get_ident() not in calls
+
+
+def test_a_session_built_trimming_computes_the_same_outputs(deep, monkeypatch):
+    calls = []
+    real = runtime.trim_heap
+    monkeypatch.setattr(runtime, "trim_heap", lambda: calls.append(1) or real())
+    feeds = None
+    outputs = []
+    for trim in (False, True):
+        sess = runtime.session(str(deep), "all", spinning=False, trim=trim)
+        feeds = feeds or runtime.make_inputs(sess, runtime.InputSpec(), 0)
+        outputs.append(sess.run(None, feeds))
+        assert bool(calls) == trim  # at least the trim once it is built
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(*outputs, strict=True))
+
+
+def test_every_session_of_a_verified_optimize_is_built_trimming(deep, monkeypatch):
+    trims = []
+    real = runtime.session
+
+    def recording(model, level="disable", *args, **kwargs):
+        trims.append(kwargs.get("trim", False))
+        return real(model, level, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "session", recording)
+    result = pipeline.optimize(deep, pipeline.Options(), VerifyOptions())
+    assert result.report.verification.status == "passed"
+    assert len(trims) >= 3 and all(trims)
+
+
+def test_loadable_as_file_holds_no_reference_to_the_proto_once_written(deep):
+    import sys
+
+    model = onnx.load(str(deep))
+    before = sys.getrefcount(model)
+    with runtime.loadable(model, as_file=True) as src:
+        assert isinstance(src, str)
+        assert sys.getrefcount(model) == before  # the caller may free it while the session of src lives
+    assert onnx.load(str(deep)) == model  # left whole

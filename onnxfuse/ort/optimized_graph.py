@@ -116,7 +116,7 @@ def _optimized_graph(source: str | bytes, level: str) -> onnx.ModelProto:
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-ort-") as folder:
         path = os.path.join(folder, "optimized.onnx")
-        runtime.session(source, level=level, save_to=path, spinning=False, config=SAVE_CONFIG)
+        runtime.session(source, level=level, save_to=path, spinning=False, config=SAVE_CONFIG, trim=True)
         return onnx.load_model(path, load_external_data=False)
 
 

@@ -84,6 +84,8 @@ def measure_rounding_floor(original: Model, feeds_list: list[Feeds], refs: Outpu
         moved = weights_moved_by_one_ulp(model, in_place=model is not original)
         del model
         with runtime.loadable(moved, as_file=True) as src:
+            if isinstance(src, str):  # written: the proto (its weights twice, read and moved) can go now
+                del moved
             outs = run_all(session(src), feeds_list)
     except runtime.RunTimeout:
         raise

@@ -68,17 +68,17 @@ def run_all(sess: Any, feeds_list: list[Feeds]) -> Outputs:
 
 
 def session(src: str | bytes, level: str = "disable", save_to: str | None = None) -> Any:
-    """runtime.session without spinning threads, once the budget allows (runtime.RunTimeout when it does not).
-    ``save_to``: also write the graph onnxruntime optimized there, as :mod:`onnxfuse.ort.optimized_graph` has it
-    written (:data:`onnxfuse.ort.optimized_graph.SAVE_CONFIG`)."""
+    """runtime.session without spinning threads, its heap trimmed while it is built (``trim``), once the budget
+    allows (runtime.RunTimeout when it does not). ``save_to``: also write the graph onnxruntime optimized there,
+    as :mod:`onnxfuse.ort.optimized_graph` has it written (:data:`onnxfuse.ort.optimized_graph.SAVE_CONFIG`)."""
     budget = BUDGET.get()
     if budget is not None:
         budget.left()
     if save_to:
         from onnxfuse.ort.optimized_graph import SAVE_CONFIG
 
-        return runtime.session(src, level, spinning=False, save_to=save_to, config=SAVE_CONFIG)
-    return runtime.session(src, level, spinning=False) if level != "disable" else runtime.session(src, spinning=False)
+        return runtime.session(src, level, spinning=False, save_to=save_to, config=SAVE_CONFIG, trim=True)
+    return runtime.session(src, level, spinning=False, trim=True)
 
 
 def signature(values: Iterable[Any]) -> Signature:
