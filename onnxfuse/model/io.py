@@ -105,8 +105,8 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     """
     p = Path(path)
     _check_model_file(p)
-    # The file is read once: the checker, the parse and the SHA-256 all use these bytes (the checker on the path
-    # read the file again and was several times slower than on bytes). The checker runs before Python parses
+    # The file is read once: the checker, the parse and the SHA-256 all use these bytes (the checker given the
+    # path reads the file again, several times slower than on bytes). The checker runs before Python parses
     # its own copy; its verdict is reported after the more specific checks below.
     # It checks the whole model, not the weight-stripped skeleton of onnxfuse.analysis.shapes: onnx.checker (1.23)
     # compares every tensor's raw_data size with its dims and data type and refuses a tensor with no data field,

@@ -39,7 +39,7 @@ def proto_graphs(graph: onnx.GraphProto, inside: bool = False):
     yield graph, inside
     for node in graph.node:
         for attr in node.attribute:
-            kind = attr.type  # read once: building attr.graphs for every attribute was most of the walk's time
+            kind = attr.type  # read once: building attr.graphs for every attribute would be most of the walk's time
             if kind == _GRAPH:
                 yield from proto_graphs(attr.g, True)
             elif kind == _GRAPHS:
