@@ -66,3 +66,16 @@ def test_no_function_in_the_package_is_over_80_lines():
                 if lines > 80:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "functions over 80 lines:\n" + "\n".join(long)
+
+
+def test_every_folder_of_the_package_is_a_package_that_setuptools_finds():
+    """A non-editable install (``pip install .``) holds what ``[tool.setuptools.packages.find]`` finds: every
+    folder of onnxfuse/ with Python files must have an ``__init__.py``, or its modules are left out of the wheel
+    and the installed command fails to import them."""
+    from setuptools import find_packages
+
+    found = set(find_packages(where=str(REPO), include=["onnxfuse*"]))
+    folders = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "onnxfuse").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert folders <= found, sorted(folders - found)
+    assert 'include = ["onnxfuse*"]' in (REPO / "pyproject.toml").read_text()
