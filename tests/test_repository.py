@@ -79,3 +79,12 @@ def test_every_folder_of_the_package_is_a_package_that_setuptools_finds():
                if "__pycache__" not in p.parts}
     assert folders <= found, sorted(folders - found)
     assert 'include = ["onnxfuse*"]' in (REPO / "pyproject.toml").read_text()
+
+
+def test_the_reference_lists_every_pass():
+    """docs/reference.md's pass table has a row for each registered pass, in the order they run."""
+    from onnxfuse.passes import PASS_NAMES
+
+    rows = [line.split("`")[1] for line in (REPO / "docs" / "reference.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| `") and line.split("`")[1] in PASS_NAMES]
+    assert rows == list(PASS_NAMES)

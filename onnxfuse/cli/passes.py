@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import click
 
+from onnxfuse.cli.console import verbosity_options
+
 
 @click.command()
+@verbosity_options
 def passes() -> None:
     """List the passes in the order they run, and the reasons a pass can decline a pattern."""
     from onnxfuse.passes import ALL_PASSES

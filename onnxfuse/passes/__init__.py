@@ -1,11 +1,11 @@
 """The passes, in the order they run: the canonicalization stage (:data:`CANONICALIZE`), then the fusion passes
 (:data:`DEFAULT_PASSES`); :mod:`onnxfuse.passes.driver` repeats each stage to a fixpoint.
 
-To add a pass (CONTRIBUTING.md): one module here (its docstring: before => after, the math, "Skipped when:"), one
-test module ``tests/passes/test_<name>.py`` with a test named after each of its ``reasons``, one line in one of
-the tuples (a canonicalization pass: also its name in ``records.CANONICALIZE_NAMES``); a new refusal code is one
-row in ``onnxfuse/records.py`` with its remedy. The contract is in
-:mod:`onnxfuse.passes.base`; shared checks in ``_checks.py``, shared fold math in ``_fold.py``.
+To add a pass (CONTRIBUTING.md, "Add a fusion"): one module here (its docstring: before => after, the math,
+"Skipped when:"), one test module ``tests/passes/test_<name>.py`` with a test named after each of its ``reasons``,
+its import and its place in one of the tuples below (a canonicalization pass: also its name in
+``records.CANONICALIZE_NAMES``); a new refusal code is one row in ``onnxfuse/records.py`` with its remedy. The
+contract is in :mod:`onnxfuse.passes.base`; shared checks in ``_checks.py``, shared fold math in ``_fold.py``.
 """
 
 from __future__ import annotations
