@@ -111,8 +111,11 @@ def test_json_comparison_and_report_file(model_path, tmp_path):
 def test_a_baseline_made_with_other_options_is_refused(model_path, tmp_path, option, args):
     """A change of options reads as a regression of the model: the gate refuses it (exit 2) and says which."""
     old = report(model_path, tmp_path, "cpu", "old.json")
-    result = CliRunner().invoke(main, ["report", str(model_path), "--target", "cpu", *args, "--baseline", old])
+    new = tmp_path / "new.json"
+    result = CliRunner().invoke(main, ["report", str(model_path), "--target", "cpu", *args, "--baseline", old,
+                                       "-o", str(new)])
     assert result.exit_code == 2 and "made with other options" in result.output and option in result.output
+    assert not new.exists()  # exit 2 writes nothing: the options are compared before any -o file is written
 
 
 def test_markdown_comparison_keeps_expressions_in_code_spans(model_path, tmp_path):

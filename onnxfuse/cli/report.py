@@ -20,7 +20,6 @@ from onnxfuse.report import escape
 
 if TYPE_CHECKING:
     from onnxfuse import pipeline
-    from onnxfuse.report import model as report_model
 
 REPORT_EXIT_CODES_HELP = """\b
 Exit codes:
@@ -92,6 +91,9 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     diagnostics(result.report)
     for path, _ in found:
         files.check_not_data_file(path, "-o", result.loaded)
+    new = dict(result.report.to_dict()) if old is not None else None  # the gate reads both as plain JSON dicts
+    if old is not None and new is not None and baseline is not None:
+        _check_same_options(baseline, old, new)  # before any -o file is written: exit 2 writes nothing
     for path, path_fmt in found:
         files.write_text(path, formats.render(result.report, path_fmt, show_all, width=files.text_width(path)))
     if found:
@@ -99,8 +101,8 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
         log.info("wrote %s", ", ".join(str(p) for p, _ in found))
     elif old is None:
         click.echo(formats.render(result.report, fmt, show_all, width=files.text_width(None)), nl=False)
-    if old is not None and baseline is not None:
-        _compare(baseline, old, result.report, fmt, output)
+    if old is not None and new is not None and baseline is not None:
+        _compare(baseline, old, new, fmt, output)
 
 
 def _profile(ctx: click.Context, result: pipeline.Result, ort_level: str) -> None:
@@ -119,19 +121,25 @@ def _profile(ctx: click.Context, result: pipeline.Result, ort_level: str) -> Non
                                       f"--profile: onnxruntime could not run the models ({one_line(exc)})"]
 
 
-def _compare(baseline: Path, old: dict[str, Any], report: report_model.Report, fmt: str, output: Path | None) -> None:
-    """``--baseline``: print what changed since the earlier report; exit 1 on a regression.
+def _check_same_options(baseline: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """``--baseline``: the earlier report must have been made with the same options as this one.
 
     Raises:
         InputError: the baseline was made with other options.
     """
     from onnxfuse.report import baseline as baseline_mod
 
-    new: dict[str, Any] = dict(report.to_dict())  # the baseline gate reads both reports as plain JSON dicts
     differences = baseline_mod.option_differences(old, new)
     if differences:
         raise InputError(f"--baseline {baseline}: made with other options ({'; '.join(differences)}); a change "
                          "of options is no regression of the model: make both reports with the same options")
+
+
+def _compare(baseline: Path, old: dict[str, Any], new: dict[str, Any], fmt: str, output: Path | None) -> None:
+    """``--baseline``: print what changed since the earlier report (``old``; ``new`` is this one's dict); exit 1
+    on a regression."""
+    from onnxfuse.report import baseline as baseline_mod
+
     comparison = baseline_mod.compare(old, new)
     if fmt == "json" and output is None:
         import json
