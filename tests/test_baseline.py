@@ -258,3 +258,7 @@ def test_deeply_nested_or_non_utf8_baseline_is_one_line_exit_2(model_path, tmp_p
     binary.write_bytes(b"\xff\xfe\x1b[2J")
     result = gate(model_path, str(binary), "cpu")
     assert result.exit_code == 2 and "\x1b" not in result.output
+    huge = tmp_path / "huge.json"  # an integer past Python's digit limit for int(str)
+    huge.write_text('{"totals": ' + "9" * 5000 + ', "fusions": []}')
+    result = gate(model_path, str(huge), "cpu")
+    assert result.exit_code == 2 and "not a JSON report" in result.output and "Traceback" not in result.output

@@ -348,3 +348,19 @@ def test_help_documents_exit_code_3():
     readme = (REPO / "README.md").read_text()
     section = readme.split("### Exit codes", 1)[1].split("\n## ", 1)[0]
     assert "| 3 |" in section and "ONNXFUSE_DEBUG=1" in section
+
+
+@pytest.mark.parametrize("suffix, text", [(".json", '{"totals": 1, "fusions": []}'), (".textproto", "onnxfuse {"),
+                                          (".onnxtxt", "garbage {")])
+@pytest.mark.parametrize("command", ["optimize", "report", "verify"])
+def test_a_file_in_onnx_text_or_json_format_that_is_no_model_is_an_input_error(tmp_path, suffix, text, command):
+    """onnx reads .json, .textproto and .onnxtxt files in those formats: bytes that are no model in them (a JSON
+    report given as the model, say) are a one-line exit 2, as for the binary format."""
+    bad = tmp_path / f"m{suffix}"
+    bad.write_text(text)
+    sample = REPO / "sample_models" / "conv_relu.onnx"
+    args = {"optimize": [bad, tmp_path / "o.onnx"], "report": [bad], "verify": [sample, bad]}[command]
+    result = run_cli(command, *args)
+    assert result.exit_code == 2, result.output
+    assert "not a readable ONNX model" in result.output and "internal error" not in result.output
+    assert "Warning" not in result.output

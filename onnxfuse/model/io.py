@@ -11,11 +11,15 @@ import re
 import stat
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
+from google.protobuf.json_format import ParseError
 from google.protobuf.message import DecodeError
+from google.protobuf.text_format import ParseError as TextParseError
+from onnx.parser import ParseError as OnnxTextParseError
 
 from onnxfuse.errors import InputError, one_line
 from onnxfuse.model import hygiene, proto
@@ -29,6 +33,10 @@ MIN_OPSET = 7
 
 #: protobuf refuses to serialize a message over 2 GiB; models above this are written with external data.
 PROTOBUF_LIMIT_BYTES = 2**31 - 1
+
+#: What onnx raises for bytes that are no model in the format the file's extension names (binary protobuf,
+#: ``.json``, ``.textproto``, ``.onnxtxt``; onnx.serialization's registry).
+_PARSE_ERRORS = (DecodeError, ParseError, TextParseError, OnnxTextParseError, RuntimeError, ValueError)
 
 
 @dataclass
@@ -126,8 +134,10 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     try:
         rejected = _checker_verdict(data if fmt == "protobuf" else str(p))
         try:
-            model = onnx.load_model_from_string(data, format=fmt)
-        except (DecodeError, RuntimeError, ValueError) as exc:
+            with warnings.catch_warnings():  # onnx warns on every .onnxtxt read: one line per error is the rule
+                warnings.filterwarnings("ignore", message="The onnxtxt format is experimental", category=UserWarning)
+                model = onnx.load_model_from_string(data, format=fmt)
+        except _PARSE_ERRORS as exc:
             raise InputError(f"{p}: not a readable ONNX model (protobuf parse failed: {exc})") from None
     finally:
         hasher.join()

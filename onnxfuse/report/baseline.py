@@ -57,7 +57,7 @@ def load(path: str | Path) -> dict:
     data = read_option_file(path, "--baseline", MAX_BASELINE_BYTES)
     try:
         doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, or an integer past Python's digit limit (sys.int_info)
         raise InputError(f"--baseline {path}: not a JSON report ({_printable(str(exc))})") from None
     except RecursionError:
         raise InputError(f"--baseline {path}: not a JSON report (nested too deeply)") from None
