@@ -50,8 +50,9 @@ def test_version_and_help():
             assert "Exit codes" in result.output and "Examples" in result.output
 
 
-def test_python_dash_m_runs_the_cli():
-    out = subprocess.run([sys.executable, "-m", "onnxfuse", "--version"], capture_output=True, text=True)
+@pytest.mark.parametrize("module", ["onnxfuse", "onnxfuse.cli"])
+def test_python_dash_m_runs_the_cli(module):
+    out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and __version__ in out.stdout
 
 

@@ -43,6 +43,8 @@ def _module_name(path: Path) -> str:
 
 def _layer(module: str) -> int:
     parts = module.split(".")
+    if parts[-1] == "__main__":  # an entry point (``python -m onnxfuse``, ``python -m onnxfuse.cli``) is the top
+        return len(LAYERS) - 1
     top = parts[1] if len(parts) > 1 else "__init__"
     for index, names in enumerate(LAYERS):
         if top in names:
