@@ -419,25 +419,6 @@ def deployment_section(release: tuple[int, int], forms: dict[str, int], min_rele
                       for f, n in sorted(forms.items())]}
 
 
-def deployment_line(doc: dict) -> str | None:
-    """``runs on: onnxruntime >= 1.30 (FusedConv(HardSwish) x24 needs it; ...)``: the oldest onnxruntime release
-    that loads what was written, and what an older ``--ort-version`` would leave unfused; None without a
-    ``deployment`` section."""
-    d = doc.get("deployment")
-    if not d:
-        return None
-    oldest, newest = d["probed"]
-    if not d["forms"]:
-        return "runs on: any onnxruntime that runs the original (no onnxruntime-specific op was written)"
-    newer = [f for f in d["forms"] if f["min_onnxruntime"] != oldest]
-    if not newer:
-        return (f"runs on: onnxruntime >= {oldest} for what onnxfuse wrote (every release probed, {oldest} to "
-                f"{newest}, loads each form; the model's other ops need what the original needs)")
-    needs = ", ".join(f"{f['form']} x{f['count']} needs {f['min_onnxruntime']}" for f in newer)
-    return (f"runs on: onnxruntime >= {d['min_onnxruntime']} ({needs}; an older --ort-version leaves "
-            f"{'it' if len(newer) == 1 and newer[0]['count'] == 1 else 'them'} unfused)")
-
-
 def _saved_beyond(saved: Bytes | None, intermediates: list[NodeTraffic | None], runtime: RuntimeGraphs
                   ) -> Bytes | None:
     """What a fusion saves beyond onnxruntime: its ``saved`` bytes less, for each intermediate tensor that
