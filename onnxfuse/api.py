@@ -39,18 +39,22 @@ def _load(model, name: str | None = None) -> LoadedModel:
     return loaded
 
 
-def _check_inputs(input_values, input_ranges, input_sets) -> None:
-    """The verification inputs of the API, checked as the command checks its options.
+def _check_inputs(input_values, input_ranges, input_sets, rtol=None, atol=None) -> None:
+    """The verification inputs and tolerances of the API, checked as the command checks its options.
 
     Raises:
         InputError: ``input_sets`` not an int >= 1; a value not a finite number; a range not two finite numbers,
-            low <= high, with a finite span.
+            low <= high, with a finite span; ``rtol`` or ``atol`` neither None nor a number >= 0 (``--rtol`` and
+            ``--atol`` take ``click.FloatRange(min=0)``).
     """
     import math
 
     def number(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
+    for label, tolerance in (("rtol", rtol), ("atol", atol)):
+        if tolerance is not None and not (number(tolerance) and tolerance >= 0):
+            raise InputError(f"{label}: expected a finite number >= 0 or None, got {tolerance!r}")
     if isinstance(input_sets, bool) or not isinstance(input_sets, int) or input_sets < 1:
         raise InputError(f"input_sets: expected an integer >= 1, got {input_sets!r}")
     for name, value in (input_values or {}).items():
@@ -64,6 +68,8 @@ def _check_inputs(input_values, input_ranges, input_sets) -> None:
 
 
 def _shapes(input_shapes: Mapping[str, Iterable[int]] | None) -> dict[str, tuple[int, ...]]:
+    if input_shapes is not None and not isinstance(input_shapes, Mapping):
+        raise InputError(f"input_shapes: expected a mapping of input name to dims, got {type(input_shapes).__name__}")
     out: dict[str, tuple[int, ...]] = {}
     for name, dims in (input_shapes or {}).items():
         try:
@@ -198,7 +204,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
     timeout = timeout_seconds(verify_timeout)
-    _check_inputs(input_values, input_ranges, input_sets)
+    _check_inputs(input_values, input_ranges, input_sets, rtol, atol)
     loaded = _load(model, name)
     verify_options = VerifyOptions(options.input_shapes, None if input_data is None else str(input_data),
                                    dict(input_values or {}), dict(input_ranges or {}), input_sets,
@@ -239,7 +245,7 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
     from onnxfuse.verification.verify import verify_models
 
     timeout = timeout_seconds(verify_timeout)
-    _check_inputs(input_values, input_ranges, input_sets)
+    _check_inputs(input_values, input_ranges, input_sets, rtol, atol)
     ref = _load(original)
     cand = _load(candidate).model
     assert cand is not None  # a model just loaded; only pipeline.analyse sets it to None

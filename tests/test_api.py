@@ -158,6 +158,10 @@ def test_require_verify_raises_when_verification_is_skipped():
     (lambda m: onnxfuse.analyse(m, input_shapes={"nope": (1,)}), "no graph input named 'nope'"),
     (lambda m: onnxfuse.analyse("missing-model.onnx"), "no such file"),
     (lambda m: onnxfuse.verify(m, onnx.ModelProto()), "not an ONNX model"),
+    (lambda m: onnxfuse.optimize(m, rtol=-1), r"rtol: expected a finite number >= 0"),
+    (lambda m: onnxfuse.optimize(m, atol="x"), r"atol: expected a finite number >= 0"),
+    (lambda m: onnxfuse.verify(m, m, atol=float("nan")), r"atol: expected a finite number >= 0"),
+    (lambda m: onnxfuse.analyse(m, input_shapes=[("x", (1, 3, 16, 16))]), "expected a mapping"),
 ])
 def test_api_errors_are_input_errors(call, message):
     with pytest.raises(onnxfuse.InputError, match=message) as info:
