@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from onnxfuse.errors import InputError, VerificationError
-from onnxfuse.ort.providers import DEFAULT_ORT_LEVEL, DEFAULT_TARGET
+from onnxfuse.ort.levels import DEFAULT_ORT_LEVEL
+from onnxfuse.ort.providers import DEFAULT_TARGET
 
 if TYPE_CHECKING:
     import onnx

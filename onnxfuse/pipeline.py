@@ -24,9 +24,8 @@ from onnxfuse.errors import InputError
 from onnxfuse.ir import constants, convert
 from onnxfuse.model import domains, proto
 from onnxfuse.model import io as model_io
-from onnxfuse.ort.levels import ORT_LEVELS
+from onnxfuse.ort.levels import DEFAULT_ORT_LEVEL, ORT_LEVELS
 from onnxfuse.ort.providers import (
-    DEFAULT_ORT_LEVEL,
     DEFAULT_TARGET,
     PROBED_ORT_RELEASES,
     TARGETS,

@@ -93,7 +93,6 @@ def test_spelled_out_choices_match_the_library():
 
     assert optimization.TARGET_NAMES == tuple(providers.TARGETS)
     assert optimization.DEFAULT_TARGET == providers.DEFAULT_TARGET
-    assert optimization.DEFAULT_ORT_LEVEL == providers.DEFAULT_ORT_LEVEL
     assert report_output.REPORT_FORMATS == tuple(report_formats.FORMATS)
     assert optimization.PassChoice().choices == tuple(PASS_NAMES)
     from onnxfuse.verification.options import DEFAULT_TIMEOUT_S

@@ -12,3 +12,7 @@ GRAPH_OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_
 
 #: The level names, in increasing order.
 ORT_LEVELS = tuple(GRAPH_OPTIMIZATION_LEVELS)
+
+#: The level onnxfuse assumes the user's sessions run at when none is given: onnxruntime's own default
+#: (``SessionOptions.graph_optimization_level`` is ORT_ENABLE_ALL).
+DEFAULT_ORT_LEVEL = "all"

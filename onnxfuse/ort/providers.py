@@ -33,10 +33,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from onnxfuse.ort.levels import ORT_LEVELS
-
-#: onnxruntime's own default for ``SessionOptions.graph_optimization_level``.
-DEFAULT_ORT_LEVEL = "all"
+from onnxfuse.ort.levels import DEFAULT_ORT_LEVEL, ORT_LEVELS
 
 #: Number of ``activation_params`` the CPU kernel demands for each activation (fused_conv.cc / MLAS activation).
 ACTIVATION_PARAM_COUNTS = {

@@ -10,7 +10,7 @@ import click
 
 from onnxfuse.cli.args.model_inputs import input_shape_option, parse_input_shapes
 from onnxfuse.errors import InputError
-from onnxfuse.ort.levels import ORT_LEVELS
+from onnxfuse.ort.levels import DEFAULT_ORT_LEVEL, ORT_LEVELS
 
 if TYPE_CHECKING:
     from onnxfuse import pipeline
@@ -20,8 +20,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: providers.TARGETS (its keys, in order) and providers.DEFAULT_TARGET.
 TARGET_NAMES = ("cpu+cuda", "cpu", "cuda", "onnx")
 DEFAULT_TARGET = "cpu+cuda"
-#: providers.DEFAULT_ORT_LEVEL.
-DEFAULT_ORT_LEVEL = "all"
 
 
 class PassChoice(click.Choice):
