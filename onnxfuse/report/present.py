@@ -50,6 +50,7 @@ def human_time(ms: float | None) -> str:
 
 
 def percent(part: int | None, whole: int | None) -> float | None:
+    """``part`` as a percentage of ``whole`` (bytes), to 2 decimals; None when either is unknown or whole is 0."""
     if part is None or not whole:
         return None
     return round(100.0 * part / whole, 2)
@@ -228,6 +229,7 @@ def chain(nodes: list[dict], arrow: str = " -> ") -> str:
 
 
 def plural(n: int, word: str) -> str:
+    """``1 fusion``, ``2 fusions``: ``n`` and ``word``, with an ``s`` unless ``n`` is 1."""
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
@@ -245,6 +247,7 @@ def kinds(doc: Doc) -> str:
 
 
 def fused_count(doc: Doc) -> str:
+    """``3 fused nodes (2 FusedConv, 1 fold)``: the report's fusions, counted by kind."""
     return f"{plural(len(doc['fusions']), 'fused node')} ({kinds(doc)})"
 
 
@@ -368,6 +371,8 @@ def first_rows(rows: list[dict], show_all: bool) -> list[dict]:
 
 
 def top_rows(rows: list[dict], key: str, show_all: bool) -> tuple[list[dict], int]:
+    """The rows a table shows, largest ``key`` (a byte figure, symbolic ones compared at 64 per symbol) first: all
+    with ``show_all``, else the first :data:`DEFAULT_TOP_ROWS`; and how many were left out."""
     ordered = sorted(rows, key=lambda r: -_sort_value(r, key))
     if show_all or len(ordered) <= DEFAULT_TOP_ROWS:
         return ordered, 0
@@ -457,6 +462,8 @@ def _summary_doc(doc: Doc) -> Doc:
 
 
 def input_shape_hint(doc: Doc) -> str:
+    """The line that says which ``--input-shape`` gives the figures at one's own sizes, naming each symbol's
+    input and axis."""
     names = display_names(doc)
 
     def symbol(k: str, where: dict) -> str:
@@ -565,6 +572,7 @@ def verification_not_run(doc: Doc) -> bool:
 
 
 def verification_line(doc: Doc) -> str:
+    """``verification: passed (...)``: the verdict and its summary, or why it was skipped or not run."""
     v = doc["verification"]
     if verification_not_run(doc):
         return f"verification: {NOT_RUN_STATUS} ({NOT_RUN_DETAIL})"
@@ -578,6 +586,7 @@ def verification_line(doc: Doc) -> str:
 
 
 def bandwidth_line(b: Doc) -> str:
+    """``--bandwidth``'s estimate of memory time (bytes / bandwidth), before and after, or why it is unknown."""
     if b["at"] is None:
         return (f"estimated memory time at {b['gb_per_s']:g} GB/s: unknown (no input size: give --input-shape)")
     at = "" if b["at"] == "input shapes" else f", at {b['at']}"
