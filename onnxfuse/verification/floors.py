@@ -62,10 +62,7 @@ def measure_floor(original: Model, feeds_list: list[Feeds], refs: Outputs, accs:
             raise
         except Exception as exc:
             return f"not measured: onnxruntime cannot run the original at ORT_ENABLE_ALL: {runtime.short(exc)}"
-    runtime.trim_heap()
-    for ref, alt in zip(refs, alls, strict=True):
-        for acc, r, a in zip(accs, ref, alt, strict=True):
-            add_floor(acc, r, a, "floor")
+    _add_floors(accs, refs, alls, "floor")
     return None
 
 
@@ -91,8 +88,14 @@ def measure_rounding_floor(original: Model, feeds_list: list[Feeds], refs: Outpu
         raise
     except Exception as exc:
         return f"rounding floor not measured: {runtime.short(exc)}"
-    runtime.trim_heap()
-    for ref, alt in zip(refs, outs, strict=True):
-        for acc, r, a in zip(accs, ref, alt, strict=True):
-            add_floor(acc, r, a, "rounding")
+    _add_floors(accs, refs, outs, "rounding")
     return None
+
+
+def _add_floors(accs: list[Accumulator], refs: Outputs, alts: Outputs, kind: str) -> None:
+    """Hand the session's memory back, then set the ``kind`` floor (``"floor"`` or ``"rounding"``) of each output
+    from its runs on every input set (:func:`onnxfuse.verification.compare.add_floor`)."""
+    runtime.trim_heap()
+    for ref, alt in zip(refs, alts, strict=True):
+        for acc, r, a in zip(accs, ref, alt, strict=True):
+            add_floor(acc, r, a, kind)

@@ -12,7 +12,17 @@ import numpy as np
 from onnxfuse.verification.rule import FLOOR_MULTIPLE, exact
 
 
-class Status(str, Enum):
+class _WrittenAsValue(str, Enum):
+    """A ``str`` enum that ``str()`` and f-strings write as its value (``enum.StrEnum`` needs Python 3.11)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return self.value.__format__(spec)
+
+
+class Status(_WrittenAsValue):
     """``Verification.status``; a ``str`` (``Status.PASSED == "passed"``), written as its value in text and JSON."""
 
     PASSED = "passed"
@@ -20,14 +30,8 @@ class Status(str, Enum):
     SKIPPED = "skipped"
     UNCHANGED = "unchanged"
 
-    def __str__(self) -> str:
-        return self.value
 
-    def __format__(self, spec: str) -> str:
-        return self.value.__format__(spec)
-
-
-class Cause(str, Enum):
+class Cause(_WrittenAsValue):
     """``Verification.cause``, why a verification was skipped; a ``str``, written as its value in text and JSON."""
 
     TIME = "time"
@@ -35,12 +39,6 @@ class Cause(str, Enum):
     LOAD = "load"
     USER = "user"
     RANDOM = "random"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return self.value.__format__(spec)
 
 
 @dataclass
