@@ -73,3 +73,18 @@ def test_write_atomically_keeps_the_old_file_when_the_rename_fails(tmp_path, mon
         os.umask(umask)
     assert (tmp_path / "n.md").read_text(encoding="utf-8") == "é"
     assert (tmp_path / "n.md").stat().st_mode & 0o777 == 0o640
+
+
+def test_a_report_path_that_is_a_symbolic_link_is_replaced_by_the_report(tmp_path):
+    """As before the writer was shared: the link becomes the report file; the file it pointed to, in another
+    folder, keeps its bytes and gets no neighbour."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "real.txt").write_text("old")
+    link = tmp_path / "a" / "r.md"
+    link.symlink_to(tmp_path / "b" / "real.txt")
+    result = CliRunner().invoke(main, ["report", str(SAMPLE), "-o", str(link)])
+    assert result.exit_code == 0, result.output
+    assert not link.is_symlink() and link.read_text().startswith("### onnxfuse memory-traffic report")
+    assert (tmp_path / "b" / "real.txt").read_text() == "old"
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["real.txt"]

@@ -78,7 +78,7 @@ def write_text(path: Path, text: str) -> None:
 
     check_folder(path, "report")
     try:
-        write_atomically(path.resolve().parent / path.name, text)
+        write_atomically(path, text)
     except OSError as exc:  # also /proc, /sys: the folder passes os.access but takes no new file
         raise InputError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
 

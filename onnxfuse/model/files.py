@@ -83,7 +83,9 @@ def write_atomically(path: str | os.PathLike, data: bytes | str) -> None:
         OSError: the folder takes no new file, or the write or the rename failed (callers word the message).
     """
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:64]}.", suffix=".tmp", dir=target.parent)  # any legal name
+    # the temporary file goes where the path leads (through symbolic links), so that the rename stays in one
+    # file system; the rename replaces ``path`` itself (a link to a file becomes the new file)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:64]}.", suffix=".tmp", dir=target.resolve().parent)
     replaced = False
     try:
         with os.fdopen(fd, "wb") as fh:
