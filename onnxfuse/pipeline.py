@@ -12,6 +12,7 @@ import math
 import os
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -66,13 +67,13 @@ class Options:
             default ``all``, onnxruntime's default). A form that runs slower than the unfused original at this
             level is not emitted (``providers.CPU_SLOWER_AT``). None ignores the speed rules (for
             ``benchmarks/bench_forms.py``, which times every form).
-        expressions: count bytes as expressions in the model's symbolic dims (the report's ``*_expr``
-            fields; sympy and onnxruntime's symbolic shape inference). False, when the input shapes fix every
-            symbolic dim, counts at those shapes only, from ``onnx.shape_inference`` with the shapes applied:
-            the same numbers without the symbolic work (about 1 s on a small model); the report's symbols are
-            then empty and each ``*_expr`` is the number. Where those shapes leave a tensor unsized, the
-            expressions are computed anyway. ``optimize`` without ``--report`` uses False: its summary shows
-            numbers only.
+        expressions: count bytes as expressions in the model's symbolic dims (the report's ``*_expr`` fields;
+            sympy and onnxruntime's symbolic shape inference) even when the input shapes fix every symbolic dim.
+            False (the default, for every command and the API): with input shapes that fix every dim (given, or
+            a static model) bytes are counted at those shapes only, from ``onnx.shape_inference`` with the shapes
+            applied: the same numbers, sizes and fusions without the symbolic work (issue 35's decision); the
+            report's symbols are then empty and each ``*_expr`` is the number. Where those shapes leave a tensor
+            unsized, or no input shapes are given, the expressions are computed anyway.
         compare_with_onnxruntime: have onnxruntime optimize the original and the result at ``ort_level`` and
             report which fusions it makes itself at load and what is saved beyond it (``ort_graph``; two
             session loads). False leaves the report's ``onnxruntime`` section out.
@@ -90,7 +91,7 @@ class Options:
     constant_initializer_inputs: bool = False
     input_data: str | None = None
     ort_level: str | None = DEFAULT_ORT_LEVEL
-    expressions: bool = True
+    expressions: bool = False
     compare_with_onnxruntime: bool = True
     ort_version: str | None = None
     materialize_weights_bytes: int = 0
@@ -226,6 +227,9 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     del inferred
     model_io.check_convs(model, info, loaded.label)
     sym, mismatches = _count_shapes(skel, info, input_shapes, options.expressions)
+    # the passes' own proofs need the model's symbolic shapes (never the ones at input_shapes): sym when it has
+    # them, else computed only if a pass asks (conv_residual, for a residual onnx inference cannot size)
+    symbolic_source = _symbolic_source(sym, skel, info, input_shapes)
     del skel  # weight-free, but its messages take a few MiB at the peak that comes later
     before_sizes = traffic.Sizes(sym.shapes, {**elem_types, **sym.elem_types}, sym.reasons).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
@@ -241,7 +245,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
             graph = convert.to_graph(model)
             ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
                           info, namer=constants.Namer(graph),
-                          symbolic=sym if options.expressions or not input_shapes else None,  # own shapes only
+                          symbolic_source=symbolic_source,
                           materialize_bytes=options.materialize_weights_bytes)
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
@@ -467,10 +471,21 @@ def _count_shapes(skel: onnx.ModelProto, info: dict, input_shapes: dict[str, tup
     shapes.apply_input_shapes(fixed, input_shapes)  # rejects unknown names, wrong ranks and fixed dims
     if not expressions:
         static = symbolic.static_shapes(*symbolic.derived_shapes(fixed), symbolic.symbol_table(fixed))
-        if static is not None:
-            return static, []
+        if static is not None:  # the numbers at input_shapes: no symbols (naming them needs sympy), no expressions
+            return replace(static, at_input_shapes=True), []
     sym = symbolic.infer(skel, info)  # every dim as an expression in the input dims: what the report counts
     return sym, _cross_check(sym, shapes.infer(fixed)[0], sym.table.values(input_shapes))
+
+
+def _symbolic_source(sym: symbolic.SymbolicShapes, skel: onnx.ModelProto, info: dict,
+                     input_shapes: dict[str, tuple[int, ...]]
+                     ) -> Callable[[], symbolic.SymbolicShapes | None]:
+    """What ``Context.symbolic_source`` calls: ``sym`` itself when it was counted in the model's own dims (no
+    input shapes given, or expressions were wanted), else a function that infers the model's own symbolic shapes
+    from ``skel`` on first use."""
+    if not sym.at_input_shapes:
+        return lambda: sym
+    return lambda: symbolic.infer(skel, info)  # a static model: onnx's shapes, no sympy (symbolic.infer)
 
 
 def _cross_check(sym: symbolic.SymbolicShapes, concrete: dict, values: dict) -> list[str]:

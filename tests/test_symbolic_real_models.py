@@ -28,7 +28,8 @@ README_SHAPES = INPUT_SHAPES
 def test_saved_bytes_expression_evaluates_to_the_input_shape_number(name):
     path = shared_model(name)
     symbolic = json.loads(report_model.to_json(pipeline.analyse(path, pipeline.Options(target="cpu")).report))
-    concrete = pipeline.analyse(path, pipeline.Options(target="cpu", input_shapes=README_SHAPES[name])).report
+    concrete = pipeline.analyse(path, pipeline.Options(target="cpu", input_shapes=README_SHAPES[name],
+                                                       expressions=True)).report
     validate(symbolic)
     validate(concrete.to_dict())
     assert symbolic["symbols"], "every shared model has symbolic input dims"
@@ -42,6 +43,39 @@ def test_saved_bytes_expression_evaluates_to_the_input_shape_number(name):
         assert got == concrete.totals[side]["total_bytes"]
         assert symbolic["totals"][side]["unknown_nodes"] == concrete.totals[side]["unknown_nodes"]
     assert not [w for w in concrete.warnings if "disagree" in w], concrete.warnings
+
+
+def _without_expressions(doc):
+    """A report dict less what only the symbolic path has: expressions (``*_expr``, shapes of fusion rows, which
+    are expressions of the input dims there), the symbols and their values, onnxruntime's merge assumptions and
+    the share as the dims grow (a limit of expressions)."""
+    if isinstance(doc, dict):
+        return {k: _without_expressions(v) for k, v in doc.items()
+                if not k.endswith("_expr") and k not in ("symbols", "symbol_values", "shape_assumptions",
+                                                          "saved_percent_as_dims_grow", "shape")}
+    if isinstance(doc, list):
+        return [_without_expressions(v) for v in doc]
+    return doc
+
+
+@pytest.mark.parametrize("name", sorted(README_SHAPES))
+def test_numeric_report_equals_the_symbolic_one_at_the_input_shapes(name):
+    """Issue 35's numeric report: given every dim, the default (counted at the shapes, no symbolic inference)
+    gives the same JSON as the symbolic report evaluated at those shapes, except the expressions: the same
+    numbers in every total and row, the same fusions and unfused patterns, every ``*_expr`` its number."""
+    path = shared_model(name)
+    options = {"target": "cpu", "input_shapes": README_SHAPES[name]}
+    symbolic = pipeline.analyse(path, pipeline.Options(**options, expressions=True)).report.to_dict()
+    numeric = pipeline.analyse(path, pipeline.Options(**options)).report.to_dict()
+    validate(numeric)
+    assert _without_expressions(numeric) == _without_expressions(symbolic)
+    if numeric["symbols"]:  # the shapes left a tensor unsized (a subgraph, say): counted symbolically anyway
+        assert numeric == symbolic
+        return
+    assert numeric["totals"]["saved_bytes_expr"] == str(numeric["totals"]["saved_bytes"])
+    assert [f["shape"] for f in numeric["fusions"]] == [
+        [int(sympy.sympify(str(d)).subs({sympy.Symbol(k): v for k, v in symbolic["symbol_values"].items()}))
+         for d in f["shape"]] for f in symbolic["fusions"]]
 
 
 def test_cli_json_without_input_shape_has_expressions():

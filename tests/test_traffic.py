@@ -153,10 +153,11 @@ def test_symbolic_batch_counts_bytes_per_sample_and_input_shape_evaluates_it(fus
     assert expr(before["total_bytes_expr"]) == 4096 * N + 592
     assert before["unknown_nodes"] == 0 and before["total_bytes"] is None  # no number without a batch size
     assert report.totals["at_batch_1"]["before_total_bytes"] == 4096 + 592
-    given = fuse(model, input_shapes={"x": (2, 4, 8, 8)}).report
-    assert given.unknown_shapes == [] and given.totals["before"]["unknown_nodes"] == 0
-    assert given.totals["before"]["total_bytes"] == (2048 + 576 + 16 + 2048) + 2 * 2048
-    assert given.symbol_values == {"N_": 2}
+    for expressions in (True, False):  # the symbolic report evaluated at the shape, and the numeric one
+        given = fuse(model, input_shapes={"x": (2, 4, 8, 8)}, expressions=expressions).report
+        assert given.unknown_shapes == [] and given.totals["before"]["unknown_nodes"] == 0
+        assert given.totals["before"]["total_bytes"] == (2048 + 576 + 16 + 2048) + 2 * 2048
+        assert given.symbol_values == ({"N_": 2} if expressions else {})
 
 
 def test_hand_checked_conv3x3_bn_relu_on_symbolic_nchw(fuse):
@@ -333,18 +334,21 @@ def _numbers(report) -> dict:
 
 
 def test_counting_at_the_input_shapes_only_gives_the_numbers_of_the_expressions(fuse):
-    """``expressions=False`` (optimize without --report) with shapes that fix every dim: no symbols, every
-    ``*_expr`` is its number, and every number equals the one the symbolic report gives at those shapes
-    (strided and padded convs, a residual, an unfused Sigmoid tail)."""
+    """``expressions=False`` (the default of every command) with shapes that fix every dim: no symbols (the
+    dims are fixed; naming them would need sympy), every ``*_expr`` is its number, and every number equals the
+    one the symbolic report (``expressions=True``) gives at those shapes (strided and padded convs, a residual,
+    an unfused Sigmoid tail); the same fusions."""
     b = GraphBuilder()
     x = b.input("x", ["N", 3, "H", "W"])
     y = b.op("Relu", [b.bn(b.conv(x, 3, 8, strides=[2, 2]), 8)])
     y = b.op("Relu", [b.op("Add", [b.conv(y, 8, 8), y])])
     model = b.build(b.op("Sigmoid", [b.conv(y, 8, 4, strides=[2, 2])]))
     shapes_ = {"x": (2, 3, 37, 50)}
-    full = fuse(model, input_shapes=shapes_).report
+    full = fuse(model, input_shapes=shapes_, expressions=True).report
     quick = fuse(model, input_shapes=shapes_, expressions=False).report
     assert full.symbols and not quick.symbols and quick.symbol_values == {}
+    assert "N_*" in full.totals["saved_bytes_expr"] and not quick.shape_assumptions
+    assert [f["output"] for f in quick.fusions] == [f["output"] for f in full.fusions]
     assert _numbers(quick) == _numbers(full)
     assert quick.totals["saved_bytes"] > 0
     assert quick.totals["saved_bytes_expr"] == str(quick.totals["saved_bytes"])
@@ -359,7 +363,7 @@ def test_counting_at_the_input_shapes_falls_back_to_expressions_where_a_size_sta
     nz = b.op("NonZero", [x], name="nz")
     model = b.build(b.op("Relu", [b.conv(x, 4, 4)]))
     model.graph.output.append(helper.make_tensor_value_info(nz, TensorProto.INT64, [4, "nonzero_count"]))
-    full = fuse(model, input_shapes={"x": (3, 4, 8, 8)}).report
+    full = fuse(model, input_shapes={"x": (3, 4, 8, 8)}, expressions=True).report
     quick = fuse(model, input_shapes={"x": (3, 4, 8, 8)}, expressions=False).report
     assert quick.symbols == full.symbols != {}
     assert {**quick.to_dict(), "model": None} == {**full.to_dict(), "model": None}
@@ -368,8 +372,8 @@ def test_counting_at_the_input_shapes_falls_back_to_expressions_where_a_size_sta
 
 def test_optimize_without_report_counts_at_the_given_shapes_without_sympy(tmp_path):
     """The CLI: ``optimize --input-shape`` without ``--report`` on a model with symbolic dims prints the numbers
-    at those shapes without importing sympy; with ``--report`` the JSON has the expressions and the same
-    numbers."""
+    at those shapes without importing sympy; with ``--report`` the JSON has the same numbers, counted the same
+    way (every ``*_expr`` its number, no symbols: issue 35's numeric report)."""
     import subprocess
     import sys
 
@@ -388,7 +392,8 @@ def test_optimize_without_report_counts_at_the_given_shapes_without_sympy(tmp_pa
                         str(tmp_path / "o2.onnx"), "--no-verify", "--input-shape", "x=1x3x64x48", "--report",
                         str(tmp_path / "r.json")], capture_output=True, text=True, check=True)
     doc = json.loads((tmp_path / "r.json").read_text())
-    assert doc["symbols"] and "N_" in doc["totals"]["saved_bytes_expr"]
+    assert doc["symbols"] == {} and doc["input_shapes"] == {"x": [1, 3, 64, 48]}
+    assert doc["totals"]["saved_bytes_expr"] == str(doc["totals"]["saved_bytes"])
     saved = present.human_bytes(doc["totals"]["saved_bytes"])
     assert f"(saved {saved}," in out.stdout and f"(saved {saved}," in r.stdout
 

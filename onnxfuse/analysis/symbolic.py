@@ -101,6 +101,15 @@ class SymbolTable:
         """Symbol name -> sympy symbol (as :func:`make_symbol` makes it)."""
         return {name: make_symbol(name) for name in self.symbols}
 
+    def int_values(self, input_shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+        """Symbol name -> size bound by concrete ``input_shapes`` (input name -> dims), without sympy."""
+        out = {}
+        for (inp, axis), name in self.dims.items():
+            dims = input_shapes.get(inp)
+            if dims is not None and axis < len(dims):
+                out[name] = int(dims[axis])
+        return out
+
     def values(self, input_shapes: dict[str, tuple[int, ...]]) -> dict[sympy.Symbol, int]:
         """Symbol -> size bound by concrete ``input_shapes`` (input name -> dims)."""
         out = {}
@@ -154,6 +163,8 @@ class SymbolicShapes:
             combines two tensors, the model can only run when they are), as ``"a == b"`` strings (sides and
             list sorted, so the same model always gives the same list).
         failure: why onnxruntime's inference stopped early ('' when it finished).
+        at_input_shapes: the shapes are ``int`` dims at the input shapes given (``onnx.shape_inference`` with
+            those shapes applied), not expressions; ``table`` is then empty (the dims are fixed).
     """
 
     table: SymbolTable
@@ -162,6 +173,7 @@ class SymbolicShapes:
     reasons: dict[str, str]
     assumptions: list[str]
     failure: str = ""
+    at_input_shapes: bool = False
 
 
 def _prepare(skel: onnx.ModelProto, table: SymbolTable) -> onnx.ModelProto:

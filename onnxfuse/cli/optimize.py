@@ -69,8 +69,6 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
     if not math.isfinite(materialize_weights):
         raise InputError("--materialize-weights must be a finite number of MiB")
     options.materialize_weights_bytes = int(materialize_weights * 2**20)
-    # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
-    options.expressions = bool(reports)
     options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
     checked = to_verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol,
                                 verify_timeout)

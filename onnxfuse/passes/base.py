@@ -7,6 +7,7 @@ name them. A pass anchors on the *last* node of its chain (its producer chain is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -47,8 +48,10 @@ class Context:
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
         order: the node slots of ``graph`` that rewrites edit (see ``onnxfuse.ir.edit.NodeOrder``; set with ``graph``; a
             rewrite reads it as :attr:`edit_order`).
-        symbolic: the model's own symbolic shapes (``onnxfuse.analysis.symbolic.SymbolicShapes``: every dim a sympy
-            expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed.
+        symbolic_source: computes the model's own symbolic shapes when a pass first reads :attr:`symbolic` (called
+            at most once; None: there are none). Lazy because the symbolic inference (sympy and onnxruntime's
+            SymbolicShapeInference) costs more than the passes on large graphs and only a residual whose shape
+            onnx inference cannot prove equal needs it.
         materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
             computed from compact constants (int8 x scale) as plain floats (``Options.materialize_weights_bytes``;
             each such fold spends its growth). 0: weights stay compact.
@@ -61,8 +64,18 @@ class Context:
     graph: gs.Graph | None = None
     members: set[int] = field(default_factory=set)
     order: edit.NodeOrder | None = None
-    symbolic: SymbolicShapes | None = None
+    symbolic_source: Callable[[], SymbolicShapes | None] | None = None
     materialize_bytes: int = 0
+    _symbolic: SymbolicShapes | None = field(default=None, init=False, repr=False)
+
+    @property
+    def symbolic(self) -> SymbolicShapes | None:
+        """The model's own symbolic shapes (``onnxfuse.analysis.symbolic.SymbolicShapes``: every dim a sympy
+        expression in the input dims, from onnxruntime's symbolic shape inference), computed by
+        :attr:`symbolic_source` on the first read; None when there is no source."""
+        if self.symbolic_source is not None:
+            self._symbolic, self.symbolic_source = self.symbolic_source(), None
+        return self._symbolic
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.

@@ -72,9 +72,11 @@ def proven_same_shape(y: gs.Tensor, z: gs.Tensor, ctx: Context) -> bool:
     symbolic dim counts only when it holds an input symbol and none of its symbols is named in an assumption
     (``SymbolicShapes.assumptions``); a number counts only where onnx inference knows it as well.
     """
-    sym = ctx.symbolic
     static_a, static_b = ctx.shape(y), ctx.shape(z)
-    if sym is None or static_a is None or static_b is None or len(static_a) != len(static_b):
+    if static_a is None or static_b is None or len(static_a) != len(static_b):
+        return False
+    sym = ctx.symbolic  # computed on this first need (Context.symbolic_source)
+    if sym is None:
         return False
     a, b = sym.shapes.get(y.name), sym.shapes.get(z.name)
     if a is None or b is None or len(a) != len(b) or len(a) != len(static_a):

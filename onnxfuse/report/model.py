@@ -238,7 +238,7 @@ def _batch_one(symbols: SymbolicShapes, values: dict[sympy.Symbol, int], before:
                ) -> BatchOne | None:
     """Totals at batch 1 where the batch (axis 0 of an input) is the only symbolic dim and no shape was given."""
     table = symbols.table.symbols
-    if values or len(table) != 1:
+    if values or symbols.at_input_shapes or len(table) != 1:
         return None
     [(name, where)] = table.items()
     if where["axis"] != 0:
@@ -265,7 +265,8 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
     fusion row then says whether onnxruntime makes it itself at load (``made_by_onnxruntime``), and the report's
     ``onnxruntime`` section gives the kernels and bytes saved beyond it (:func:`_runtime_section`).
     """
-    values = symbols.table.values(input_shapes)
+    # counted at the input shapes (symbolic.SymbolicShapes.at_input_shapes): the bytes are ints, nothing to bind
+    values = {} if symbols.at_input_shapes else symbols.table.values(input_shapes)
     num = _Numbers(values)
     before = {r.key: r for r in before_rows}
     after = {r.key: r for r in after_rows}
@@ -275,7 +276,7 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
                "external_data": loaded.external_data},
         target=target, passes=list(passes), input_shapes={k: list(v) for k, v in input_shapes.items()},
         unknown_shapes=missing, symbols=symbols.table.symbols,
-        symbol_values={str(k): int(v) for k, v in values.items()}, shape_assumptions=list(symbols.assumptions),
+        symbol_values=symbols.table.int_values(input_shapes), shape_assumptions=list(symbols.assumptions),
         totals=_totals(before_rows, after_rows, symbols, values, num),
         op_counts={"before": before_ops, "after": after_ops},
         fusions=fusion_rows, unfused=_unfused_rows(skips, after, after_index, after_sizes, num),

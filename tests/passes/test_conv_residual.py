@@ -276,6 +276,25 @@ def test_symbolically_equal_residual_becomes_fused_conv(fuse, ort_level):
         np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=RTOL, atol=ATOL)
 
 
+def test_symbolic_proof_does_not_depend_on_input_shapes_given(fuse):
+    """With input shapes that fix every dim, the report counts at those shapes without symbolic inference
+    (``expressions=False``), yet the written model must stay valid for every size: the pass still proves the
+    residual's shape in the model's own symbolic dims (``Context.symbolic``, computed on that first need) and
+    fuses exactly as without input shapes."""
+    model = symbolic_residual()
+    given = fuse(model, input_shapes={"x": (1, 3, 6, 5), "z": (1, 4, 6, 5)}, expressions=False)
+    assert op_counts(given.model) == {"FusedConv": 1}
+    assert given.report.symbols == {} and given.report.totals["saved_bytes"] > 0  # counted at the given shapes
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((1, 3, 9, 4)).astype(np.float32),  # another size than the one given
+             "z": rng.standard_normal((1, 4, 9, 4)).astype(np.float32)}
+    np.testing.assert_allclose(run(given.model, feeds)[0], run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+    # equal at the sizes given, not for every size (h2 may differ from height): refused as without them
+    other = symbolic_residual(1, ("h2", "w2"))
+    refused = fuse(other, input_shapes={"x": (1, 3, 6, 6), "z": (1, 4, 6, 6)}, expressions=False)
+    assert_skipped(refused, other, Reason.RESIDUAL_SHAPE)
+
+
 @pytest.mark.parametrize(("strides", "z_dims"), [(2, ("height", "width")), (1, ("h2", "w2")), (1, ("height", 6))])
 def test_skip_residual_shape_mismatch_when_symbols_are_only_assumed_equal(fuse, strides, z_dims):
     # stride 2: floor((height - 1)/2) + 1 differs from height; h2 may differ from height: onnxruntime's inference
