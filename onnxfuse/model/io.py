@@ -52,8 +52,8 @@ class LoadedModel:
         file_bytes: size of the model file plus its external data files, in bytes (a ModelProto: its
             serialized size).
         external_data: True when at least one tensor was stored in an external data file.
-        overridable: names of initializers that are also graph inputs; onnxruntime lets a caller feed them,
-            so they are not constants unless the user says so (ONNX IR.md, "Graphs": initializers as inputs).
+        overridable: names of the initializers a caller may feed (:func:`overridable_initializers`): not
+            constants unless the user says so (``--constant-initializer-inputs``); empty below IR version 4.
         data_files: the external data files the model reads.
         warnings: what the checks at load let through but the user should know (:func:`check_shapes`: declared
             shapes that contradict shape inference).
@@ -171,7 +171,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
             onnx.load_external_data_for_model(model, str(base))
         except Exception as exc:  # onnx raises ValidationError/OSError/ValueError here depending on the defect
             raise InputError(f"{p}: cannot read external data ({one_line(exc)})") from None
-    overridable = frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
+    overridable = overridable_initializers(model)
     return LoadedModel(model, p, sha256, file_bytes, has_external, overridable,
                        tuple(base / loc for loc in sorted(locations)), warnings=[warning] if warning else [],
                        # the skeleton was made before the external data was read in: it would differ from one now
@@ -403,6 +403,21 @@ def _conv_problem(node: onnx.NodeProto, info: dict) -> str | None:
     return None
 
 
+def overridable_initializers(model: onnx.ModelProto) -> frozenset[str]:
+    """Names of the main graph's initializers that a caller may override by feeding a graph input of that name.
+
+    onnxruntime's rule (``onnxruntime/core/graph/graph.h``, ``Graph::CanOverrideInitializer``: ``ir_version_ >=
+    4``): from IR version 4 on, an initializer that is also listed as a graph input is a default value that the
+    caller may replace; before IR version 4 the ONNX format required every initializer to be listed as a graph
+    input (ONNX IR.md, "Graphs"), so there the listing says nothing and onnxruntime treats the initializer as a
+    constant (its optimizer folds and fuses it at load). Empty below IR version 4, else the initializers that are
+    also graph inputs.
+    """
+    if model.ir_version < 4:
+        return frozenset()
+    return frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
+
+
 def _check_versions(model: onnx.ModelProto, label: str) -> None:
     if not model.ir_version or not model.HasField("graph"):
         raise InputError(f"{label}: not an ONNX model (no IR version or graph in the file)")
@@ -449,7 +464,7 @@ def load_proto(model: onnx.ModelProto) -> LoadedModel:
     check_node_names(copy, label)
     hygiene.negative_dims_to_symbolic(copy)
     warning, inferred = checked_shapes(copy, label)
-    overridable = frozenset({t.name for t in copy.graph.initializer} & {i.name for i in copy.graph.input})
+    overridable = overridable_initializers(copy)
     return LoadedModel(copy, None, hashlib.sha256(data).hexdigest(), len(data), False, overridable, (), model,
                        [warning] if warning else [], shape_inference=inferred)
 

@@ -14,6 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
+from onnxfuse.model.domains import is_default_domain
 from onnxfuse.ort.providers import Target
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -67,15 +68,36 @@ class Context:
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.
 
-        The reason is :attr:`Reason.INITIALIZER_IS_INPUT` for an initializer that is also a graph input,
-        :attr:`Reason.PARAMS_NOT_CONSTANT` otherwise.
+        The reason is :attr:`Reason.INITIALIZER_IS_INPUT` for an initializer that the caller may override (an
+        initializer listed as a graph input, IR version 4 or later: ``model.io.overridable_initializers``) and
+        for a value computed only from constants and such initializers (``--constant-initializer-inputs`` would
+        make it a constant), :attr:`Reason.PARAMS_NOT_CONSTANT` otherwise.
         """
         value = constants.constant_value(tensor, self.overridable)
         if value is not None:
             return value, None
-        if isinstance(tensor, gs.Constant) and tensor.name in self.overridable:
+        if self.overridable and self._rests_on_overridable(tensor):
             return None, Reason.INITIALIZER_IS_INPUT
         return None, Reason.PARAMS_NOT_CONSTANT
+
+    def _rests_on_overridable(self, tensor: gs.Tensor, limit: int = 64) -> bool:
+        """True when ``tensor`` is an overridable initializer, or every path back from it (through at most
+        ``limit`` tensors) ends at constants and at least one at an overridable initializer."""
+        seen: set[int] = set()
+        todo, found = [tensor], False
+        while todo:
+            t = todo.pop()
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            if isinstance(t, gs.Constant):
+                found = found or t.name in self.overridable
+                continue
+            node = t.inputs[0] if t.inputs else None
+            if node is None or len(seen) > limit or not is_default_domain(node.domain):
+                return False
+            todo.extend(i for i in node.inputs if i.name)
+        return found
 
     @property
     def opset(self) -> int:

@@ -18,7 +18,7 @@ Skipped when:
     matmul-input-not-2d                X is not 2-D (a batched [B, S, K] MatMul, or a rank shape inference does
                                        not know), or W is not a 2-D matrix: Gemm is 2-D only
     weights-not-constant               W is computed at run time
-    initializer-is-graph-input         W or b is an overridable initializer (IR < 4 style)
+    initializer-is-graph-input         W or b is an overridable initializer (a graph input, IR >= 4)
     constant-not-per-feature           b does not broadcast to [M, N] as Gemm's C must: rank above 2, a column
                                        count other than 1 or N, or rows other than 1 while M is symbolic or
                                        different (the Add would then grow the output)

@@ -24,6 +24,8 @@ Skipped when:
                                        input (ONNX Operators.md, Pad-18: "repeated axis is invalid"; onnxruntime
                                        refuses the model at load)
     conv-auto-pad-set                  the Conv has auto_pad other than NOTSET (its pads are computed)
+    initializer-is-graph-input         pads, constant_value or axes is (or is computed from) an initializer that
+                                       a caller may feed (listed as a graph input, IR version 4 or later)
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
-from onnxfuse.passes._checks import is_op, private_check, replaced, skip
+from onnxfuse.passes._checks import OVERRIDABLE, is_op, private_check, replaced, skip
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -57,7 +59,8 @@ class PadConv(Pass[PadConvMatch]):
     kind = RewriteKind.CANONICALIZE
     summary = "fold a zero constant-mode Pad of the spatial axes into the Conv's pads"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.PAD_MODE, Reason.PARAMS_NOT_CONSTANT,
-               Reason.PAD_VALUE, Reason.PAD_NEGATIVE, Reason.PAD_AXES, Reason.PAD_AXES_INVALID, Reason.AUTO_PAD)
+               Reason.PAD_VALUE, Reason.PAD_NEGATIVE, Reason.PAD_AXES, Reason.PAD_AXES_INVALID, Reason.AUTO_PAD,
+               Reason.INITIALIZER_IS_INPUT)
     anchors = ("Conv",)
 
     def match(self, node: gs.Node, ctx: Context) -> PadConvMatch | Skip | None:
@@ -78,6 +81,9 @@ class PadConv(Pass[PadConvMatch]):
             return skip(*pads, nodes, out)
         value = self._value(pad, ctx)
         if value is None:
+            if ctx.constant(pad.inputs[2])[1] == Reason.INITIALIZER_IS_INPUT:
+                return skip(Reason.INITIALIZER_IS_INPUT, f"constant_value {pad.inputs[2].name} {OVERRIDABLE}",
+                            nodes, out)
             return skip(Reason.PARAMS_NOT_CONSTANT, f"the constant_value of {pad.name} is computed at run time",
                         nodes, out)
         if value != 0:
@@ -106,12 +112,16 @@ class PadConv(Pass[PadConvMatch]):
         else:
             if len(pad.inputs) < 2 or not pad.inputs[1].name:
                 return Reason.PARAMS_NOT_CONSTANT, "Pad has no pads"
-            values, _ = ctx.constant(pad.inputs[1])
+            values, why = ctx.constant(pad.inputs[1])
+            if why == Reason.INITIALIZER_IS_INPUT:
+                return why, f"pads {pad.inputs[1].name} {OVERRIDABLE}"
             if values is None:
                 return Reason.PARAMS_NOT_CONSTANT, f"pads {pad.inputs[1].name} is computed at run time"
             full = [int(v) for v in np.asarray(values).reshape(-1)]
             if len(pad.inputs) >= 4 and pad.inputs[3].name:
-                axes, _ = ctx.constant(pad.inputs[3])  # opset 18+: pads of these axes only
+                axes, why = ctx.constant(pad.inputs[3])  # opset 18+: pads of these axes only
+                if why == Reason.INITIALIZER_IS_INPUT:
+                    return why, f"axes {pad.inputs[3].name} {OVERRIDABLE}"
                 if axes is None or shape is None:
                     return (Reason.PARAMS_NOT_CONSTANT,
                             f"axes {pad.inputs[3].name} is computed at run time or the rank is unknown")

@@ -143,6 +143,32 @@ def test_skip_parameters_not_constant(fuse):
     assert op_counts(result.model)["Pad"] == 1
 
 
+@pytest.mark.parametrize("ir_version", [4, 8])
+def test_skip_initializer_is_graph_input(fuse, ir_version):
+    # pads an initializer a caller may feed (listed as a graph input, IR >= 4): refused with the option named
+    model, _ = pad_conv()
+    pads = model.graph.node[0].input[1]
+    model.graph.input.append(helper.make_tensor_value_info(pads, TensorProto.INT64, [8]))
+    model.ir_version = ir_version
+    result = fuse(model, only=(PASS,))
+    s = skip_of(result, PASS)
+    assert s.reason == Reason.INITIALIZER_IS_INPUT and "--constant-initializer-inputs" in s.detail
+    assert op_counts(result.model)["Pad"] == 1
+    fused = fuse(model, only=(PASS,), constant_initializer_inputs=True)
+    assert op_counts(fused.model)["Pad"] == 0
+    assert_same_outputs(model, fused.model)
+
+
+def test_pads_computed_from_an_overridable_initializer_names_the_option(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    pads = b.op("Identity", [b.const(np.array(SPATIAL, np.int64), name="pads32")])
+    model = b.build(b.op("Relu", [b.conv(b.op("Pad", [x, pads]), 3, 4)]), opset=13)
+    model.graph.input.append(helper.make_tensor_value_info("pads32", TensorProto.INT64, [8]))
+    s = skip_of(fuse(model, only=(PASS,)), PASS)
+    assert s.reason == Reason.INITIALIZER_IS_INPUT and "--constant-initializer-inputs" in s.detail
+
+
 def test_skip_intermediate_is_graph_output(fuse):
     model, _ = pad_conv()
     model.graph.output.append(helper.make_tensor_value_info(model.graph.node[0].output[0], TensorProto.FLOAT,
