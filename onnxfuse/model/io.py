@@ -161,6 +161,9 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         rejected = _checker_verdict(str(p))  # on the path, so that it finds and checks the external data files
     if rejected is not None and hygiene.sort_topologically(model):  # onnxruntime sorts too; the checker does not
         rejected = _recheck(model)
+    notes: list[str] = []
+    if rejected is not None:
+        rejected, notes = repair_for_checker(model)
     if rejected is not None:
         raise InputError(f"{p}: onnx.checker rejected the model: {one_line(rejected)}")
     check_node_names(model, str(p))
@@ -173,7 +176,8 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
             raise InputError(f"{p}: cannot read external data ({one_line(exc)})") from None
     overridable = overridable_initializers(model)
     return LoadedModel(model, p, sha256, file_bytes, has_external, overridable,
-                       tuple(base / loc for loc in sorted(locations)), warnings=[warning] if warning else [],
+                       tuple(base / loc for loc in sorted(locations)),
+                       warnings=notes + ([warning] if warning else []),
                        # the skeleton was made before the external data was read in: it would differ from one now
                        shape_inference=None if has_external else inferred)
 
@@ -459,6 +463,9 @@ def load_proto(model: onnx.ModelProto) -> LoadedModel:
     rejected = _recheck(data)
     if rejected is not None and hygiene.sort_topologically(copy):
         rejected = _recheck(copy)
+    notes: list[str] = []
+    if rejected is not None:
+        rejected, notes = repair_for_checker(copy)
     if rejected is not None:
         raise InputError(f"{label}: onnx.checker rejected the model: {one_line(rejected)}") from None
     check_node_names(copy, label)
@@ -466,7 +473,40 @@ def load_proto(model: onnx.ModelProto) -> LoadedModel:
     warning, inferred = checked_shapes(copy, label)
     overridable = overridable_initializers(copy)
     return LoadedModel(copy, None, hashlib.sha256(data).hexdigest(), len(data), False, overridable, (), model,
-                       [warning] if warning else [], shape_inference=inferred)
+                       notes + ([warning] if warning else []), shape_inference=inferred)
+
+
+def repair_for_checker(model: onnx.ModelProto) -> tuple[Exception | None, list[str]]:
+    """Repair in place, in a model ``onnx.checker`` rejected, what onnxruntime loads as it is
+    (:mod:`onnxfuse.model.hygiene`): IR 3 initializers not all listed as graph inputs
+    (:func:`~onnxfuse.model.hygiene.list_ir3_initializers`), graph outputs without a type or shape
+    (:func:`~onnxfuse.model.hygiene.type_untyped_outputs`, shapes from onnx shape
+    inference on the weight-free skeleton). The written model keeps the repair, so it passes the checker.
+
+    Returns:
+        ``(the checker's verdict after the repair (None: it passes), one note per repair made)``; a model that
+        still fails is refused by the caller with that verdict, as onnxruntime would refuse what is left.
+    """
+    notes = []
+    listed = hygiene.list_ir3_initializers(model)
+    if listed:
+        notes.append(f"initializer {_names(listed)} {'was' if len(listed) == 1 else 'were'} not listed as a "
+                     "graph input, which IR version 3 requires (onnx.checker refuses it; onnxruntime loads it): "
+                     "the output lists every initializer")
+    try:
+        inferred: onnx.ModelProto | None = onnx.shape_inference.infer_shapes(proto.skeleton(model))
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        inferred = None
+    typed, _ = hygiene.type_untyped_outputs(model, inferred)
+    if typed:
+        notes.append(f"graph output {_names(typed)} had no type or shape (onnx.checker refuses it; onnxruntime "
+                     "infers it): the output declares the one onnx shape inference gives")
+    return _recheck(model), notes
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _recheck(model: onnx.ModelProto | bytes) -> Exception | None:
