@@ -226,6 +226,9 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     del inferred
     model_io.check_convs(model, info, loaded.label)
     sym, mismatches = _count_shapes(skel, info, input_shapes, options.expressions)
+    own_sym = sym if options.expressions or not input_shapes else None  # the counts' shapes are the model's own
+    # else the passes compute the model's own symbolic shapes if one needs them: the same decisions either way
+    loader = (lambda skel=skel, info=info: symbolic.infer(skel, info)) if own_sym is None else None
     del skel  # weight-free, but its messages take a few MiB at the peak that comes later
     before_sizes = traffic.Sizes(sym.shapes, {**elem_types, **sym.elem_types}, sym.reasons).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
@@ -241,7 +244,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
             graph = convert.to_graph(model)
             ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
                           info, namer=constants.Namer(graph),
-                          symbolic=sym if options.expressions or not input_shapes else None,  # own shapes only
+                          symbolic=own_sym, symbolic_loader=loader,
                           materialize_bytes=options.materialize_weights_bytes)
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))

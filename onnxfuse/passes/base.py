@@ -7,6 +7,7 @@ name them. A pass anchors on the *last* node of its chain (its producer chain is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -49,7 +50,10 @@ class Context:
         order: the node slots of ``graph`` that rewrites edit (see ``onnxfuse.ir.edit.NodeOrder``; set with ``graph``; a
             rewrite reads it as :attr:`edit_order`).
         symbolic: the model's own symbolic shapes (``onnxfuse.analysis.symbolic.SymbolicShapes``: every dim a sympy
-            expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed.
+            expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed;
+            passes read them through :meth:`own_symbolic`.
+        symbolic_loader: computes :attr:`symbolic` on first use where the pipeline did not (its counts were made
+            at concrete input shapes): a pass's decision must not depend on which command or figures asked for it.
         materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
             computed from compact constants (int8 x scale) as plain floats (``Options.materialize_weights_bytes``;
             each such fold spends its growth). 0: weights stay compact.
@@ -63,7 +67,15 @@ class Context:
     members: set[int] = field(default_factory=set)
     order: edit.NodeOrder | None = None
     symbolic: SymbolicShapes | None = None
+    symbolic_loader: Callable[[], SymbolicShapes] | None = None
     materialize_bytes: int = 0
+
+    def own_symbolic(self) -> SymbolicShapes | None:
+        """:attr:`symbolic`, computed by :attr:`symbolic_loader` on the first call where it is None."""
+        if self.symbolic is None and self.symbolic_loader is not None:
+            loader, self.symbolic_loader = self.symbolic_loader, None
+            self.symbolic = loader()
+        return self.symbolic
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.

@@ -72,7 +72,7 @@ def proven_same_shape(y: gs.Tensor, z: gs.Tensor, ctx: Context) -> bool:
     symbolic dim counts only when it holds an input symbol and none of its symbols is named in an assumption
     (``SymbolicShapes.assumptions``); a number counts only where onnx inference knows it as well.
     """
-    sym = ctx.symbolic
+    sym = ctx.own_symbolic()
     static_a, static_b = ctx.shape(y), ctx.shape(z)
     if sym is None or static_a is None or static_b is None or len(static_a) != len(static_b):
         return False
