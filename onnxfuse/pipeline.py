@@ -22,7 +22,7 @@ from onnxfuse._version import __version__
 from onnxfuse.analysis import shapes, symbolic, traffic
 from onnxfuse.errors import InputError
 from onnxfuse.ir import constants, convert
-from onnxfuse.model import domains, proto
+from onnxfuse.model import domains, indices, proto
 from onnxfuse.model import io as model_io
 from onnxfuse.ort.levels import DEFAULT_ORT_LEVEL, ORT_LEVELS
 from onnxfuse.ort.providers import (
@@ -217,6 +217,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     if options.input_data:
         check_regular_file(options.input_data, "--input-data")
     loaded, model = _model_of(path, loaded)
+    if verify_options is not None and not verify_options.index_inputs:  # float ids: drawn as valid indices
+        verify_options.index_inputs = indices.float_index_inputs(model)
     # the load's strict shape check already made the skeleton and inferred it (model.io.checked_shapes)
     skel, inferred = loaded.shape_inference or (proto.skeleton(model), None)
     loaded.shape_inference = None
