@@ -228,9 +228,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     del inferred
     model_io.check_convs(model, info, loaded.label)
     sym, mismatches = _count_shapes(skel, info, input_shapes, options.expressions)
-    own_sym = sym if options.expressions or not input_shapes else None  # the counts' shapes are the model's own
-    # else the passes compute the model's own symbolic shapes if one needs them: the same decisions either way
-    loader = (lambda skel=skel, info=info: symbolic.infer(skel, info)) if own_sym is None else None
+    own_sym, loader = _own_symbolic(sym, skel, info, options.expressions or not input_shapes)
     del skel  # weight-free, but its messages take a few MiB at the peak that comes later
     before_sizes = traffic.Sizes(sym.shapes, {**elem_types, **sym.elem_types}, sym.reasons).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
@@ -281,6 +279,15 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
     report.verification = verified
     return Result(out, fusions, skips, bool(fusions), report, loaded)
+
+
+def _own_symbolic(sym: symbolic.SymbolicShapes, skel: onnx.ModelProto, info: dict, own: bool):
+    """``(the model's own symbolic shapes, None)`` when ``sym`` (the counts' shapes) is them (``own``), else
+    ``(None, a loader that computes them)``: the passes read them through ``Context.own_symbolic``, so they
+    decide the same whether the counts were made as expressions or at concrete input shapes."""
+    if own:
+        return sym, None
+    return None, lambda: symbolic.infer(skel, info)
 
 
 def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None

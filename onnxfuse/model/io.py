@@ -159,11 +159,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         file_bytes += sum((base / loc).stat().st_size for loc in locations)
     if has_external and fmt == "protobuf":
         rejected = _checker_verdict(str(p))  # on the path, so that it finds and checks the external data files
-    if rejected is not None and hygiene.sort_topologically(model):  # onnxruntime sorts too; the checker does not
-        rejected = _recheck(model)
-    notes: list[str] = []
-    if rejected is not None:
-        rejected, notes = repair_for_checker(model)
+    rejected, notes = _after_hygiene(model, rejected)
     if rejected is not None:
         raise InputError(f"{p}: onnx.checker rejected the model: {one_line(rejected)}")
     check_node_names(model, str(p))
@@ -460,12 +456,7 @@ def load_proto(model: onnx.ModelProto) -> LoadedModel:
                          "passed as a path with external data") from None
     copy = onnx.ModelProto()
     copy.ParseFromString(data)
-    rejected = _recheck(data)
-    if rejected is not None and hygiene.sort_topologically(copy):
-        rejected = _recheck(copy)
-    notes: list[str] = []
-    if rejected is not None:
-        rejected, notes = repair_for_checker(copy)
+    rejected, notes = _after_hygiene(copy, _recheck(data))
     if rejected is not None:
         raise InputError(f"{label}: onnx.checker rejected the model: {one_line(rejected)}") from None
     check_node_names(copy, label)
@@ -474,6 +465,17 @@ def load_proto(model: onnx.ModelProto) -> LoadedModel:
     overridable = overridable_initializers(copy)
     return LoadedModel(copy, None, hashlib.sha256(data).hexdigest(), len(data), False, overridable, (), model,
                        notes + ([warning] if warning else []), shape_inference=inferred)
+
+
+def _after_hygiene(model: onnx.ModelProto, rejected: Exception | None) -> tuple[Exception | None, list[str]]:
+    """The checker's verdict on ``model`` once what onnxruntime accepts is put right (in place, only when it was
+    ``rejected``): nodes sorted (onnxruntime sorts too; the checker does not), then :func:`repair_for_checker`.
+    Returns ``(verdict, notes of the repairs)``."""
+    if rejected is not None and hygiene.sort_topologically(model):
+        rejected = _recheck(model)
+    if rejected is None:
+        return None, []
+    return repair_for_checker(model)
 
 
 def repair_for_checker(model: onnx.ModelProto) -> tuple[Exception | None, list[str]]:
