@@ -23,7 +23,9 @@ Skipped when:
                                        the tensor does not have, or its pads are not two per axis of the Conv's
                                        input (ONNX Operators.md, Pad-18: "repeated axis is invalid"; onnxruntime
                                        refuses the model at load)
-    conv-auto-pad-set                  the Conv has auto_pad other than NOTSET (its pads are computed)
+    conv-auto-pad-set                  the Conv has auto_pad SAME_UPPER or SAME_LOWER (its pads are computed from
+                                       the input size); VALID means no padding (ONNX Operators.md, Conv:
+                                       "VALID mean no padding") and folds like explicit zero pads
     initializer-is-graph-input         pads, constant_value or axes is (or is computed from) an initializer that
                                        a caller may feed (listed as a graph input, IR version 4 or later)
 """
@@ -94,10 +96,11 @@ class PadConv(Pass[PadConvMatch]):
         if pads[0] or pads[1] or pads[rank] or pads[rank + 1]:
             return skip(Reason.PAD_AXES, f"Pad pads axis 0 or 1 (N or C): {pads}", nodes, out)
         auto_pad = _attr_str(node.attrs.get("auto_pad", "NOTSET"))
-        if auto_pad != "NOTSET":
+        if auto_pad not in ("NOTSET", "VALID"):  # VALID: no padding, the same as explicit zero pads
             return skip(Reason.AUTO_PAD, f"the Conv has auto_pad={auto_pad}", nodes, out)
         spatial = rank - 2
-        old = [int(p) for p in node.attrs.get("pads", [0] * (2 * spatial))]
+        old = [0] * (2 * spatial) if auto_pad == "VALID" else \
+            [int(p) for p in node.attrs.get("pads", [0] * (2 * spatial))]
         new = [old[i] + pads[2 + i] for i in range(spatial)] + [old[spatial + i] + pads[rank + 2 + i]
                                                               for i in range(spatial)]
         return PadConvMatch(nodes, pads=new)
@@ -162,5 +165,6 @@ class PadConv(Pass[PadConvMatch]):
         pad, conv = match.nodes
         original = replaced(match.nodes)
         conv.attrs["pads"] = match.pads
+        conv.attrs.pop("auto_pad", None)  # VALID (no padding) is now the explicit pads; NOTSET is the default
         edit.bypass(ctx.edit_order, pad, pad.inputs[0])
         return Fusion(self.name, conv.name, conv.op, original, None, conv.outputs[0].name, self.kind)

@@ -5,6 +5,7 @@ rtol=1e-4, atol=1e-5 (conftest.RTOL/ATOL).
 """
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -209,3 +210,31 @@ def test_a_file_with_repeated_pad_axes_is_an_input_error(tmp_path):
     onnx.save(model, str(tmp_path / "m.onnx"))
     with pytest.raises(InputError, match="referred to more than once"):
         pipeline.analyse(tmp_path / "m.onnx", pipeline.Options(target="onnx"))
+
+
+def with_auto_pad(auto_pad, opset=13):
+    """pad_conv() whose Conv has ``auto_pad`` and no pads attribute (the two together are invalid)."""
+    model, _ = pad_conv(opset=opset, conv_pads=None, auto_pad=auto_pad)
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    kept = [a for a in conv.attribute if a.name != "pads"]
+    del conv.attribute[:]
+    conv.attribute.extend(kept)
+    model.graph.output[0].type.tensor_type.ClearField("shape")  # typed from the Conv with pads: typed again
+    return with_output_shapes(model)
+
+
+@pytest.mark.parametrize("opset", [9, 13, 19])
+def test_pad_folds_into_a_conv_with_auto_pad_valid(fuse, opset):
+    # VALID is no padding: the Conv takes the Pad's pads as its own and auto_pad goes (NOTSET, the default)
+    model = with_auto_pad("VALID", opset)
+    result = fuse(model, only=(PASS,))
+    assert "Pad" not in op_counts(result.model)
+    conv = the_conv(result.model)
+    assert attr(conv, "pads") == [1, 2, 2, 1] and attr(conv, "auto_pad") is None
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+def test_skip_conv_auto_pad_set_same(fuse, auto_pad):
+    assert_refused(fuse, with_auto_pad(auto_pad), Reason.AUTO_PAD)
