@@ -49,6 +49,9 @@ inference on the model's own input shapes, ``Context.shape``; :func:`static_shap
 (``Shape -> Gather -> Concat -> Reshape``) or a bias reshaped by ``Concat(Slice(Shape(x)), ...)`` on a static
 input then folds node by node into constants. A symbolic or unknown dim is never frozen; ``Shape``'s ``start``/
 ``end`` attributes (opset 15) select the dims read, so ``Shape(x, start=1)`` folds even with a symbolic batch.
+``CastLike(constant, x)`` folds with a run-time ``x`` whose element type is known: CastLike reads only the
+element type of its ``target_type`` input (ONNX Operators.md, CastLike-15), so onnxruntime runs it with an empty
+tensor of that type in x's place.
 """
 
 from __future__ import annotations
@@ -399,11 +402,13 @@ class ConstantFold(Pass[ConstantFoldMatch]):
             return _fold_static_shape(node, ctx)
         values: list[np.ndarray | None] = []
         overridable: list[str] = []
-        for t in node.inputs:
+        for i, t in enumerate(node.inputs):
             if not t.name:
                 values.append(None)
                 continue
             value, why = ctx.constant(t)
+            if value is None and i == 1 and node.op == "CastLike" and ctx.dtype(t) is not None:
+                value = np.zeros((0,), ctx.dtype(t))  # only target_type's element type is read (ONNX CastLike)
             if value is None:
                 if why != Reason.INITIALIZER_IS_INPUT:
                     return None  # a run-time input: not a fold candidate
