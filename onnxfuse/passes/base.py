@@ -46,6 +46,7 @@ class Context:
             on the unfused model with its own (possibly symbolic) input shapes.
         namer: fresh names for new initializers and nodes, unique in the whole model.
         graph: the (sub)graph being optimized (set by ``driver.run_passes`` for each graph in turn).
+        main_graph: the model's main graph (set by ``driver.run_passes``).
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
         order: the node slots of ``graph`` that rewrites edit (see ``onnxfuse.ir.edit.NodeOrder``; set with ``graph``; a
             rewrite reads it as :attr:`edit_order`).
@@ -64,6 +65,7 @@ class Context:
     shapes: dict[str, tuple[tuple | None, np.dtype | None]]
     namer: constants.Namer
     graph: gs.Graph | None = None
+    main_graph: gs.Graph | None = None
     members: set[int] = field(default_factory=set)
     order: edit.NodeOrder | None = None
     symbolic: SymbolicShapes | None = None
