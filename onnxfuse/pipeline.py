@@ -12,7 +12,6 @@ import math
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from onnxfuse._version import __version__
 from onnxfuse.analysis import shapes, symbolic, traffic
 from onnxfuse.errors import InputError
 from onnxfuse.ir import constants, convert
-from onnxfuse.model import domains, proto
+from onnxfuse.model import domains, indices, proto
 from onnxfuse.model import io as model_io
 from onnxfuse.ort.levels import DEFAULT_ORT_LEVEL, ORT_LEVELS
 from onnxfuse.ort.providers import (
@@ -218,6 +217,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     if options.input_data:
         check_regular_file(options.input_data, "--input-data")
     loaded, model = _model_of(path, loaded)
+    if verify_options is not None and not verify_options.index_inputs:  # float ids: drawn as valid indices
+        verify_options.index_inputs = indices.float_index_inputs(model)
     # the load's strict shape check already made the skeleton and inferred it (model.io.checked_shapes)
     skel, inferred = loaded.shape_inference or (proto.skeleton(model), None)
     loaded.shape_inference = None
@@ -227,9 +228,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     del inferred
     model_io.check_convs(model, info, loaded.label)
     sym, mismatches = _count_shapes(skel, info, input_shapes, options.expressions)
-    # the passes' own proofs need the model's symbolic shapes (never the ones at input_shapes): sym when it has
-    # them, else computed only if a pass asks (conv_residual, for a residual onnx inference cannot size)
-    symbolic_source = _symbolic_source(sym, skel, info, input_shapes)
+    own_sym, loader = _own_symbolic(sym, skel, info, not sym.at_input_shapes)
     del skel  # weight-free, but its messages take a few MiB at the peak that comes later
     before_sizes = traffic.Sizes(sym.shapes, {**elem_types, **sym.elem_types}, sym.reasons).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
@@ -245,7 +244,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
             graph = convert.to_graph(model)
             ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
                           info, namer=constants.Namer(graph),
-                          symbolic_source=symbolic_source,
+                          symbolic=own_sym, symbolic_loader=loader,
                           materialize_bytes=options.materialize_weights_bytes)
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
@@ -280,6 +279,16 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
     report.verification = verified
     return Result(out, fusions, skips, bool(fusions), report, loaded)
+
+
+def _own_symbolic(sym: symbolic.SymbolicShapes, skel: onnx.ModelProto, info: dict, own: bool):
+    """``(the model's own symbolic shapes, None)`` when ``sym`` (the counts' shapes) is them (``own``: not
+    counted at the input shapes, ``SymbolicShapes.at_input_shapes``), else ``(None, a loader that computes
+    them)``: the passes read them through ``Context.own_symbolic``, so they decide the same whether the counts
+    were made as expressions or at concrete input shapes."""
+    if own:
+        return sym, None
+    return None, lambda: symbolic.infer(skel, info)
 
 
 def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None
@@ -475,17 +484,6 @@ def _count_shapes(skel: onnx.ModelProto, info: dict, input_shapes: dict[str, tup
             return replace(static, at_input_shapes=True), []
     sym = symbolic.infer(skel, info)  # every dim as an expression in the input dims: what the report counts
     return sym, _cross_check(sym, shapes.infer(fixed)[0], sym.table.values(input_shapes))
-
-
-def _symbolic_source(sym: symbolic.SymbolicShapes, skel: onnx.ModelProto, info: dict,
-                     input_shapes: dict[str, tuple[int, ...]]
-                     ) -> Callable[[], symbolic.SymbolicShapes | None]:
-    """What ``Context.symbolic_source`` calls: ``sym`` itself when it was counted in the model's own dims (no
-    input shapes given, or expressions were wanted), else a function that infers the model's own symbolic shapes
-    from ``skel`` on first use."""
-    if not sym.at_input_shapes:
-        return lambda: sym
-    return lambda: symbolic.infer(skel, info)  # a static model: onnx's shapes, no sympy (symbolic.infer)
 
 
 def _cross_check(sym: symbolic.SymbolicShapes, concrete: dict, values: dict) -> list[str]:

@@ -130,6 +130,9 @@ class Reason(str, Enum):
     NEEDS_NEWER_ORT = (
         "form-needs-newer-onnxruntime",
         "deploy on the onnxruntime release the detail names (or newer) and give it as --ort-version")
+    CONV_PADS_NONZERO = (
+        "conv-pads-not-zero",
+        "none: the Conv pads its input with zeros, which the scale and offset before it would not have touched")
 
     def __str__(self) -> str:
         return self.value

@@ -5,8 +5,9 @@ Everything here depends on that class's private state (``known_vi_``, ``suggeste
 ``dispatcher_``...) and on its module-level names (``SymbolicShapeInference``, ``get_shape_from_sympy_shape``,
 ``sympy``, which :func:`_patched` replaces while :func:`run` runs); an onnxruntime release that changes them
 breaks only this module. The additions (see :mod:`onnxfuse.analysis.symbolic`): ConvTranspose and Upsample
-output sizes, Resize by scales without ``simplify``, If branches of different rank, a node it cannot infer gets
-new symbols instead of ending the inference, merges in a fixed order, and no file written.
+output sizes, Pad with an ``axes`` input (opset 18), Resize by scales without ``simplify``, If branches of
+different rank, a node it cannot infer gets new symbols instead of ending the inference, merges in a fixed order,
+and no file written.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class _Additions(_Base):
         super().__init__(*args, **kwargs)
         self.dispatcher_["ConvTranspose"] = self._infer_ConvTranspose
         self.dispatcher_["Upsample"] = self._infer_Upsample
+        self.dispatcher_["Pad"] = self._infer_Pad
         self.dispatcher_ = {op: self._guarded(fn) for op, fn in self.dispatcher_.items()}
 
     def _guarded(self, fn):
@@ -234,6 +236,24 @@ class _Additions(_Base):
                 total_pad = 0 if auto_pad == "VALID" else pads[i] + pads[i + rank]
                 out.append(strides[i] * (x[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
                            - total_pad)
+        self._set_output(node, out)
+
+    def _infer_Pad(self, node):
+        # ONNX Pad-18 and later: an optional 4th input ``axes`` (negative counts from the back) names the axes
+        # that ``pads`` (length 2 * len(axes): every begin, then every end) pads; out[a] = in[a] + begin + end.
+        # onnxruntime's handler asserts len(pads) == 2 * rank, so an axes input ended its inference.
+        ssi = _ssi()
+        if ssi.get_opset(self.out_mp_) < 18 or len(node.input) < 4 or not node.input[3]:
+            super()._infer_Pad(node)
+            return
+        x = self._get_sympy_shape(node, 0)
+        pads, axes = self._try_get_value(node, 1), self._try_get_value(node, 3)
+        if pads is None or axes is None or len(pads) != 2 * len(axes):
+            self._set_output(node, self._new_symbolic_shape(len(x), node))
+            return
+        out, n = list(x), len(axes)
+        for i, a in enumerate(int(a) for a in axes):
+            out[a] = out[a] + int(pads[i]) + int(pads[i + n])
         self._set_output(node, out)
 
     def _scaled(self, node, scales):

@@ -14,7 +14,8 @@ This module adds what the report needs on top:
   count of a Loop, the output of an If whose branches give different shapes) is a symbol that is not an input
   symbol; such tensors are unknown and :attr:`SymbolicShapes.reasons` says why. When onnxruntime's inference
   cannot finish, the rest falls back to ``onnx.shape_inference`` dims (numbers and input dim names only).
-* **Ops it lacks.** ConvTranspose (output size from the ONNX ConvTranspose spec, "output_shape" section),
+* **Ops it lacks.** ConvTranspose (output size from the ONNX ConvTranspose spec, "output_shape" section), Pad
+  with an ``axes`` input (ONNX Pad-18),
   Upsample, Resize by scales without sympy's slow ``simplify``, and If branches of different rank
   (:mod:`onnxfuse.analysis.ort_symbolic`, the only module that touches onnxruntime's class).
 * **No side effects.** ``SymbolicShapeInference.infer_shapes`` writes ``sym_shape_infer_temp.onnx`` into the
@@ -360,11 +361,13 @@ def growth_share(part: sympy.Expr, whole: sympy.Expr) -> float | None:
     """Limit of ``part / whole`` as every symbol grows at the same rate: the ratio of their leading coefficients
     (floor and ceiling do not change it). Computed exactly at every symbol = 2**40 and checked at a second point
     with the symbols in other proportions; None when ``whole`` does not grow or the two disagree (the limit
-    depends on the ratio of the symbols, say H against W), or when both are plain ints."""
+    depends on the ratio of the symbols, say H against W), or when both are plain ints; either may be a plain
+    int."""
     if type(part) is int and type(whole) is int:
         return None
     import sympy
 
+    part, whole = sympy.sympify(part), sympy.sympify(whole)  # one side may be a plain int (a side of no symbol)
     symbols = sorted(whole.free_symbols | part.free_symbols, key=str)
     if not symbols:
         return None

@@ -6,6 +6,8 @@ onnxfuse's own shape handling would refuse. Each function edits the ModelProto i
 * :func:`negative_dims_to_symbolic`: a dim stored as ``dim_value: -1`` (paddle2onnx writes dynamic dims this
   way). ONNX IR.md says a dim is a non-negative ``dim_value`` or a ``dim_param``; onnxruntime treats -1 as
   dynamic, and so does onnxfuse: the dim becomes unknown, and ``--input-shape`` can fix it.
+* :func:`list_ir3_initializers`: an IR 3 model whose initializers are not all listed as graph inputs.
+* :func:`type_untyped_outputs`: a graph output without a type or a shape.
 """
 
 from __future__ import annotations
@@ -108,3 +110,57 @@ def negative_dims_to_symbolic(model: onnx.ModelProto) -> int:
                 d.ClearField("dim_value")
                 changed += 1
     return changed
+
+
+def list_ir3_initializers(model: onnx.ModelProto) -> list[str]:
+    """Below IR version 4 every initializer must also be a graph input (ONNX IR.md, "Graphs"; onnx.checker: "X in
+    initializer but not in graph input"); onnxruntime loads a model that lists only some. Add a graph input, typed
+    and shaped as the initializer, for each main-graph initializer that is not listed; return their names. They
+    are constants either way (below IR 4 onnxruntime never lets a caller override an initializer:
+    ``Graph::CanOverrideInitializer``, ``onnxruntime/core/graph/graph.h``)."""
+    if model.ir_version >= 4:
+        return []
+    g = model.graph
+    listed = {i.name for i in g.input}
+    missing = [t for t in g.initializer if t.name not in listed]
+    g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in missing)
+    return [t.name for t in missing]
+
+
+def _lacks_tensor_type(vi: onnx.ValueInfoProto) -> bool:
+    """True when ``vi`` has no type, or a tensor type without an element type or a shape (what onnx.checker
+    requires of a graph input or output: "Field 'shape' of 'type' is required but missing")."""
+    if not vi.HasField("type"):
+        return True
+    if vi.type.WhichOneof("value") != "tensor_type":
+        return False
+    tt = vi.type.tensor_type
+    return not tt.elem_type or not tt.HasField("shape")
+
+
+def type_untyped_outputs(model: onnx.ModelProto, inferred: onnx.ModelProto | None) -> tuple[list[str], list[str]]:
+    """Give each main-graph output that has no type, no element type or no shape (onnxruntime loads such a
+    model: it infers them) the type and shape that ``inferred`` (onnx shape inference of ``model``, or of its
+    weight-free skeleton) gives it, keeping a declared element type. Returns ``(outputs typed, outputs left as
+    they were: inference gave no shape)``."""
+    lacking = [vi for vi in model.graph.output if _lacks_tensor_type(vi)]
+    if not lacking:
+        return [], []
+    known: dict[str, onnx.TypeProto] = {}
+    if inferred is not None:
+        for vi in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input):
+            tt = vi.type.tensor_type
+            if vi.type.WhichOneof("value") == "tensor_type" and tt.elem_type and tt.HasField("shape"):
+                known.setdefault(vi.name, vi.type)
+    typed, left = [], []
+    for vi in lacking:
+        got = known.get(vi.name)
+        if got is None:
+            left.append(vi.name)
+            continue
+        declared = vi.type.tensor_type if vi.HasField("type") else None
+        vi.type.CopyFrom(got)
+        if declared is not None and declared.elem_type and declared.elem_type != got.tensor_type.elem_type:
+            vi.type.tensor_type.elem_type = declared.elem_type  # keep what the model says; the checker judges
+        typed.append(vi.name)
+    return typed, left

@@ -52,8 +52,8 @@ class LoadedModel:
         file_bytes: size of the model file plus its external data files, in bytes (a ModelProto: its
             serialized size).
         external_data: True when at least one tensor was stored in an external data file.
-        overridable: names of initializers that are also graph inputs; onnxruntime lets a caller feed them,
-            so they are not constants unless the user says so (ONNX IR.md, "Graphs": initializers as inputs).
+        overridable: names of the initializers a caller may feed (:func:`overridable_initializers`): not
+            constants unless the user says so (``--constant-initializer-inputs``); empty below IR version 4.
         data_files: the external data files the model reads.
         warnings: what the checks at load let through but the user should know (:func:`check_shapes`: declared
             shapes that contradict shape inference).
@@ -159,8 +159,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         file_bytes += sum((base / loc).stat().st_size for loc in locations)
     if has_external and fmt == "protobuf":
         rejected = _checker_verdict(str(p))  # on the path, so that it finds and checks the external data files
-    if rejected is not None and hygiene.sort_topologically(model):  # onnxruntime sorts too; the checker does not
-        rejected = _recheck(model)
+    rejected, notes = _after_hygiene(model, rejected)
     if rejected is not None:
         raise InputError(f"{p}: onnx.checker rejected the model: {one_line(rejected)}")
     check_node_names(model, str(p))
@@ -171,9 +170,10 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
             onnx.load_external_data_for_model(model, str(base))
         except Exception as exc:  # onnx raises ValidationError/OSError/ValueError here depending on the defect
             raise InputError(f"{p}: cannot read external data ({one_line(exc)})") from None
-    overridable = frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
+    overridable = overridable_initializers(model)
     return LoadedModel(model, p, sha256, file_bytes, has_external, overridable,
-                       tuple(base / loc for loc in sorted(locations)), warnings=[warning] if warning else [],
+                       tuple(base / loc for loc in sorted(locations)),
+                       warnings=notes + ([warning] if warning else []),
                        # the skeleton was made before the external data was read in: it would differ from one now
                        shape_inference=None if has_external else inferred)
 
@@ -403,6 +403,21 @@ def _conv_problem(node: onnx.NodeProto, info: dict) -> str | None:
     return None
 
 
+def overridable_initializers(model: onnx.ModelProto) -> frozenset[str]:
+    """Names of the main graph's initializers that a caller may override by feeding a graph input of that name.
+
+    onnxruntime's rule (``onnxruntime/core/graph/graph.h``, ``Graph::CanOverrideInitializer``: ``ir_version_ >=
+    4``): from IR version 4 on, an initializer that is also listed as a graph input is a default value that the
+    caller may replace; before IR version 4 the ONNX format required every initializer to be listed as a graph
+    input (ONNX IR.md, "Graphs"), so there the listing says nothing and onnxruntime treats the initializer as a
+    constant (its optimizer folds and fuses it at load). Empty below IR version 4, else the initializers that are
+    also graph inputs.
+    """
+    if model.ir_version < 4:
+        return frozenset()
+    return frozenset({t.name for t in model.graph.initializer} & {i.name for i in model.graph.input})
+
+
 def _check_versions(model: onnx.ModelProto, label: str) -> None:
     if not model.ir_version or not model.HasField("graph"):
         raise InputError(f"{label}: not an ONNX model (no IR version or graph in the file)")
@@ -441,17 +456,59 @@ def load_proto(model: onnx.ModelProto) -> LoadedModel:
                          "passed as a path with external data") from None
     copy = onnx.ModelProto()
     copy.ParseFromString(data)
-    rejected = _recheck(data)
-    if rejected is not None and hygiene.sort_topologically(copy):
-        rejected = _recheck(copy)
+    rejected, notes = _after_hygiene(copy, _recheck(data))
     if rejected is not None:
         raise InputError(f"{label}: onnx.checker rejected the model: {one_line(rejected)}") from None
     check_node_names(copy, label)
     hygiene.negative_dims_to_symbolic(copy)
     warning, inferred = checked_shapes(copy, label)
-    overridable = frozenset({t.name for t in copy.graph.initializer} & {i.name for i in copy.graph.input})
+    overridable = overridable_initializers(copy)
     return LoadedModel(copy, None, hashlib.sha256(data).hexdigest(), len(data), False, overridable, (), model,
-                       [warning] if warning else [], shape_inference=inferred)
+                       notes + ([warning] if warning else []), shape_inference=inferred)
+
+
+def _after_hygiene(model: onnx.ModelProto, rejected: Exception | None) -> tuple[Exception | None, list[str]]:
+    """The checker's verdict on ``model`` once what onnxruntime accepts is put right (in place, only when it was
+    ``rejected``): nodes sorted (onnxruntime sorts too; the checker does not), then :func:`repair_for_checker`.
+    Returns ``(verdict, notes of the repairs)``."""
+    if rejected is not None and hygiene.sort_topologically(model):
+        rejected = _recheck(model)
+    if rejected is None:
+        return None, []
+    return repair_for_checker(model)
+
+
+def repair_for_checker(model: onnx.ModelProto) -> tuple[Exception | None, list[str]]:
+    """Repair in place, in a model ``onnx.checker`` rejected, what onnxruntime loads as it is
+    (:mod:`onnxfuse.model.hygiene`): IR 3 initializers not all listed as graph inputs
+    (:func:`~onnxfuse.model.hygiene.list_ir3_initializers`), graph outputs without a type or shape
+    (:func:`~onnxfuse.model.hygiene.type_untyped_outputs`, shapes from onnx shape
+    inference on the weight-free skeleton). The written model keeps the repair, so it passes the checker.
+
+    Returns:
+        ``(the checker's verdict after the repair (None: it passes), one note per repair made)``; a model that
+        still fails is refused by the caller with that verdict, as onnxruntime would refuse what is left.
+    """
+    notes = []
+    listed = hygiene.list_ir3_initializers(model)
+    if listed:
+        notes.append(f"initializer {_names(listed)} {'was' if len(listed) == 1 else 'were'} not listed as a "
+                     "graph input, which IR version 3 requires (onnx.checker refuses it; onnxruntime loads it): "
+                     "the output lists every initializer")
+    try:
+        inferred: onnx.ModelProto | None = onnx.shape_inference.infer_shapes(proto.skeleton(model))
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        inferred = None
+    typed, _ = hygiene.type_untyped_outputs(model, inferred)
+    if typed:
+        notes.append(f"graph output {_names(typed)} had no type or shape (onnx.checker refuses it; onnxruntime "
+                     "infers it): the output declares the one onnx shape inference gives")
+    return _recheck(model), notes
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _recheck(model: onnx.ModelProto | bytes) -> Exception | None:

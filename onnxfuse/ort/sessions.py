@@ -67,12 +67,16 @@ class InputSpec:
         data: arrays to feed as they are (``--input-data``).
         values: a constant that fills the input's shape (``--input-value``); a scalar input gets the scalar.
         ranges: ``(low, high)``: floats uniform in [low, high), integers uniform in [low, high] (``--input-range``).
+        index_highs: floating-point inputs that the model uses as indices (``onnxfuse.model.indices``), each
+            with the exclusive bound of valid indices: their random values are whole numbers in [0, bound)
+            instead of normal floats (which ``Cast`` would make 0 almost everywhere).
     """
 
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     data: dict[str, np.ndarray] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    index_highs: dict[str, int] = field(default_factory=dict)
 
     def fixed(self) -> set[str]:
         """Names of the inputs whose values the user chose (data, value or range)."""
@@ -409,6 +413,8 @@ def make_inputs(sess, input_shapes: dict[str, tuple[int, ...]] | InputSpec, seed
                 feeds[inp.name] = rng.integers(int(low), int(high), shape, endpoint=True).astype(dtype)
             else:
                 feeds[inp.name] = rng.uniform(low, high, shape).astype(dtype)
+        elif not exact and inp.name in spec.index_highs:
+            feeds[inp.name] = rng.integers(0, max(1, spec.index_highs[inp.name]), shape).astype(dtype)
         elif not exact:
             feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype == np.bool_:

@@ -10,6 +10,7 @@ contract is in :mod:`onnxfuse.passes.base`; shared checks in ``_checks.py``, sha
 
 from __future__ import annotations
 
+from onnxfuse.passes.affine_conv import AffineConv
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.passes.batchnorm_gemm import BatchNormGemm
 from onnxfuse.passes.constant_fold import ConstantFold
@@ -43,6 +44,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     # constants already folded in (Conv -> BN -> Relu needs the BN gone before Relu can be fused).
     ConvBatchNorm(),
     ConvAffine(),
+    # A scale/offset before a Conv with zero pads: after conv_affine, which folds it into the Conv before it
+    AffineConv(),
     # Residual before the activation pass: Conv -> Add -> Relu must become one FusedConv with Z; the activation
     # pass never sees it (Relu's producer is the Add), and it later adds an activation to a plain FusedConv.
     ConvResidual(),

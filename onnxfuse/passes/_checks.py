@@ -15,6 +15,10 @@ from onnxfuse.records import Fusion, Reason, Skip
 
 CONV_OPS = ("Conv", "ConvTranspose")
 
+#: The detail of an ``initializer-is-graph-input`` refusal, after the tensor's name.
+OVERRIDABLE = ("is an initializer listed as a graph input, which a caller may feed (IR version 4 or later); pass "
+               "--constant-initializer-inputs if nobody does")
+
 
 def is_op(node: gs.Node | None, *ops: str) -> TypeGuard[gs.Node]:
     """True when ``node`` is one of the default-domain ``ops`` (so, for type checkers, not None)."""

@@ -15,6 +15,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
+from onnxfuse.model.domains import is_default_domain
 from onnxfuse.ort.providers import Target
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -45,13 +46,15 @@ class Context:
             on the unfused model with its own (possibly symbolic) input shapes.
         namer: fresh names for new initializers and nodes, unique in the whole model.
         graph: the (sub)graph being optimized (set by ``driver.run_passes`` for each graph in turn).
+        main_graph: the model's main graph (set by ``driver.run_passes``).
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
         order: the node slots of ``graph`` that rewrites edit (see ``onnxfuse.ir.edit.NodeOrder``; set with ``graph``; a
             rewrite reads it as :attr:`edit_order`).
-        symbolic_source: computes the model's own symbolic shapes when a pass first reads :attr:`symbolic` (called
-            at most once; None: there are none). Lazy because the symbolic inference (sympy and onnxruntime's
-            SymbolicShapeInference) costs more than the passes on large graphs and only a residual whose shape
-            onnx inference cannot prove equal needs it.
+        symbolic: the model's own symbolic shapes (``onnxfuse.analysis.symbolic.SymbolicShapes``: every dim a sympy
+            expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed;
+            passes read them through :meth:`own_symbolic`.
+        symbolic_loader: computes :attr:`symbolic` on first use where the pipeline did not (its counts were made
+            at concrete input shapes): a pass's decision must not depend on which command or figures asked for it.
         materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
             computed from compact constants (int8 x scale) as plain floats (``Options.materialize_weights_bytes``;
             each such fold spends its growth). 0: weights stay compact.
@@ -62,33 +65,53 @@ class Context:
     shapes: dict[str, tuple[tuple | None, np.dtype | None]]
     namer: constants.Namer
     graph: gs.Graph | None = None
+    main_graph: gs.Graph | None = None
     members: set[int] = field(default_factory=set)
     order: edit.NodeOrder | None = None
-    symbolic_source: Callable[[], SymbolicShapes | None] | None = None
+    symbolic: SymbolicShapes | None = None
+    symbolic_loader: Callable[[], SymbolicShapes] | None = None
     materialize_bytes: int = 0
-    _symbolic: SymbolicShapes | None = field(default=None, init=False, repr=False)
 
-    @property
-    def symbolic(self) -> SymbolicShapes | None:
-        """The model's own symbolic shapes (``onnxfuse.analysis.symbolic.SymbolicShapes``: every dim a sympy
-        expression in the input dims, from onnxruntime's symbolic shape inference), computed by
-        :attr:`symbolic_source` on the first read; None when there is no source."""
-        if self.symbolic_source is not None:
-            self._symbolic, self.symbolic_source = self.symbolic_source(), None
-        return self._symbolic
+    def own_symbolic(self) -> SymbolicShapes | None:
+        """:attr:`symbolic`, computed by :attr:`symbolic_loader` on the first call where it is None."""
+        if self.symbolic is None and self.symbolic_loader is not None:
+            loader, self.symbolic_loader = self.symbolic_loader, None
+            self.symbolic = loader()
+        return self.symbolic
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.
 
-        The reason is :attr:`Reason.INITIALIZER_IS_INPUT` for an initializer that is also a graph input,
-        :attr:`Reason.PARAMS_NOT_CONSTANT` otherwise.
+        The reason is :attr:`Reason.INITIALIZER_IS_INPUT` for an initializer that the caller may override (an
+        initializer listed as a graph input, IR version 4 or later: ``model.io.overridable_initializers``) and
+        for a value computed only from constants and such initializers (``--constant-initializer-inputs`` would
+        make it a constant), :attr:`Reason.PARAMS_NOT_CONSTANT` otherwise.
         """
         value = constants.constant_value(tensor, self.overridable)
         if value is not None:
             return value, None
-        if isinstance(tensor, gs.Constant) and tensor.name in self.overridable:
+        if self.overridable and self._rests_on_overridable(tensor):
             return None, Reason.INITIALIZER_IS_INPUT
         return None, Reason.PARAMS_NOT_CONSTANT
+
+    def _rests_on_overridable(self, tensor: gs.Tensor, limit: int = 64) -> bool:
+        """True when ``tensor`` is an overridable initializer, or every path back from it (through at most
+        ``limit`` tensors) ends at constants and at least one at an overridable initializer."""
+        seen: set[int] = set()
+        todo, found = [tensor], False
+        while todo:
+            t = todo.pop()
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            if isinstance(t, gs.Constant):
+                found = found or t.name in self.overridable
+                continue
+            node = t.inputs[0] if t.inputs else None
+            if node is None or len(seen) > limit or not is_default_domain(node.domain):
+                return False
+            todo.extend(i for i in node.inputs if i.name)
+        return found
 
     @property
     def opset(self) -> int:

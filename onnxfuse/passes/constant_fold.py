@@ -28,7 +28,9 @@ Skipped when:
     random-op                      RandomNormal/RandomUniform(Like), Multinomial, Bernoulli, a Dropout whose
                                    training_mode is true: a new value per run
     quantize-dequantize-node       QuantizeLinear/DequantizeLinear: onnxruntime's QDQ fusions need them as nodes
-    intermediate-is-graph-output   an output is a graph output (its producer stays, the graph is unchanged)
+    intermediate-is-graph-output   an output is an output of an If/Loop/Scan body (the body keeps its node); a
+                                   main-graph output folds into an initializer of its name (onnxruntime runs a
+                                   graph whose output is an initializer; ONNX IR.md allows it)
     fold-grows-model               the outputs would exceed the constant inputs by more than
                                    FOLD_GROWTH_LIMIT_BYTES (Expand, Tile, ConstantOfShape of a large shape), or
                                    the constant inputs that this node alone reads (the others stay) by more than
@@ -49,6 +51,9 @@ inference on the model's own input shapes, ``Context.shape``; :func:`static_shap
 (``Shape -> Gather -> Concat -> Reshape``) or a bias reshaped by ``Concat(Slice(Shape(x)), ...)`` on a static
 input then folds node by node into constants. A symbolic or unknown dim is never frozen; ``Shape``'s ``start``/
 ``end`` attributes (opset 15) select the dims read, so ``Shape(x, start=1)`` folds even with a symbolic batch.
+``CastLike(constant, x)`` folds with a run-time ``x`` whose element type is known: CastLike reads only the
+element type of its ``target_type`` input (ONNX Operators.md, CastLike-15), so onnxruntime runs it with an empty
+tensor of that type in x's place.
 """
 
 from __future__ import annotations
@@ -379,6 +384,11 @@ def _weight_only(node: gs.Node, graph: gs.Graph, depth: int = 8) -> bool:
     return True
 
 
+def _main_graph(ctx: Context) -> bool:
+    """True when the graph being folded is the model's main graph (an If/Loop/Scan body is not)."""
+    return ctx.graph is not None and ctx.graph is ctx.main_graph
+
+
 class ConstantFold(Pass[ConstantFoldMatch]):
     """Node with constant inputs => the constant it computes (onnxruntime evaluates it)."""
 
@@ -399,11 +409,13 @@ class ConstantFold(Pass[ConstantFoldMatch]):
             return _fold_static_shape(node, ctx)
         values: list[np.ndarray | None] = []
         overridable: list[str] = []
-        for t in node.inputs:
+        for i, t in enumerate(node.inputs):
             if not t.name:
                 values.append(None)
                 continue
             value, why = ctx.constant(t)
+            if value is None and i == 1 and node.op == "CastLike" and ctx.dtype(t) is not None:
+                value = np.zeros((0,), ctx.dtype(t))  # only target_type's element type is read (ONNX CastLike)
             if value is None:
                 if why != Reason.INITIALIZER_IS_INPUT:
                     return None  # a run-time input: not a fold candidate
@@ -421,8 +433,8 @@ class ConstantFold(Pass[ConstantFoldMatch]):
         if node.op in QDQ_OPS:
             return skip(Reason.QDQ_NODE, f"{node.op} stays a node for onnxruntime's QDQ fusions", nodes, out)
         for t in node.outputs:
-            if edit.is_graph_output(t, ctx.graph):
-                return skip(Reason.GRAPH_OUTPUT, f"{t.name} is a graph output", nodes, out)
+            if edit.is_graph_output(t, ctx.graph) and not _main_graph(ctx):
+                return skip(Reason.GRAPH_OUTPUT, f"{t.name} is an output of a subgraph", nodes, out)
         for t, v in zip(node.inputs, values, strict=True):
             if v is not None and (v.dtype.kind not in "biuf" or not _native(v.dtype)):
                 return skip(Reason.DTYPE_NOT_FOLDABLE, f"input {t.name} has dtype {v.dtype}", nodes, out)

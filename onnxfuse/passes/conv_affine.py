@@ -25,7 +25,7 @@ Skipped when:
                                        except a grouped ConvTranspose's); also when c is a graph input shaped per
                                        channel ([1, M, 1, 1]...): an export that feeds every parameter at run
                                        time (with constant weights such a c stays conv_residual's refusal)
-    initializer-is-graph-input         W, B or c is an overridable initializer (IR < 4 style)
+    initializer-is-graph-input         W, B or c is an overridable initializer (a graph input, IR >= 4)
     constant-not-per-channel           c varies along another axis, or has more dims than the output
     conv-output-is-divisor             Div(c, conv): 1/conv is not linear
     zero-in-divisor                    Div(conv, c) with a zero in c

@@ -22,7 +22,7 @@ Skipped when:
     intermediate-is-graph-output       the conv output is a graph output
     weights-not-constant               W or B is computed at run time (W computed from constants only folds;
                                        not the W of a grouped ConvTranspose)
-    initializer-is-graph-input         W, B or a BN parameter is an overridable initializer (IR < 4 style)
+    initializer-is-graph-input         W, B or a BN parameter is an overridable initializer (a graph input, IR >= 4)
     parameters-not-constant            a BN parameter is computed at run time
     batchnorm-training-mode            training_mode=1, or the running-statistics outputs are used
     batchnorm-spatial-0                spatial=0 (opset < 9): statistics per element, not per channel

@@ -5,6 +5,9 @@ Before => after::
     Conv(X, W[, B]) -> Add(conv, Z) -> act   =>  FusedConv(X, W, B, Z, activation=act)
     Conv(X, W[, B]) -> Add(conv, Z)          =>  FusedConv(X, W, B, Z)        (targets that allow no activation)
 
+Z is a run-time tensor, or a constant of exactly the conv output's static shape (every dim a number; a
+per-channel constant is conv_affine's fold, a broadcast constant is no Z).
+
 FusedConv adds Z *before* the activation (``Y = act(conv + B + Z)``, onnxruntime contrib_defs.cc), which is
 exactly Add-then-activation; Conv -> Relu -> Add is therefore never matched here. The kernel needs Z to have
 exactly Y's shape (a broadcastable Z loads, then fails at run time), so the other Add input must have the conv
@@ -75,7 +78,7 @@ def proven_same_shape(y: gs.Tensor, z: gs.Tensor, ctx: Context) -> bool:
     static_a, static_b = ctx.shape(y), ctx.shape(z)
     if static_a is None or static_b is None or len(static_a) != len(static_b):
         return False
-    sym = ctx.symbolic  # computed on this first need (Context.symbolic_source)
+    sym = ctx.own_symbolic()  # computed on this first need where the counts were made at the input shapes
     if sym is None:
         return False
     a, b = sym.shapes.get(y.name), sym.shapes.get(z.name)
@@ -91,6 +94,11 @@ def proven_same_shape(y: gs.Tensor, z: gs.Tensor, ctx: Context) -> bool:
         if not names or names & shaky:
             return False
     return True
+
+
+def _full_static_shape(y: tuple | None, z: tuple | None) -> bool:
+    """True when ``y`` and ``z`` are the same shape of numbers only (a constant Z cannot follow a symbolic dim)."""
+    return y is not None and z is not None and all(type(d) is int for d in y) and tuple(y) == tuple(z)
 
 
 def _dims(shape: tuple | None) -> str:
@@ -127,8 +135,11 @@ class ConvResidual(Pass[FusedConvMatch]):
             if not is_op(conv, "Conv") or z is conv.outputs[0]:
                 continue
             if ctx.constant(z)[0] is not None or isinstance(z, gs.Constant):
-                return None  # a constant operand: conv_affine's pattern
-            if computed_from_constants(z, ctx):
+                if not _full_static_shape(ctx.shape(conv.outputs[0]), ctx.shape(z)):
+                    return None  # a per-channel (broadcast) constant: conv_affine's pattern
+                # a constant of exactly the conv output's static shape: Z of FusedConv (conv_affine folds only
+                # constants that vary along the channel axis)
+            elif computed_from_constants(z, ctx):
                 nodes = [conv, node]
                 return skip(Reason.CONSTANT_NOT_FOLDED, f"{z.name} is computed from constants only but was not "
                             "folded (constant_fold skipped or refused it), so it is no constant conv_affine can "

@@ -21,7 +21,7 @@ Skipped when:
     intermediate-has-other-consumers   the Gemm output is read by another node too
     intermediate-is-graph-output       the Gemm output is a graph output
     weights-not-constant               B or C is computed at run time
-    initializer-is-graph-input         B, C or c is an overridable initializer (IR < 4 style)
+    initializer-is-graph-input         B, C or c is an overridable initializer (a graph input, IR >= 4)
     constant-not-per-feature           c varies along the rows (a [M, 1] or [M, N] constant) or has rank > 2
     gemm-output-is-divisor             Div(c, gemm): 1/Y is not linear
     zero-in-divisor                    Div(gemm, c) with a zero in c

@@ -22,7 +22,7 @@ Skipped when:
     intermediate-has-other-consumers   the Gemm output is read by another node too
     intermediate-is-graph-output       the Gemm output is a graph output
     weights-not-constant               B or C is computed at run time
-    initializer-is-graph-input         B, C or a BN parameter is an overridable initializer (IR < 4 style)
+    initializer-is-graph-input         B, C or a BN parameter is an overridable initializer (a graph input, IR >= 4)
     parameters-not-constant            a BN parameter (scale, bias, mean, var) is computed at run time
     batchnorm-training-mode            training_mode=1, or the running-statistics outputs are used
     batchnorm-spatial-0                spatial=0 (opset < 9: per-element statistics)

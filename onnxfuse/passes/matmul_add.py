@@ -4,13 +4,17 @@ Before => after (X is [M, K], W a constant [K, N], b broadcasts to [M, N] withou
 [], [M, N] or [M, 1], M a known number for the last two)::
 
     MatMul(X, W) -> Add(b) or Add(b, matmul)   =>  Gemm(X, W, b)      (alpha = beta = 1, no transposes)
+    Transpose(A, perm=[1, 0]) -> MatMul(., W) -> Add(b)
+                                               =>  Gemm(A, W, b, transA=1)
 
 Math (ONNX Operators.md, Gemm: ``Y = alpha * A @ B + beta * C``, C unidirectionally broadcast to [M, N]): with
 alpha = beta = 1 this is ``X @ W + b``, the same arithmetic in the same order, so the result is the original's up
 to the kernel's summation order. Gemm's C must be unidirectionally broadcastable to [M, N] (Operators.md, Gemm;
 Broadcasting.md), which every shape above is, and the Add's output is [M, N] for exactly those shapes too. b is
-reused as Gemm's C as it is (no copy). The Gemm can then take the folds of
-``gemm_batchnorm``/``gemm_affine``/``batchnorm_gemm`` and the activation of ``gemm_activation``.
+reused as Gemm's C as it is (no copy). A 2-D Transpose that only this MatMul reads is Gemm's ``transA``
+(Operators.md, Gemm: "A' = transpose(A) if transA else A"): the same values, one node and one tensor fewer.
+The Gemm can then take the folds of ``gemm_batchnorm``/``gemm_affine``/``batchnorm_gemm`` and the activation of
+``gemm_activation``.
 
 Skipped when:
     intermediate-has-other-consumers   the MatMul output is read by another node too
@@ -18,7 +22,7 @@ Skipped when:
     matmul-input-not-2d                X is not 2-D (a batched [B, S, K] MatMul, or a rank shape inference does
                                        not know), or W is not a 2-D matrix: Gemm is 2-D only
     weights-not-constant               W is computed at run time
-    initializer-is-graph-input         W or b is an overridable initializer (IR < 4 style)
+    initializer-is-graph-input         W or b is an overridable initializer (a graph input, IR >= 4)
     constant-not-per-feature           b does not broadcast to [M, N] as Gemm's C must: rank above 2, a column
                                        count other than 1 or N, or rows other than 1 while M is symbolic or
                                        different (the Add would then grow the output)
@@ -48,6 +52,7 @@ class MatMulAddMatch(Match):
     """A MatMul -> Add pair; ``bias`` is the Add's constant operand, which becomes Gemm's C."""
 
     bias: gs.Tensor
+    transposed: gs.Node | None = None
 
 
 class MatMulAdd(Pass[MatMulAddMatch]):
@@ -83,7 +88,8 @@ class MatMulAdd(Pass[MatMulAddMatch]):
             bad = private_check([mm.outputs[0]], [node], ctx, nodes, out) or gemm_qdq_check(mm, out, nodes)
             if bad:
                 return bad
-            return self._check(mm, b, ctx, nodes, out) or MatMulAddMatch(nodes, bias=b_tensor)
+            return self._check(mm, b, ctx, nodes, out) or MatMulAddMatch(nodes, bias=b_tensor,
+                                                                          transposed=_private_transpose(mm, ctx))
         return None
 
     @staticmethod
@@ -109,11 +115,31 @@ class MatMulAdd(Pass[MatMulAddMatch]):
 
     def rewrite(self, match: MatMulAddMatch, ctx: Context) -> Fusion:
         mm, add = match.nodes
-        original = replaced(match.nodes)
+        t = match.transposed
+        original = replaced(([t] if t is not None else []) + match.nodes)
+        if t is not None:
+            edit.replace_input(ctx.edit_order, mm, 0, t.inputs[0], [t])
+            mm.attrs["transA"] = 1
         mm.op = "Gemm"
         mm.inputs.append(match.bias)
         edit.replace_chain(ctx.edit_order, mm, add, [add])
         return describe(self, mm, original)
+
+
+def _private_transpose(mm: gs.Node, ctx: Context) -> gs.Node | None:
+    """The Transpose(perm=[1, 0], or the default reversal of a 2-D tensor) that computes the MatMul's first input
+    when only the MatMul reads its output, in the same graph; else None."""
+    t = edit.producer(mm.inputs[0])
+    if not is_op(t, "Transpose") or not t.inputs or (ctx.members and id(t) not in ctx.members):
+        return None
+    shape = ctx.shape(t.inputs[0])
+    perm = t.attrs.get("perm")
+    if shape is None or len(shape) != 2 or (perm is not None and [int(p) for p in perm] != [1, 0]):
+        return None
+    out = t.outputs[0]
+    if len(edit.consumers(out)) != 1 or edit.is_graph_output(out, ctx.graph):
+        return None
+    return t
 
 
 def _run_time_bias(mm: gs.Node, b: gs.Tensor, ctx: Context) -> bool:

@@ -23,7 +23,11 @@ Skipped when:
                                        the tensor does not have, or its pads are not two per axis of the Conv's
                                        input (ONNX Operators.md, Pad-18: "repeated axis is invalid"; onnxruntime
                                        refuses the model at load)
-    conv-auto-pad-set                  the Conv has auto_pad other than NOTSET (its pads are computed)
+    conv-auto-pad-set                  the Conv has auto_pad SAME_UPPER or SAME_LOWER (its pads are computed from
+                                       the input size); VALID means no padding (ONNX Operators.md, Conv:
+                                       "VALID mean no padding") and folds like explicit zero pads
+    initializer-is-graph-input         pads, constant_value or axes is (or is computed from) an initializer that
+                                       a caller may feed (listed as a graph input, IR version 4 or later)
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
-from onnxfuse.passes._checks import is_op, private_check, replaced, skip
+from onnxfuse.passes._checks import OVERRIDABLE, is_op, private_check, replaced, skip
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -57,7 +61,8 @@ class PadConv(Pass[PadConvMatch]):
     kind = RewriteKind.CANONICALIZE
     summary = "fold a zero constant-mode Pad of the spatial axes into the Conv's pads"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.PAD_MODE, Reason.PARAMS_NOT_CONSTANT,
-               Reason.PAD_VALUE, Reason.PAD_NEGATIVE, Reason.PAD_AXES, Reason.PAD_AXES_INVALID, Reason.AUTO_PAD)
+               Reason.PAD_VALUE, Reason.PAD_NEGATIVE, Reason.PAD_AXES, Reason.PAD_AXES_INVALID, Reason.AUTO_PAD,
+               Reason.INITIALIZER_IS_INPUT)
     anchors = ("Conv",)
 
     def match(self, node: gs.Node, ctx: Context) -> PadConvMatch | Skip | None:
@@ -78,6 +83,9 @@ class PadConv(Pass[PadConvMatch]):
             return skip(*pads, nodes, out)
         value = self._value(pad, ctx)
         if value is None:
+            if ctx.constant(pad.inputs[2])[1] == Reason.INITIALIZER_IS_INPUT:
+                return skip(Reason.INITIALIZER_IS_INPUT, f"constant_value {pad.inputs[2].name} {OVERRIDABLE}",
+                            nodes, out)
             return skip(Reason.PARAMS_NOT_CONSTANT, f"the constant_value of {pad.name} is computed at run time",
                         nodes, out)
         if value != 0:
@@ -88,10 +96,11 @@ class PadConv(Pass[PadConvMatch]):
         if pads[0] or pads[1] or pads[rank] or pads[rank + 1]:
             return skip(Reason.PAD_AXES, f"Pad pads axis 0 or 1 (N or C): {pads}", nodes, out)
         auto_pad = _attr_str(node.attrs.get("auto_pad", "NOTSET"))
-        if auto_pad != "NOTSET":
+        if auto_pad not in ("NOTSET", "VALID"):  # VALID: no padding, the same as explicit zero pads
             return skip(Reason.AUTO_PAD, f"the Conv has auto_pad={auto_pad}", nodes, out)
         spatial = rank - 2
-        old = [int(p) for p in node.attrs.get("pads", [0] * (2 * spatial))]
+        old = [0] * (2 * spatial) if auto_pad == "VALID" else \
+            [int(p) for p in node.attrs.get("pads", [0] * (2 * spatial))]
         new = [old[i] + pads[2 + i] for i in range(spatial)] + [old[spatial + i] + pads[rank + 2 + i]
                                                               for i in range(spatial)]
         return PadConvMatch(nodes, pads=new)
@@ -106,12 +115,16 @@ class PadConv(Pass[PadConvMatch]):
         else:
             if len(pad.inputs) < 2 or not pad.inputs[1].name:
                 return Reason.PARAMS_NOT_CONSTANT, "Pad has no pads"
-            values, _ = ctx.constant(pad.inputs[1])
+            values, why = ctx.constant(pad.inputs[1])
+            if why == Reason.INITIALIZER_IS_INPUT:
+                return why, f"pads {pad.inputs[1].name} {OVERRIDABLE}"
             if values is None:
                 return Reason.PARAMS_NOT_CONSTANT, f"pads {pad.inputs[1].name} is computed at run time"
             full = [int(v) for v in np.asarray(values).reshape(-1)]
             if len(pad.inputs) >= 4 and pad.inputs[3].name:
-                axes, _ = ctx.constant(pad.inputs[3])  # opset 18+: pads of these axes only
+                axes, why = ctx.constant(pad.inputs[3])  # opset 18+: pads of these axes only
+                if why == Reason.INITIALIZER_IS_INPUT:
+                    return why, f"axes {pad.inputs[3].name} {OVERRIDABLE}"
                 if axes is None or shape is None:
                     return (Reason.PARAMS_NOT_CONSTANT,
                             f"axes {pad.inputs[3].name} is computed at run time or the rank is unknown")
@@ -152,5 +165,6 @@ class PadConv(Pass[PadConvMatch]):
         pad, conv = match.nodes
         original = replaced(match.nodes)
         conv.attrs["pads"] = match.pads
+        conv.attrs.pop("auto_pad", None)  # VALID (no padding) is now the explicit pads; NOTSET is the default
         edit.bypass(ctx.edit_order, pad, pad.inputs[0])
         return Fusion(self.name, conv.name, conv.op, original, None, conv.outputs[0].name, self.kind)

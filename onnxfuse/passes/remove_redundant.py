@@ -8,6 +8,9 @@ Before => after::
     Transpose(x, identity perm) -> y         =>  readers of y read x
     Transpose(x, p) -> Transpose(., q) -> y  =>  readers of y read x       when p[q[i]] == i for every axis i
     Transpose(x, p) -> Transpose(., q) -> y  =>  Transpose(x, r) -> y     r[i] = p[q[i]], otherwise
+    Cast(x: T, to=W) -> Cast(., to=T) -> y   =>  readers of y read x       when every T value is exactly a W value
+    Dropout(x, ratio=0, training_mode=1)     =>  readers of y read x
+    Pad(x, pads all 0) -> y                  =>  readers of y read x
 
 Exporters leave these between a Conv and what follows it (paddle2onnx: ``Conv -> Add -> Identity -> Relu``), and
 they break the chains the fusion passes look for. Dropout is the identity at inference (ONNX Operators.md,
@@ -16,7 +19,12 @@ Dropout: "If training_mode is false ... the output Y is the input"). A Transpose
 when p[q[i]] == i; the first Transpose stays when something else reads its output (then a pair that does not
 cancel is left as it is: composing would save nothing). Both Transposes of a pair must be in the same graph (a
 pair split between a graph and an If/Loop/Scan body is left alone). A lossy Cast round trip
-(float32 -> float16 -> float32) is two Casts that each change the dtype, so it is never matched.
+(float32 -> float16 -> float32) is two Casts that each change the dtype, so it is never matched; a widening round
+trip (float16 -> float32 -> float16, int8 -> int32 -> int8: :data:`WIDENING`) gives back x exactly (Operators.md,
+Cast: every value of the narrower type is a value of the wider one, and casting it back is exact). Dropout in
+training mode with ratio 0 drops nothing and scales by 1 / (1 - 0): its output is its input (Operators.md,
+Dropout: ``output = scale * data * mask``, ``scale = 1 / (1 - ratio)``). A Pad whose pads are all 0 adds
+nothing, whatever its mode (Operators.md, Pad).
 
 When the removed node's output is a graph output (exporters often end a graph, or every Loop body, in an
 Identity), the node that computes its input takes over the graph output's name, so the model's interface stays
@@ -27,7 +35,8 @@ Skipped when:
     intermediate-is-graph-output   the node's output is a graph output and its input cannot take over the name
                                    (a graph input, a constant, another graph output, a tensor of an enclosing
                                    graph or one a subgraph reads)
-    dropout-training-mode          Dropout's training_mode is true or computed at run time
+    dropout-training-mode          Dropout's training_mode is true (and its ratio is not a constant 0) or
+                                   computed at run time
     dropout-mask-used              Dropout's mask output is read
 """
 
@@ -43,6 +52,18 @@ from onnxfuse.model.dtypes import np_dtype
 from onnxfuse.passes._checks import is_op, replaced, skip
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
+
+#: Casts whose round trip ``T -> W -> T`` is exact: every value of T is a value of W (ONNX TensorProto types).
+WIDENING = frozenset({
+    (np.dtype(np.float16), np.dtype(np.float32)), (np.dtype(np.float16), np.dtype(np.float64)),
+    (np.dtype(np.float32), np.dtype(np.float64)),
+    *((np.dtype(a), np.dtype(b)) for a, b in [
+        (np.int8, np.int16), (np.int8, np.int32), (np.int8, np.int64), (np.int16, np.int32), (np.int16, np.int64),
+        (np.int32, np.int64), (np.uint8, np.uint16), (np.uint8, np.uint32), (np.uint8, np.uint64),
+        (np.uint8, np.int16), (np.uint8, np.int32), (np.uint8, np.int64), (np.uint16, np.uint32),
+        (np.uint16, np.uint64), (np.uint16, np.int32), (np.uint16, np.int64), (np.uint32, np.uint64),
+        (np.uint32, np.int64)]),
+})
 
 
 @dataclass
@@ -77,24 +98,25 @@ class RemoveRedundant(Pass[BypassMatch]):
 
     name = "remove_redundant"
     kind = RewriteKind.CANONICALIZE
-    summary = ("remove Identity, inference Dropout, Cast to the same dtype and Transposes that cancel; compose "
-               "Transpose pairs")
+    summary = ("remove Identity, inference Dropout, Cast to the same dtype, widening Cast round trips, zero Pads "
+               "and Transposes that cancel; compose Transpose pairs")
     reasons = (Reason.GRAPH_OUTPUT, Reason.DROPOUT_TRAINING, Reason.DROPOUT_MASK)
-    anchors = ("Identity", "Dropout", "Cast", "Transpose")
+    anchors = ("Identity", "Dropout", "Cast", "Transpose", "Pad")
 
     def match(self, node: gs.Node, ctx: Context) -> BypassMatch | Skip | None:
         if not is_op(node, *self.anchors) or not node.inputs or not node.outputs:
             return None
         if node.op == "Transpose":
             return self._transpose(node, ctx)
+        if node.op == "Pad":
+            return _bypass([node], node.inputs[0], [], ctx) if _zero_pads(node, ctx) else None
         source = node.inputs[0]
         if node.op == "Cast":
-            to, dtype = node.attrs.get("to"), ctx.dtype(source)
-            try:
-                if dtype is None or np_dtype(int(to)) != dtype:
-                    return None
-            except (KeyError, TypeError, ValueError):
+            to, dtype = _cast_to(node), ctx.dtype(source)
+            if to is None or dtype is None:
                 return None
+            if to != dtype:
+                return self._cast_round_trip(node, to, dtype, ctx)
         nodes, out = [node], node.outputs[0]
         if node.op == "Dropout":
             bad = self._dropout_check(node, ctx, nodes, out)
@@ -126,11 +148,30 @@ class RemoveRedundant(Pass[BypassMatch]):
         return BypassMatch([first, node], source=source, removed=removed, perm=composed)
 
     @staticmethod
+    def _cast_round_trip(node: gs.Node, to: np.dtype, dtype: np.dtype, ctx: Context) -> BypassMatch | Skip | None:
+        """Cast(x: T, to=W) -> Cast(., to=T) with (T, W) in :data:`WIDENING`: the second Cast's readers read x;
+        the first goes too when nothing else reads it."""
+        first = edit.producer(node.inputs[0])
+        if not is_op(first, "Cast") or not first.inputs or (ctx.members and id(first) not in ctx.members):
+            return None
+        source = first.inputs[0]
+        if ctx.dtype(source) != to or (to, dtype) not in WIDENING:
+            return None
+        private = len(edit.consumers(first.outputs[0])) == 1 and not edit.is_graph_output(first.outputs[0], ctx.graph)
+        removed = [first] if private else []
+        return _bypass([*removed, node], source, removed, ctx)
+
+    @staticmethod
     def _dropout_check(node: gs.Node, ctx: Context, nodes: list[gs.Node], out: gs.Tensor) -> Skip | None:
         if len(node.outputs) > 1 and _read(node.outputs[1], ctx):
-            return skip(Reason.DROPOUT_MASK, f"the mask output {node.outputs[1].name} is read", nodes, out)
+            where = "a graph output" if edit.is_graph_output(node.outputs[1], ctx.graph) else "read by another node"
+            return skip(Reason.DROPOUT_MASK, f"the mask output {node.outputs[1].name} is used ({where}): removing "
+                        "the Dropout would leave it without a producer", nodes, out)
         if len(node.inputs) > 2 and node.inputs[2].name:
             mode, _ = ctx.constant(node.inputs[2])
+            ratio = ctx.constant(node.inputs[1])[0] if len(node.inputs) > 1 and node.inputs[1].name else None
+            if mode is not None and ratio is not None and float(np.asarray(ratio).reshape(-1)[0]) == 0.0:
+                return None  # ratio 0 keeps every element and scales by 1: the identity in training mode too
             if mode is None or bool(np.asarray(mode).reshape(-1)[0]):
                 return skip(Reason.DROPOUT_TRAINING, f"training_mode {node.inputs[2].name} is "
                             + ("true" if mode is not None else "not a constant"), nodes, out)
@@ -149,6 +190,27 @@ class RemoveRedundant(Pass[BypassMatch]):
             edit.take_over_output(ctx.graph, out, match.source)
         # node and op "": nothing computes it now
         return Fusion(self.name, "", "", original, None, original[-1][2], self.kind)
+
+
+def _cast_to(node: gs.Node) -> np.dtype | None:
+    try:
+        return np_dtype(int(node.attrs.get("to")))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _zero_pads(node: gs.Node, ctx: Context) -> bool:
+    """True when the Pad's pads (the attribute before opset 11, a constant input since) are all 0."""
+    if "pads" in node.attrs:
+        pads = np.asarray(node.attrs["pads"])
+    elif len(node.inputs) > 1 and node.inputs[1].name:
+        value = ctx.constant(node.inputs[1])[0]
+        if value is None:
+            return False
+        pads = np.asarray(value)
+    else:
+        return False
+    return pads.size > 0 and not np.any(pads)
 
 
 def _bypass(nodes: list[gs.Node], source: gs.Tensor, removed: list[gs.Node], ctx: Context) -> BypassMatch | Skip:

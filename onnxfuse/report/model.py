@@ -214,13 +214,17 @@ class _Numbers:
         return {name: self(expr), f"{name}_expr": self.text(expr)}
 
 
-def _side(rows: list[NodeTraffic], num: _Numbers) -> tuple[SideTotals, Bytes]:
+def _side(rows: list[NodeTraffic], num: _Numbers) -> tuple[SideTotals, Bytes | None]:
+    """One side of the ``totals``: its sums over the nodes of known traffic, or None for every sum when the side
+    has nodes and none of them was measured (an unmeasured total is unknown, not 0 B)."""
     t = totals(rows)
-    out: SideTotals = {"read_bytes": num(t.read_bytes), "read_bytes_expr": num.text(t.read_bytes),
-                       "written_bytes": num(t.written_bytes), "written_bytes_expr": num.text(t.written_bytes),
-                       "total_bytes": num(t.total_bytes), "total_bytes_expr": num.text(t.total_bytes),
+    measured = t.nodes == 0 or t.unknown_nodes < t.nodes
+    read, written, total = (t.read_bytes, t.written_bytes, t.total_bytes) if measured else (None, None, None)
+    out: SideTotals = {"read_bytes": num(read), "read_bytes_expr": num.text(read),
+                       "written_bytes": num(written), "written_bytes_expr": num.text(written),
+                       "total_bytes": num(total), "total_bytes_expr": num.text(total),
                        "nodes": t.nodes, "unknown_nodes": t.unknown_nodes}
-    return out, t.total_bytes
+    return out, total
 
 
 def _node_row(r: NodeTraffic, num: _Numbers) -> dict:
@@ -234,8 +238,8 @@ def removed_outputs(f: Fusion) -> list[str]:
     return [key for name, op, key in f.replaced if not (f.node and name == f.node and op == f.op)]
 
 
-def _batch_one(symbols: SymbolicShapes, values: dict[sympy.Symbol, int], before: Bytes, after: Bytes
-               ) -> BatchOne | None:
+def _batch_one(symbols: SymbolicShapes, values: dict[sympy.Symbol, int], before: Bytes | None,
+               after: Bytes | None) -> BatchOne | None:
     """Totals at batch 1 where the batch (axis 0 of an input) is the only symbolic dim and no shape was given."""
     table = symbols.table.symbols
     if values or symbols.at_input_shapes or len(table) != 1:
@@ -368,10 +372,10 @@ def _totals(before_rows: list[NodeTraffic], after_rows: list[NodeTraffic], symbo
     """The ``totals`` object: both sides, the bytes saved, its share now and as the dims grow, at batch 1."""
     before_t, before_total = _side(before_rows, num)
     after_t, after_total = _side(after_rows, num)
-    saved = before_total - after_total
+    saved = None if before_total is None or after_total is None else before_total - after_total
     saved_n = num(saved)
-    share = growth_share(saved, before_total)
-    return {"before": before_t, "after": after_t, "saved_bytes": saved_n, "saved_bytes_expr": num.print(saved),
+    share = None if saved is None or before_total is None else growth_share(saved, before_total)
+    return {"before": before_t, "after": after_t, "saved_bytes": saved_n, "saved_bytes_expr": num.text(saved),
             "saved_percent": percent(saved_n, before_t["total_bytes"]),
             "saved_percent_as_dims_grow": None if share is None else round(100.0 * share, 2),
             "at_batch_1": _batch_one(symbols, values, before_total, after_total)}

@@ -508,6 +508,9 @@ def headline(doc: Doc, code: bool = False, hints: bool = True, plain=str) -> lis
     elif at is not None:
         pct = f", {percent(at[3], at[1]):.1f}%" if at[1] else ""
         lines.append(f"{at[0]}: {human_bytes(at[1])} -> {human_bytes(at[2])} (saved {human_bytes(at[3])}{pct})")
+    elif before["total_bytes_expr"] is None or after["total_bytes_expr"] is None:
+        first = doc["unknown_nodes"][0]["reason"] if doc["unknown_nodes"] else "no node's traffic is known"
+        lines.append(f"vs the graph as exported: unknown (no node's traffic is known on one side: {plain(first)})")
     if doc["symbols"] and not doc["symbol_values"]:
         lines.append(f"as expressions in the input dims: {expr_text(before['total_bytes_expr'], doc, code)} -> "
                      f"{expr_text(after['total_bytes_expr'], doc, code)} (saved "

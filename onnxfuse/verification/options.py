@@ -34,6 +34,9 @@ class VerifyOptions:
         floor_multiple: FLOOR_MULTIPLE unless overridden.
         timeout: seconds for every onnxruntime run of the verification together (DEFAULT_TIMEOUT_S); None: no
             limit. When it runs out the result is ``skipped`` with ``cause`` ``time``.
+        index_inputs: floating-point inputs used as indices, with their bound
+            (:class:`onnxfuse.ort.sessions.InputSpec` ``index_highs``; ``pipeline.optimize`` finds them with
+            :func:`onnxfuse.model.indices.float_index_inputs`).
     """
 
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -45,6 +48,7 @@ class VerifyOptions:
     atol: float | None = None
     floor_multiple: float = FLOOR_MULTIPLE
     timeout: float | None = DEFAULT_TIMEOUT_S
+    index_inputs: dict[str, int] = field(default_factory=dict)
 
     @property
     def explicit_tolerance(self) -> bool:

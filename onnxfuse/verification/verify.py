@@ -129,7 +129,7 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
     """
     opts = options or VerifyOptions()
     spec = runtime.InputSpec(shapes=dict(opts.input_shapes), values=dict(opts.input_values),
-                             ranges=dict(opts.input_ranges),
+                             ranges=dict(opts.input_ranges), index_highs=dict(opts.index_inputs),
                              data=runtime.load_npz(opts.input_data) if opts.input_data else {})
     ref = _run_original(original, spec, opts)
     if isinstance(ref, Verification):

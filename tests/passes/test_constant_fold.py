@@ -271,14 +271,34 @@ def test_skip_quantize_dequantize_node(fuse):
     assert op_counts(result.model) == op_counts(model)
 
 
-def test_skip_intermediate_is_graph_output(fuse):
+def test_a_constant_computation_that_is_a_main_graph_output_folds(fuse):
+    # onnxruntime runs a model whose graph output is an initializer: the folded value keeps the output's name
     b = GraphBuilder(constants="node")
     x = b.input("x", [1, 4])
     shaped = b.op("Reshape", [b.const(b.rand(4)), b.const(np.array([1, 4], np.int64))])
-    model = b.build([b.op("Add", [x, shaped]), shaped], opset=14)
+    t = b.op("Transpose", [b.const(b.rand(3, 2))])  # Transpose of a constant that is a graph output
+    model = b.build([b.op("Add", [x, shaped]), shaped, t], opset=14)
+    result = fuse(model)
+    assert op_counts(result.model) == {"Add": 1}
+    assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
+    assert {shaped, t} <= {i.name for i in result.model.graph.initializer}
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+def test_skip_intermediate_is_graph_output(fuse):
+    # an If branch's output stays computed: the branch keeps its own outputs
+    b = GraphBuilder()
+    x = b.input("x", [1, 4])
+    cond = b.input("c", [], dtype=np.bool_)
+    then = GraphBuilder(prefix="t_", constants="node")
+    then_out = then.op("Reshape", [then.const(then.rand(4)), then.const(np.array([1, 4], np.int64))])
+    other = GraphBuilder(prefix="e_")
+    els = other.op("Neg", [x])
+    branch = b.op("If", [cond], then_branch=subgraph(then, then_out), else_branch=subgraph(other, els))
+    model = b.build(b.op("Add", [x, branch]), opset=14)
     result = fuse(model)
     assert skip_of(result, PASS).reason == Reason.GRAPH_OUTPUT
-    assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
     assert op_counts(result.model) == op_counts(model)
 
 
@@ -611,3 +631,28 @@ def test_fold_to_bfloat16_or_float8_keeps_its_dtype(to):
     assert folded.data_type == to
     np.testing.assert_array_equal(onnx.numpy_helper.to_array(folded).astype(np.float32), values)
     assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_castlike_of_a_constant_folds_with_a_run_time_target(fuse, dtype):
+    # CastLike reads only target_type's element type (ONNX CastLike-15): the constant folds, x stays an input
+    b = GraphBuilder(dtype=dtype)
+    x = b.input("x", [1, 4])
+    c = b.op("CastLike", [b.const(np.array([[1, -2, 3, 70000]], np.int64)), x])
+    model = b.build(b.op("Add", [x, c]), opset=15, output_dtype=dtype)
+    result = fuse(model, only=(PASS,))
+    assert op_counts(result.model) == {"Add": 1}
+    assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("start,end", [(2, None), (-2, None), (1, 3)])
+def test_shape_with_start_of_static_trailing_dims_folds(fuse, start, end):
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, 8, 8])
+    attrs = {"start": start} if end is None else {"start": start, "end": end}
+    s = b.op("Cast", [b.op("Shape", [b.conv(x, 3, 4)], **attrs)], to=TensorProto.FLOAT)
+    model = b.build(b.op("Mul", [s, b.const(np.float32(2))]), opset=15)
+    result = fuse(model, only=(PASS,))
+    assert "Shape" not in op_counts(result.model)
+    feeds = {"x": np.zeros((2, 3, 8, 8), np.float32)}
+    np.testing.assert_array_equal(run(result.model, feeds)[0], run(model, feeds)[0])

@@ -130,7 +130,7 @@ def test_onnx_target_folds(fuse):
 
 
 def test_ir3_initializer_inputs_fold_when_declared_constant(fuse):
-    model, _ = conv_op("Mul", initializers_as_inputs=True, ir_version=3, opset=8)
+    model, _ = conv_op("Mul", initializers_as_inputs=True, ir_version=4, opset=8)
     result = fuse(model, constant_initializer_inputs=True)
     assert op_counts(result.model) == {"Conv": 1}
     onnx.checker.check_model(result.model)
@@ -188,7 +188,7 @@ def test_skip_weights_not_constant(fuse):
 
 
 def test_skip_initializer_is_graph_input(fuse):
-    model, _ = conv_op("Mul", initializers_as_inputs=True, ir_version=3, opset=8)
+    model, _ = conv_op("Mul", initializers_as_inputs=True, ir_version=4, opset=8)
     assert_skipped(fuse(model), model, Reason.INITIALIZER_IS_INPUT)
 
 

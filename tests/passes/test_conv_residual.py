@@ -330,3 +330,50 @@ def test_skip_form_needs_newer_onnxruntime(fuse):
     model, _ = residual("HardSwish")
     s = assert_skipped(fuse(model, ort_level="all", ort_version="1.20"), model, Reason.NEEDS_NEWER_ORT)
     assert "FusedConv(Z, HardSwish) needs onnxruntime" in s.detail
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Issue 33: a constant Z of the conv output's full shape (onnxruntime 1.32 runs FusedConv with a constant Z)
+
+
+def constant_z(z_shape=SHAPE, activation="Relu", z_first=False, x_shape=(1, 3, 6, 6)):
+    b = GraphBuilder(seed=6)
+    x = b.input("x", list(x_shape))
+    conv = b.conv(x, 3, 4)
+    z = b.const(b.rand(*z_shape))
+    y = b.op("Add", [z, conv] if z_first else [conv, z])
+    return b.build(b.op(activation, [y]) if activation else y)
+
+
+@pytest.mark.parametrize("z_first", [False, True])
+@pytest.mark.parametrize("activation", ["Relu", None])
+def test_constant_z_of_the_full_output_shape_is_fused(fuse, z_first, activation):
+    model = constant_z(activation=activation, z_first=z_first)
+    result = fuse(model, only=("conv_affine", PASS), target="cpu")
+    assert op_counts(result.model) == {"FusedConv": 1}
+    node = the_fused(result.model)
+    assert len(node.input) == 4 and node.input[3] in {t.name for t in result.model.graph.initializer}
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_a_broadcast_constant_is_no_z(fuse):
+    # [1, 4, 1, 6] varies along W too: neither a per-channel fold nor a full-shape Z
+    model = constant_z(z_shape=[1, 4, 1, 6])
+    result = fuse(model, only=("conv_affine", PASS), target="cpu")
+    assert "FusedConv" not in op_counts(result.model)
+    assert {s.reason for s in result.skips} == {Reason.NOT_PER_CHANNEL}
+
+
+def test_a_constant_z_with_a_symbolic_batch_is_no_z(fuse):
+    model = constant_z(x_shape=("N", 3, 6, 6))
+    result = fuse(model, only=("conv_affine", PASS), target="cpu")
+    assert "FusedConv" not in op_counts(result.model)
+
+
+def test_skip_slower_than_unfused_at_ort_level_constant_z_at_all(fuse):
+    model = constant_z()
+    result = fuse(model, only=("conv_affine", PASS), target="cpu", ort_level="all")
+    assert "FusedConv" not in op_counts(result.model)
+    # one reason for the chain: the pass that came nearest (conv_residual's) wins over conv_affine's
+    assert [(s.pass_name, s.reason) for s in result.skips] == [(PASS, Reason.SLOWER_AT_ORT_LEVEL)]

@@ -148,7 +148,7 @@ def test_skip_weights_not_constant(fuse):
 
 def test_skip_initializer_is_graph_input(fuse):
     b, y = gemm_bn()
-    model = b.build(y, initializers_as_inputs=True, ir_version=3, opset=8)
+    model = b.build(y, initializers_as_inputs=True, ir_version=4, opset=8)
     assert_skipped(fuse(model), model, Reason.INITIALIZER_IS_INPUT)
 
 

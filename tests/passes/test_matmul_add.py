@@ -154,7 +154,7 @@ def test_skip_weights_not_constant(fuse):
 
 def test_skip_initializer_is_graph_input(fuse):
     b, y = matmul_add()
-    model = b.build(y, initializers_as_inputs=True, ir_version=3, opset=8)
+    model = b.build(y, initializers_as_inputs=True, ir_version=4, opset=8)
     assert_skipped(fuse(model), model, Reason.INITIALIZER_IS_INPUT)
 
 
@@ -214,3 +214,34 @@ def test_skip_parameters_not_constant_for_a_bias_computed_at_run_time(fuse, b_sh
     assert f"bias {bias} is computed at run time" in s.detail
     (row,) = result.report.unfused
     assert row["reason"] == Reason.PARAMS_NOT_CONSTANT
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Issue 33: Transpose(A) before the MatMul is Gemm's transA
+
+
+@pytest.mark.parametrize("perm", [[1, 0], None])
+def test_transpose_of_a_becomes_trans_a(fuse, perm):
+    b = GraphBuilder(seed=2)
+    a = b.input("a", [K, M])
+    t = b.op("Transpose", [a], **({"perm": perm} if perm else {}))
+    y = b.op("Add", [b.op("MatMul", [t, b.const(b.rand(K, N))]), b.const(b.rand(N))])
+    model = b.build(b.op("Relu", [y]))
+    result = fuse(model)
+    assert op_counts(result.model) == {"Gemm": 1, "Relu": 1}
+    gemm = next(n for n in result.model.graph.node if n.op_type == "Gemm")
+    assert gemm.input[0] == "a" and helper.get_attribute_value(gemm.attribute[0]) == 1
+    assert [a.name for a in gemm.attribute] == ["transA"]
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_a_shared_transpose_stays_and_the_gemm_reads_it(fuse):
+    b = GraphBuilder(seed=2)
+    a = b.input("a", [K, M])
+    t = b.op("Transpose", [a], perm=[1, 0])
+    y = b.op("Add", [b.op("MatMul", [t, b.const(b.rand(K, N))]), b.const(b.rand(N))])
+    model = b.build([b.op("Relu", [y]), b.op("Neg", [t])])
+    result = fuse(model)
+    assert op_counts(result.model) == {"Transpose": 1, "Gemm": 1, "Relu": 1, "Neg": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)

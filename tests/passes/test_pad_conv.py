@@ -5,6 +5,7 @@ rtol=1e-4, atol=1e-5 (conftest.RTOL/ATOL).
 """
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -143,6 +144,32 @@ def test_skip_parameters_not_constant(fuse):
     assert op_counts(result.model)["Pad"] == 1
 
 
+@pytest.mark.parametrize("ir_version", [4, 8])
+def test_skip_initializer_is_graph_input(fuse, ir_version):
+    # pads an initializer a caller may feed (listed as a graph input, IR >= 4): refused with the option named
+    model, _ = pad_conv()
+    pads = model.graph.node[0].input[1]
+    model.graph.input.append(helper.make_tensor_value_info(pads, TensorProto.INT64, [8]))
+    model.ir_version = ir_version
+    result = fuse(model, only=(PASS,))
+    s = skip_of(result, PASS)
+    assert s.reason == Reason.INITIALIZER_IS_INPUT and "--constant-initializer-inputs" in s.detail
+    assert op_counts(result.model)["Pad"] == 1
+    fused = fuse(model, only=(PASS,), constant_initializer_inputs=True)
+    assert op_counts(fused.model)["Pad"] == 0
+    assert_same_outputs(model, fused.model)
+
+
+def test_pads_computed_from_an_overridable_initializer_names_the_option(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 6, 6])
+    pads = b.op("Identity", [b.const(np.array(SPATIAL, np.int64), name="pads32")])
+    model = b.build(b.op("Relu", [b.conv(b.op("Pad", [x, pads]), 3, 4)]), opset=13)
+    model.graph.input.append(helper.make_tensor_value_info("pads32", TensorProto.INT64, [8]))
+    s = skip_of(fuse(model, only=(PASS,)), PASS)
+    assert s.reason == Reason.INITIALIZER_IS_INPUT and "--constant-initializer-inputs" in s.detail
+
+
 def test_skip_intermediate_is_graph_output(fuse):
     model, _ = pad_conv()
     model.graph.output.append(helper.make_tensor_value_info(model.graph.node[0].output[0], TensorProto.FLOAT,
@@ -183,3 +210,31 @@ def test_a_file_with_repeated_pad_axes_is_an_input_error(tmp_path):
     onnx.save(model, str(tmp_path / "m.onnx"))
     with pytest.raises(InputError, match="referred to more than once"):
         pipeline.analyse(tmp_path / "m.onnx", pipeline.Options(target="onnx"))
+
+
+def with_auto_pad(auto_pad, opset=13):
+    """pad_conv() whose Conv has ``auto_pad`` and no pads attribute (the two together are invalid)."""
+    model, _ = pad_conv(opset=opset, conv_pads=None, auto_pad=auto_pad)
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    kept = [a for a in conv.attribute if a.name != "pads"]
+    del conv.attribute[:]
+    conv.attribute.extend(kept)
+    model.graph.output[0].type.tensor_type.ClearField("shape")  # typed from the Conv with pads: typed again
+    return with_output_shapes(model)
+
+
+@pytest.mark.parametrize("opset", [9, 13, 19])
+def test_pad_folds_into_a_conv_with_auto_pad_valid(fuse, opset):
+    # VALID is no padding: the Conv takes the Pad's pads as its own and auto_pad goes (NOTSET, the default)
+    model = with_auto_pad("VALID", opset)
+    result = fuse(model, only=(PASS,))
+    assert "Pad" not in op_counts(result.model)
+    conv = the_conv(result.model)
+    assert attr(conv, "pads") == [1, 2, 2, 1] and attr(conv, "auto_pad") is None
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+def test_skip_conv_auto_pad_set_same(fuse, auto_pad):
+    assert_refused(fuse, with_auto_pad(auto_pad), Reason.AUTO_PAD)

@@ -332,3 +332,82 @@ def test_graph_output_of_optional_type_is_taken_over(fuse):
     assert [(o.name, o.type) for o in result.model.graph.output] == [("y", optional)]
     feeds = {"x": np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)}
     np.testing.assert_array_equal(run(result.model, feeds)[0], run(model, feeds)[0])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Issue 33: exact no-ops a peer's suite expects removed
+
+
+@pytest.mark.parametrize("dtype,wide", [(np.float16, TensorProto.FLOAT), (np.float32, TensorProto.DOUBLE)])
+def test_widening_cast_round_trip_is_removed(fuse, dtype, wide):
+    b = GraphBuilder(dtype=dtype)
+    x = b.input("x", [1, 4, 6, 6])
+    back = {np.float16: TensorProto.FLOAT16, np.float32: TensorProto.FLOAT}[dtype]
+    y = b.op("Cast", [b.op("Cast", [b.op("Relu", [x])], to=wide)], to=back)
+    model = b.build(b.op("Sigmoid", [y]), output_dtype=dtype)
+    result = fuse(model, only=(PASS,))
+    assert "Cast" not in op_counts(result.model)
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model, rtol=0, atol=0)  # exact
+
+
+def test_widening_round_trip_keeps_the_first_cast_when_it_has_other_readers(fuse):
+    b = GraphBuilder(dtype=np.float16)
+    x = b.input("x", [1, 4])
+    wide = b.op("Cast", [b.op("Relu", [x])], to=TensorProto.FLOAT)
+    back = b.op("Cast", [wide], to=TensorProto.FLOAT16)
+    model = b.model([b.op("Sigmoid", [back]), b.op("Neg", [wide])], opset=17)
+    model.graph.output[0].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT16, [1, 4]))
+    model.graph.output[1].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, [1, 4]))
+    result = fuse(model, only=(PASS,))
+    assert op_counts(result.model)["Cast"] == 1
+    assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+def test_narrowing_round_trip_int64_to_int32_stays(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4], dtype=np.int64)
+    y = b.op("Cast", [b.op("Cast", [b.op("Abs", [x])], to=TensorProto.INT32)], to=TensorProto.INT64)
+    model = b.build(b.op("Neg", [y]), output_dtype=np.int64)
+    assert op_counts(fuse(model, only=(PASS,)).model)["Cast"] == 2
+
+
+def test_dropout_with_ratio_0_in_training_mode_is_removed(fuse):
+    model = conv_then(("Dropout", [np.float32(0.0), np.bool_(True)], {}), opset=13)
+    result = fuse(model, only=THEN_FUSED, target="cpu+cuda")
+    assert op_counts(result.model) == {"FusedConv": 1}
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("opset", [9, 13, 19])
+def test_all_zero_pad_is_removed(fuse, opset):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 6, 6])
+    r = b.op("Relu", [x])
+    if opset < 11:
+        p = b.op("Pad", [r], pads=[0] * 8, mode="reflect")
+    else:
+        p = b.op("Pad", [r, b.const(np.zeros(8, np.int64))], mode="edge")
+    model = b.build(b.op("Sigmoid", [p]), opset=opset)
+    result = fuse(model, only=(PASS,))
+    assert "Pad" not in op_counts(result.model)
+    assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+def test_a_pad_that_pads_stays(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 6, 6])
+    p = b.op("Pad", [b.op("Relu", [x]), b.const(np.array([0, 0, 1, 0, 0, 0, 0, 0], np.int64))])
+    model = b.build(b.op("Sigmoid", [p]), opset=13)
+    assert op_counts(fuse(model, only=(PASS,)).model)["Pad"] == 1
+
+
+def test_skip_dropout_mask_used_says_the_mask_is_a_graph_output(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4])
+    y, mask = b.op("Dropout", [b.op("Relu", [x])], outputs=2)
+    model = b.model([b.op("Sigmoid", [y]), mask], opset=13)
+    for out, elem in zip(model.graph.output, (TensorProto.FLOAT, TensorProto.BOOL), strict=True):
+        out.type.CopyFrom(helper.make_tensor_type_proto(elem, [1, 4]))
+    s = skip_of(fuse(model), PASS)
+    assert s.reason == Reason.DROPOUT_MASK and "mask" in s.detail and "graph output" in s.detail

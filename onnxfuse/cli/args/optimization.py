@@ -71,8 +71,9 @@ def optimization_options(fn: F) -> F:
                           "that release cannot load are left unfused; the summary and the model's metadata say "
                           "which release the output needs."),
         click.option("--constant-initializer-inputs", is_flag=True,
-                     help="Treat initializers that are also graph inputs (IR < 4 style) as constants, so they "
-                          "can be folded. Only if nobody feeds those inputs at run time."),
+                     help="Treat initializers that are also graph inputs (IR version 4 or later; before IR 4 they "
+                          "are constants anyway, as in onnxruntime) as constants, so they can be folded. Only if "
+                          "nobody feeds those inputs at run time."),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
