@@ -33,7 +33,8 @@ class RewriteKind(str, Enum):
 
 #: Names of the canonicalization passes (``RewriteKind.CANONICALIZE``; the stage ``onnxfuse.passes.CANONICALIZE``
 #: runs before the others). The report counts their rewrites as removed nodes, not as fused ones.
-CANONICALIZE_NAMES: frozenset[str] = frozenset({"constant_fold", "remove_redundant", "pad_conv"})
+CANONICALIZE_NAMES: frozenset[str] = frozenset({"constant_fold", "remove_redundant", "pad_conv",
+                                                "prelu_leaky_relu", "resize_nearest"})
 
 
 class Reason(str, Enum):
@@ -130,6 +131,25 @@ class Reason(str, Enum):
     NEEDS_NEWER_ORT = (
         "form-needs-newer-onnxruntime",
         "deploy on the onnxruntime release the detail names (or newer) and give it as --ort-version")
+    PRELU_NOT_UNIFORM = (
+        "prelu-slope-not-uniform",
+        "none: a PRelu slope with more than one value (per channel) has no LeakyRelu form")
+    PRELU_SLOPE_SHAPE = (
+        "prelu-slope-shape",
+        "none: the slope must broadcast to X without growing it, and X's rank must be known")
+    PRELU_DTYPE = ("prelu-dtype-not-float32", "none: onnxruntime's CPU PRelu and LeakyRelu kernels are float32 only")
+    RESIZE_MODE = ("resize-mode-not-nearest", "none: only a nearest Resize has an exact asymmetric form")
+    RESIZE_COORDINATES = (
+        "resize-coordinate-mode",
+        "none: this coordinate_transformation_mode maps to other pixels than asymmetric/floor")
+    RESIZE_NEAREST_MODE = (
+        "resize-nearest-mode",
+        "none: nearest_mode floor or ceil after half_pixel picks other pixels than asymmetric/floor")
+    RESIZE_SCALE = ("resize-scale-not-integer", "none: only whole-number upscales map pixels as asymmetric/floor does")
+    RESIZE_SIZES = (
+        "resize-sizes-not-multiple",
+        "export the Resize with scales (or with static input extents); none if sizes are no whole multiple")
+    RESIZE_EXTENT = ("resize-extent-too-large", "none: float32 coordinates are not exact for so large an extent")
 
     def __str__(self) -> str:
         return self.value

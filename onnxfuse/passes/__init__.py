@@ -24,7 +24,9 @@ from onnxfuse.passes.gemm_affine import GemmAffine
 from onnxfuse.passes.gemm_batchnorm import GemmBatchNorm
 from onnxfuse.passes.matmul_add import MatMulAdd
 from onnxfuse.passes.pad_conv import PadConv
+from onnxfuse.passes.prelu_leaky_relu import PReluLeakyRelu
 from onnxfuse.passes.remove_redundant import RemoveRedundant
+from onnxfuse.passes.resize_nearest import ResizeNearest
 
 #: Canonicalization: put exported graphs into the shape the fusion passes match, before any of them runs (the passes
 #: of kind ``RewriteKind.CANONICALIZE``, named in ``onnxfuse.records.CANONICALIZE_NAMES`` for the report).
@@ -36,6 +38,10 @@ CANONICALIZE: tuple[Pass, ...] = (
     RemoveRedundant(),
     # After remove_redundant: an Identity between Pad and Conv would hide the pair.
     PadConv(),
+    # A PRelu with one slope value is LeakyRelu, which conv_activation and onnxruntime fuse into the Conv.
+    PReluLeakyRelu(),
+    # Exact for integer scales: the mapping onnxruntime's blocked layout keeps the Resize in.
+    ResizeNearest(),
 )
 
 DEFAULT_PASSES: tuple[Pass, ...] = (
