@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -238,14 +239,26 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     skips: list[Skip] = []
     if blocker is None:
         try:
+            def passes_on(graph: Any, portable: frozenset[str] = frozenset()) -> tuple[Context, list, list]:
+                ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)),
+                              overridable, dict(info), namer=constants.Namer(graph),
+                              symbolic=sym if options.expressions or not input_shapes else None,  # own shapes only
+                              materialize_bytes=options.materialize_weights_bytes, portable=portable)
+                return ctx, *run_passes(graph, selected, ctx)
+
             graph = convert.to_graph(model)
-            ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
-                          info, namer=constants.Namer(graph),
-                          symbolic=sym if options.expressions or not input_shapes else None,  # own shapes only
-                          materialize_bytes=options.materialize_weights_bytes)
-            fusions, skips = run_passes(graph, selected, ctx)
+            ctx, fusions, skips = passes_on(graph)
+            fused_out = None
+            raising = _raising_forms(model, graph, options)
+            if raising:  # again, keeping those chains portable (the input model is not changed until export)
+                fused_out = convert.to_model(graph, model)
+                graph = convert.to_graph(model)
+                portable_run = passes_on(graph, raising)
+                if _keep_portable(fused_out, convert.to_model(graph, model), options):
+                    fused_out = None
+                    ctx, fusions, skips = portable_run
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
-            out = convert.to_model(graph, model, reuse_original=True) if fusions else model
+            out = fused_out or (convert.to_model(graph, model, reuse_original=True) if fusions else model)
         except InputError as exc:
             raise InputError(f"{loaded.label}: {exc}") from None
     else:
@@ -276,6 +289,30 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
     report.verification = verified
     return Result(out, fusions, skips, bool(fusions), report, loaded)
+
+
+def _raising_forms(model: onnx.ModelProto, graph: Any, options: Options) -> frozenset[str]:
+    """Outputs of the fused nodes of ``graph`` (the passes' first result) whose form needs a newer onnxruntime
+    than the input ``model`` does (``onnxfuse.passes.portable``); empty without an onnxruntime level or without
+    the comparison with onnxruntime (``compare_with_onnxruntime``), which :func:`_keep_portable` needs."""
+    from onnxfuse.passes import portable
+
+    if options.ort_level is None or not options.compare_with_onnxruntime:
+        return frozenset()
+    return frozenset(portable.raising_outputs(graph, portable.input_min_release(emitted_forms(model))))
+
+
+def _keep_portable(fused: onnx.ModelProto, portable: onnx.ModelProto, options: Options) -> bool:
+    """True when the output with the forms that need a newer onnxruntime (``fused``) leaves onnxruntime, at
+    ``options.ort_level`` on the CPU execution provider, no fewer kernels to run than the output without them
+    (``portable``): those forms buy nothing there ("never stricter for nothing", issue 31). False when onnxruntime
+    cannot load either (verification then says why)."""
+    from onnxfuse.ort import optimized_graph as ort_graph
+
+    level = options.ort_level or DEFAULT_ORT_LEVEL
+    with_forms, without = ort_graph.kernels_at(fused, level), ort_graph.kernels_at(portable, level)
+    log.debug("onnxruntime at %s runs %s kernels with the newer forms, %s without", level, with_forms, without)
+    return with_forms is not None and without is not None and with_forms >= without
 
 
 def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None

@@ -150,6 +150,10 @@ class Reason(str, Enum):
         "resize-sizes-not-multiple",
         "export the Resize with scales (or with static input extents); none if sizes are no whole multiple")
     RESIZE_EXTENT = ("resize-extent-too-large", "none: float32 coordinates are not exact for so large an extent")
+    MADE_BY_ORT_ITSELF = (
+        "form-made-by-onnxruntime-itself",
+        "none needed: onnxruntime fuses the chain itself at load at this --ort-level (no fewer kernels with the "
+        "fused form), which would only need a newer onnxruntime than the input model does")
 
     def __str__(self) -> str:
         return self.value

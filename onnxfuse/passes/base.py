@@ -52,6 +52,8 @@ class Context:
         materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
             computed from compact constants (int8 x scale) as plain floats (``Options.materialize_weights_bytes``;
             each such fold spends its growth). 0: weights stay compact.
+        portable: output tensor names of chains onnxruntime fuses itself at the target's level, where a form that
+            needs a newer onnxruntime than the input model is not emitted (``onnxfuse.passes.portable``).
     """
 
     target: Target
@@ -63,6 +65,7 @@ class Context:
     order: edit.NodeOrder | None = None
     symbolic: SymbolicShapes | None = None
     materialize_bytes: int = 0
+    portable: frozenset[str] = frozenset()
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.
