@@ -34,7 +34,7 @@ class RewriteKind(str, Enum):
 #: Names of the canonicalization passes (``RewriteKind.CANONICALIZE``; the stage ``onnxfuse.passes.CANONICALIZE``
 #: runs before the others). The report counts their rewrites as removed nodes, not as fused ones.
 CANONICALIZE_NAMES: frozenset[str] = frozenset({"constant_fold", "remove_redundant", "pad_conv",
-                                                "prelu_leaky_relu", "resize_nearest"})
+                                                "prelu_leaky_relu", "resize_nearest", "float16_body"})
 
 
 class Reason(str, Enum):
@@ -150,6 +150,13 @@ class Reason(str, Enum):
         "resize-sizes-not-multiple",
         "export the Resize with scales (or with static input extents); none if sizes are no whole multiple")
     RESIZE_EXTENT = ("resize-extent-too-large", "none: float32 coordinates are not exact for so large an extent")
+    F16_TARGET = ("target-not-cpu", "--target cpu, where onnxruntime has no float16 Conv kernel to keep")
+    F16_KERNEL = (
+        "float16-kernel-exists",
+        "none: onnxruntime's CPU provider on this machine runs the op in float16 itself")
+    F16_OP = ("float16-op-not-handled", "none: onnxfuse cannot carry this op's float16 meaning into float32")
+    F16_SUBGRAPH = ("float16-graph-has-subgraphs", "none: float16 models with If/Loop/Scan bodies keep float16")
+    F16_OUTPUT = ("float16-output-not-computed", "none: a float16 graph output that no node computes stays float16")
     MADE_BY_ORT_ITSELF = (
         "form-made-by-onnxruntime-itself",
         "none needed: onnxruntime fuses the chain itself at load at this --ort-level (no fewer kernels with the "

@@ -19,6 +19,7 @@ from onnxfuse.passes.conv_batchnorm import ConvBatchNorm
 from onnxfuse.passes.conv_hardswish import ConvHardSwish
 from onnxfuse.passes.conv_residual import ConvResidual
 from onnxfuse.passes.conv_unfused import ConvUnfused
+from onnxfuse.passes.float16_body import Float16Body
 from onnxfuse.passes.gemm_activation import GemmActivation
 from onnxfuse.passes.gemm_affine import GemmAffine
 from onnxfuse.passes.gemm_batchnorm import GemmBatchNorm
@@ -31,6 +32,8 @@ from onnxfuse.passes.resize_nearest import ResizeNearest
 #: Canonicalization: put exported graphs into the shape the fusion passes match, before any of them runs (the passes
 #: of kind ``RewriteKind.CANONICALIZE``, named in ``onnxfuse.records.CANONICALIZE_NAMES`` for the report).
 CANONICALIZE: tuple[Pass, ...] = (
+    # First: a float16 body becomes float32 (target cpu), so that every pass below sees float32 weights.
+    Float16Body(),
     # Constants first: a bias computed as Reshape(Constant, Constant) becomes the plain constant conv_affine
     # folds, and a Transpose/Cast of a constant disappears before remove_redundant looks at it.
     ConstantFold(),

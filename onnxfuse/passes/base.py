@@ -54,6 +54,7 @@ class Context:
             each such fold spends its growth). 0: weights stay compact.
         portable: output tensor names of chains onnxruntime fuses itself at the target's level, where a form that
             needs a newer onnxruntime than the input model is not emitted (``onnxfuse.passes.portable``).
+        main: the model's main graph (set by ``driver.run_passes``; :attr:`graph` is it or one of its subgraphs).
     """
 
     target: Target
@@ -66,6 +67,7 @@ class Context:
     symbolic: SymbolicShapes | None = None
     materialize_bytes: int = 0
     portable: frozenset[str] = frozenset()
+    main: gs.Graph | None = None
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.

@@ -39,6 +39,7 @@ def run_passes(graph: gs.Graph, selected: tuple[Pass, ...], ctx: Context) -> tup
               tuple(p for p in selected if p.kind is not RewriteKind.CANONICALIZE)]
     fusions: list[Fusion] = []
     skips: list[Skip] = []
+    ctx.main = graph
     for sub in list(edit.all_graphs(graph)):
         order = edit.NodeOrder(sub)
         ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, order
