@@ -5,7 +5,7 @@ every sample model and one synthetic model per rewrite of issue 31, at onnxrunti
 Synthetic models (built here, float32 unless named; weights seeded):
 
 * ``prelu_uniform``: 6 x (Conv 3x3 48ch 56x56 -> PRelu with one slope value), which prelu_leaky_relu makes LeakyRelu;
-* ``resize_nearest``: a decoder, 3 x (Conv 3x3 -> Resize nearest x2 with half_pixel / round_prefer_floor), which
+* ``resize_nearest``: a decoder, 3 x (Conv 1x1 -> Relu -> Resize nearest x2 with half_pixel / round_prefer_floor), which
   resize_nearest makes asymmetric / floor;
 * ``float16_block``: a float16 MobileNetV2-style chain, 6 x (Conv 1x1 -> Clip(0, 6) -> depthwise Conv 3x3 -> Clip),
   which float16_body runs in float32;
@@ -102,10 +102,10 @@ def resize_nearest() -> onnx.ModelProto:
     g = _Graph()
     y, c = "x", 64
     for _ in range(3):
-        y = g.op("Relu", [g.conv(y, c, c // 2)])
+        y = g.op("Relu", [g.conv(y, c, c // 2, k=1)])  # 1x1: the reorders around a Resize are a large share
         c //= 2
         y = g.op("Resize", [y, "", g.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest")
-    return g.model([1, 64, 28, 28], [g.conv(y, c, 8)])
+    return g.model([1, 64, 40, 40], [g.conv(y, c, 8)])
 
 
 def float16_block() -> onnx.ModelProto:
@@ -129,7 +129,7 @@ def hardswish_heads() -> onnx.ModelProto:
 #: Synthetic model name -> (builder, input shapes).
 SYNTHETIC = {
     "prelu_uniform": (prelu_uniform, ["x=1x3x56x56"]),
-    "resize_nearest": (resize_nearest, ["x=1x64x28x28"]),
+    "resize_nearest": (resize_nearest, ["x=1x64x40x40"]),
     "float16_block": (float16_block, ["x=1x3x112x112"]),
     "hardswish_heads": (hardswish_heads, ["x=1x3x96x96"]),
 }
