@@ -22,8 +22,8 @@ Skipped when:
                                       runtimes whose float16 kernels onnxfuse does not know)
     float16-kernel-exists             onnxruntime's CPU provider here has a float16 kernel for a Conv, ConvTranspose,
                                       Gemm or MatMul of the model: its float16 path is kept
-    float16-op-not-handled            an op whose float16 meaning onnxfuse cannot carry into float32 (a Cast to
-                                      float16 inside the graph, ConstantOfShape, a random op, a contrib op, ...)
+    float16-op-not-handled            an op whose float16 meaning onnxfuse cannot carry into float32 (an op with a
+                                      dtype attribute such as EyeLike or a random op, a contrib op, ...)
     float16-graph-has-subgraphs       an If/Loop/Scan body (the bodies' tensors would need the same conversion)
     float16-output-not-computed       a float16 graph output is a graph input or a constant (no node computes it)
 """
@@ -46,7 +46,10 @@ from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 #: Default-domain ops whose float16 node computes the float32 node's function rounded to float16: no attribute
-#: or input names a float16 type (ONNX Operators.md). Cast is handled apart (only to types other than float16).
+#: or input names a float16 type (ONNX Operators.md); Constant and ConstantOfShape get their float16 value as float32,
+#: and a Cast to float16 inside the graph becomes a Cast to float32 (the float16 rounding it did is dropped, as the
+#: rounding after every other node of the body is; exporters such as onnxconverter-common's float16 conversion write
+#: such Casts around the ops they keep in float32).
 FLOAT_OPS = frozenset({
     "Abs", "Add", "And", "ArgMax", "ArgMin", "AveragePool", "BatchNormalization", "Ceil", "Celu", "Clip", "Concat",
     "Conv", "ConvTranspose", "Cos", "DepthToSpace", "Div", "Dropout", "Einsum", "Elu", "Equal", "Erf", "Exp",
@@ -58,7 +61,7 @@ FLOAT_OPS = frozenset({
     "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Resize", "Round", "Selu", "Shape", "Sigmoid", "Sign", "Sin",
     "Size", "Slice", "Softmax", "Softplus", "Softsign", "SpaceToDepth", "Split", "Sqrt", "Squeeze", "Sub", "Sum",
     "Tanh", "ThresholdedRelu", "Tile", "TopK", "Transpose", "Trilu", "Unsqueeze", "Upsample", "Where", "Xor",
-    "Constant", "Cast",
+    "Constant", "ConstantOfShape", "Cast",
 })
 
 
@@ -108,8 +111,6 @@ class Float16Body(Pass[Float16Match]):
                 return skip(Reason.F16_SUBGRAPH, f"{n.name} ({n.op}) holds a subgraph", first, out)
             if not is_default_domain(n.domain) or n.op not in FLOAT_OPS:
                 return skip(Reason.F16_OP, f"{n.name} is a {n.domain + '::' if n.domain else ''}{n.op}", first, out)
-            if n.op == "Cast" and int(n.attrs.get("to", 0)) == onnx.TensorProto.FLOAT16:
-                return skip(Reason.F16_OP, f"{n.name} casts to float16 inside the graph", first, out)
         for op in sorted({n.op for n in nodes if n.op in PROBED_OPS}):
             if any(_is_f16(n.inputs[0], ctx) for n in nodes if n.op == op) and has_float16_kernel(op):
                 return skip(Reason.F16_KERNEL, f"onnxruntime's CPU provider here has a float16 {op} kernel", first,
@@ -134,10 +135,11 @@ class Float16Body(Pass[Float16Match]):
                 t.dtype = np.float32
             self._retype(ctx, t.name)
         for n in match.nodes:
-            if n.op == "Constant" and "value" in n.attrs and isinstance(n.attrs["value"], gs.Constant):
-                value = n.attrs["value"]
-                if np.dtype(value.dtype) == F16:
+            for value in n.attrs.values():  # Constant's and ConstantOfShape's value
+                if isinstance(value, gs.Constant) and np.dtype(value.dtype) == F16:
                     value.values = np.asarray(value.values, dtype=np.float32)
+            if n.op == "Cast" and int(n.attrs.get("to", 0)) == onnx.TensorProto.FLOAT16:
+                n.attrs["to"] = onnx.TensorProto.FLOAT  # one float16 rounding fewer, like every node of the body
         first: list[gs.Node] = []
         for x in [t for t in graph.inputs if _is_f16(t, ctx)]:
             body = gs.Variable(ctx.namer.fresh(f"{x.name}_float"), dtype=np.float32, shape=x.shape)
