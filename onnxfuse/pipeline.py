@@ -12,8 +12,10 @@ import math
 import os
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -241,14 +243,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     skips: list[Skip] = []
     if blocker is None:
         try:
-            graph = convert.to_graph(model)
-            ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
-                          info, namer=constants.Namer(graph),
-                          symbolic=own_sym, symbolic_loader=loader,
-                          materialize_bytes=options.materialize_weights_bytes)
-            fusions, skips = run_passes(graph, selected, ctx)
-            log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
-            out = convert.to_model(graph, model, reuse_original=True) if fusions else model
+            fusions, skips, out = _rewrite(model, selected, options, overridable, info, own_sym, loader)
         except InputError as exc:
             raise InputError(f"{loaded.label}: {exc}") from None
     else:
@@ -258,11 +253,13 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     _set_metadata(out, options.target, selected, release_text(min_release))
     if fusions:
         # Let the input's protobuf go once the result exists (peak memory: it is as large as the model).
-        del graph, ctx, model
+        del model
         loaded.model = None
 
     verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options, fusions)
     after_sizes = before_sizes.with_model(out)
+    if any(f.pass_name == "float16_body" for f in fusions):
+        after_sizes = _float32_body_sizes(after_sizes, out)
     after_rows = traffic.node_traffic(out, after_sizes)
     report = rep.build(
         loaded=loaded, target=options.target, passes=[p.name for p in selected], input_shapes=input_shapes,
@@ -277,6 +274,9 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     report.warnings = loaded.warnings + _target_warnings(out, options.target) + mismatches
     if blocker is not None:
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
+    if any(f.pass_name == "float16_body" for f in fusions):
+        report.warnings.append("precision: the body runs in float32 between Casts at the float16 graph inputs and "
+                               "outputs (float16_body; its weights are stored as float32, twice their bytes)")
     report.verification = verified
     return Result(out, fusions, skips, bool(fusions), report, loaded)
 
@@ -289,6 +289,91 @@ def _own_symbolic(sym: symbolic.SymbolicShapes, skel: onnx.ModelProto, info: dic
     if own:
         return sym, None
     return None, lambda: symbolic.infer(skel, info)
+
+
+def _rewrite(model: onnx.ModelProto, selected: tuple[Pass, ...], options: Options, overridable: frozenset[str],
+             info: dict, own_symbolic: symbolic.SymbolicShapes | None,
+             loader: Callable[[], symbolic.SymbolicShapes] | None
+             ) -> tuple[list[Fusion], list[Skip], onnx.ModelProto]:
+    """Run ``selected`` on ``model`` and export the result: ``(fusions, skips, output)``; the output is ``model``
+    itself, rewritten in place, unless forms that need a newer onnxruntime were weighed (:func:`_keep_portable`)
+    and kept. ``info``: the passes' static shapes; ``own_symbolic``: the model's own symbolic shapes, or None and
+    ``loader`` that computes them on a pass's first need (:func:`_own_symbolic`; once for both runs).
+
+    Raises:
+        InputError: graphsurgeon cannot import or export the model.
+    """
+    computed: list[symbolic.SymbolicShapes] = []
+
+    def shared() -> symbolic.SymbolicShapes:
+        if not computed and loader is not None:
+            computed.append(loader())
+        return computed[0]
+
+    def passes_on(graph: Any, portable: frozenset[str] = frozenset()) -> tuple[list[Fusion], list[Skip]]:
+        ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)),
+                      overridable, dict(info), namer=constants.Namer(graph), symbolic=own_symbolic,
+                      symbolic_loader=None if loader is None else shared,
+                      materialize_bytes=options.materialize_weights_bytes, portable=portable)
+        return run_passes(graph, selected, ctx)
+
+    graph = convert.to_graph(model)
+    fusions, skips = passes_on(graph)
+    fused_out = None
+    raising = _raising_forms(model, graph, options)
+    if raising:  # again, keeping those chains portable (the input model is not changed until export)
+        fused_out = convert.to_model(graph, model)
+        graph = convert.to_graph(model)
+        portable_run = passes_on(graph, raising)
+        if _keep_portable(fused_out, convert.to_model(graph, model), options):
+            fused_out = None
+            fusions, skips = portable_run
+    log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
+    out = fused_out or (convert.to_model(graph, model, reuse_original=True) if fusions else model)
+    return fusions, skips, out
+
+
+def _float32_body_sizes(sizes: traffic.Sizes, out: onnx.ModelProto) -> traffic.Sizes:
+    """``sizes`` (the original's tensor sizes with ``out``'s constants) for an ``out`` whose body float16_body
+    made float32: every float16 tensor but the graph inputs and outputs is float32 now (4 bytes an element, not 2),
+    and each Cast at an input or output writes a tensor of its input's shape."""
+    ends = {v.name for v in (*out.graph.input, *out.graph.output)}
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    elem = {k: (f32 if v == f16 and k not in ends else v) for k, v in sizes.elem_types.items()}
+    shapes = dict(sizes.shapes)
+    for node in out.graph.node:
+        if node.op_type == "Cast" and node.input and node.output and node.output[0] not in shapes:
+            if node.input[0] in shapes:
+                shapes[node.output[0]] = shapes[node.input[0]]
+            elem[node.output[0]] = f32
+        elif node.op_type == "Cast" and node.output and node.output[0] in ends and node.input:
+            shapes.setdefault(node.input[0], shapes.get(node.output[0]))
+            elem[node.input[0]] = f32
+    return traffic.Sizes(shapes, elem, sizes.reasons)
+
+
+def _raising_forms(model: onnx.ModelProto, graph: Any, options: Options) -> frozenset[str]:
+    """Outputs of the fused nodes of ``graph`` (the passes' first result) whose form needs a newer onnxruntime
+    than the input ``model`` does (``onnxfuse.passes.portable``); empty without an onnxruntime level or without
+    the comparison with onnxruntime (``compare_with_onnxruntime``), which :func:`_keep_portable` needs."""
+    from onnxfuse.passes import portable
+
+    if options.ort_level is None or not options.compare_with_onnxruntime:
+        return frozenset()
+    return frozenset(portable.raising_outputs(graph, portable.input_min_release(emitted_forms(model))))
+
+
+def _keep_portable(fused: onnx.ModelProto, portable: onnx.ModelProto, options: Options) -> bool:
+    """True when the output with the forms that need a newer onnxruntime (``fused``) leaves onnxruntime, at
+    ``options.ort_level`` on the CPU execution provider, no fewer kernels to run than the output without them
+    (``portable``): those forms buy nothing there ("never stricter for nothing", issue 31). False when onnxruntime
+    cannot load either (verification then says why)."""
+    from onnxfuse.ort import optimized_graph as ort_graph
+
+    level = options.ort_level or DEFAULT_ORT_LEVEL
+    with_forms, without = ort_graph.kernels_at(fused, level), ort_graph.kernels_at(portable, level)
+    log.debug("onnxruntime at %s runs %s kernels with the newer forms, %s without", level, with_forms, without)
+    return with_forms is not None and without is not None and with_forms >= without
 
 
 def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None

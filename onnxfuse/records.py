@@ -33,7 +33,8 @@ class RewriteKind(str, Enum):
 
 #: Names of the canonicalization passes (``RewriteKind.CANONICALIZE``; the stage ``onnxfuse.passes.CANONICALIZE``
 #: runs before the others). The report counts their rewrites as removed nodes, not as fused ones.
-CANONICALIZE_NAMES: frozenset[str] = frozenset({"constant_fold", "remove_redundant", "pad_conv"})
+CANONICALIZE_NAMES: frozenset[str] = frozenset({"constant_fold", "remove_redundant", "pad_conv",
+                                                "prelu_leaky_relu", "resize_nearest", "float16_body"})
 
 
 class Reason(str, Enum):
@@ -133,6 +134,36 @@ class Reason(str, Enum):
     CONV_PADS_NONZERO = (
         "conv-pads-not-zero",
         "none: the Conv pads its input with zeros, which the scale and offset before it would not have touched")
+    PRELU_NOT_UNIFORM = (
+        "prelu-slope-not-uniform",
+        "none: a PRelu slope with more than one value (per channel) has no LeakyRelu form")
+    PRELU_SLOPE_SHAPE = (
+        "prelu-slope-shape",
+        "none: the slope must broadcast to X without growing it, and X's rank must be known")
+    PRELU_DTYPE = ("prelu-dtype-not-float32", "none: onnxruntime's CPU PRelu and LeakyRelu kernels are float32 only")
+    RESIZE_MODE = ("resize-mode-not-nearest", "none: only a nearest Resize has an exact asymmetric form")
+    RESIZE_COORDINATES = (
+        "resize-coordinate-mode",
+        "none: this coordinate_transformation_mode maps to other pixels than asymmetric/floor")
+    RESIZE_NEAREST_MODE = (
+        "resize-nearest-mode",
+        "none: nearest_mode floor or ceil after half_pixel picks other pixels than asymmetric/floor")
+    RESIZE_SCALE = ("resize-scale-not-integer", "none: only whole-number upscales map pixels as asymmetric/floor does")
+    RESIZE_SIZES = (
+        "resize-sizes-not-multiple",
+        "export the Resize with scales (or with static input extents); none if sizes are no whole multiple")
+    RESIZE_EXTENT = ("resize-extent-too-large", "none: float32 coordinates are not exact for so large an extent")
+    F16_TARGET = ("target-not-cpu", "--target cpu, where onnxruntime has no float16 Conv kernel to keep")
+    F16_KERNEL = (
+        "float16-kernel-exists",
+        "none: onnxruntime's CPU provider on this machine runs the op in float16 itself")
+    F16_OP = ("float16-op-not-handled", "none: onnxfuse cannot carry this op's float16 meaning into float32")
+    F16_SUBGRAPH = ("float16-graph-has-subgraphs", "none: float16 models with If/Loop/Scan bodies keep float16")
+    F16_OUTPUT = ("float16-output-not-computed", "none: a float16 graph output that no node computes stays float16")
+    MADE_BY_ORT_ITSELF = (
+        "form-made-by-onnxruntime-itself",
+        "none needed: onnxruntime fuses the chain itself at load at this --ort-level (no fewer kernels with the "
+        "fused form), which would only need a newer onnxruntime than the input model does")
 
     def __str__(self) -> str:
         return self.value

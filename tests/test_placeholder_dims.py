@@ -14,6 +14,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+import sympy
 from click.testing import CliRunner
 
 from onnxfuse.analysis import shapes, symbolic
@@ -91,7 +92,16 @@ def test_report_with_input_shape_counts_the_given_sizes(tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["input_shapes"] == {"x": [1, 3, 48, 192]}
-    assert sorted(v["axis"] for v in doc["symbols"].values()) == [0, 2, 3]
+    # every dim given: counted at those sizes (no symbols), every node sized
+    assert doc["symbols"] == {} and doc["totals"]["before"]["unknown_nodes"] == 0
+    assert doc["totals"]["before"]["total_bytes"] > 0
+    # the symbolic report (no sizes) has one symbol per '?' dim, and its figures at those sizes are the same
+    symbolic = json.loads(invoke("report", src, "--format", "json").output)
+    assert sorted(v["axis"] for v in symbolic["symbols"].values()) == [0, 2, 3]
+    values = dict(zip(sorted(symbolic["symbols"], key=lambda k: symbolic["symbols"][k]["axis"]), (1, 48, 192),
+                      strict=True))
+    total = sympy.sympify(symbolic["totals"]["before"]["total_bytes_expr"])
+    assert int(total.subs({sympy.Symbol(k): v for k, v in values.items()})) == doc["totals"]["before"]["total_bytes"]
 
 
 def test_verify_with_input_shape(tmp_path):

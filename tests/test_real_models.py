@@ -92,7 +92,11 @@ def test_real_model(name, target, tmp_path, ort_dir):
     v = result.report.verification
     assert v.status == ("passed" if result.changed else "unchanged"), v.reason
     assert result.report.unknown_shapes == []
-    assert result.report.totals["after"]["total_bytes"] <= result.report.totals["before"]["total_bytes"]
+    # float16_body (float16 models, target cpu) stores the body in float32: twice the bytes as exported, fewer
+    # kernels and memory round trips in what onnxruntime runs (it ran those convs in float32 between Casts anyway)
+    float32_body = any(f.pass_name == "float16_body" for f in result.fusions)
+    if not float32_body:
+        assert result.report.totals["after"]["total_bytes"] <= result.report.totals["before"]["total_bytes"]
 
     original = onnx.load(str(src), load_external_data=False)
     assert signature(result.model) == signature(original)  # graph input/output names, order and dtypes
@@ -101,7 +105,7 @@ def test_real_model(name, target, tmp_path, ort_dir):
     model_io.save_model(result.model, out)
     onnx.checker.check_model(str(out), full_check=True)
     # fusion never bloats a model (silero's LSTM weights were once copied into both If branches)
-    assert out.stat().st_size <= src.stat().st_size * 1.01 + 4096
+    assert out.stat().st_size <= src.stat().st_size * (2.02 if float32_body else 1.01) + 4096
     session(str(out))
 
     again = pipeline.analyse(out, options)
@@ -115,6 +119,14 @@ def test_real_model(name, target, tmp_path, ort_dir):
         assert set(fused) <= {"Relu"}, fused
     else:
         assert contrib_ops(result.model) == []
-    if name == "timm_mobilenetv2_100_fp16":
+    if name == "timm_mobilenetv2_100_fp16" and not float32_body:
         assert fused == {}  # no float16 FusedConv kernel exists
         assert any(u["reason"] == "dtype-has-no-fusedconv-kernel" for u in result.report.unfused) or target == "onnx"
+    if name == "timm_mobilenetv2_100_fp16" and target == "cpu":
+        from onnxfuse.ort.float16 import has_float16_kernel
+
+        # the body becomes float32 exactly where this machine's onnxruntime has no float16 Conv kernel
+        assert float32_body == (not has_float16_kernel("Conv"))
+        if float32_body:
+            assert fused.get("Clip", 0) >= 35, fused  # Conv -> Clip(0, 6) x35 fuse in the float32 body
+            assert any("body runs in float32" in w for w in result.report.warnings)

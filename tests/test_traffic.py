@@ -117,7 +117,7 @@ def test_float16_conv_counts_two_bytes_per_element(fuse):
     model = b.build(b.bn(b.conv(x, 4, 8), 8))
     conv = by_op(rows_of(model))["Conv"]
     assert conv.read_bytes == 512 + 576 + 16 and conv.written_bytes == 1024
-    report = fuse(model).report
+    report = fuse(model, skip=("float16_body",)).report  # the float16 body as it is (not run in float32)
     assert report.fusions[0]["dtype"] == "float16"
     # BN folded: BN node (1024 + 4 x 16 read, 1024 written) and one write+read of the intermediate disappear;
     # the folded bias replaces the old one at the same size.

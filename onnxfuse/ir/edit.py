@@ -182,3 +182,12 @@ def take_over_output(graph: gs.Graph, output: gs.Tensor, source: gs.Tensor) -> N
         source.type = output.type
     output.name = ""
     source.name = name
+
+
+def add_around(order: NodeOrder, first: list[gs.Node], last: list[gs.Node]) -> None:
+    """Put the new nodes ``first`` before every node of ``order``'s graph and ``last`` after every one (Casts at the
+    graph's inputs and outputs), writing the graph's node list back (:meth:`NodeOrder.compact`)."""
+    order.compact()
+    order.graph.nodes = [*first, *order.graph.nodes, *last]
+    order.slots = list(order.graph.nodes)
+    order.position = {id(n): i for i, n in enumerate(order.slots)}

@@ -109,6 +109,18 @@ def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto | str, leve
     return result
 
 
+def kernels_at(model: onnx.ModelProto, level: str) -> int | None:
+    """How many kernels (nodes, every subgraph included) onnxruntime's optimized graph of ``model`` has at
+    ``level`` on the CPU execution provider; None when onnxruntime cannot load it."""
+    from onnxfuse.ort import sessions as runtime
+
+    try:
+        with runtime.loadable(model, as_file=True) as source:
+            return kernels(op_counts(_optimized_graph(source, level)))
+    except Exception:  # onnxruntime raises its own exception types for a model it cannot load
+        return None
+
+
 def _optimized_graph(source: str | bytes, level: str) -> onnx.ModelProto:
     """The graph onnxruntime runs for ``source`` at ``level``, without its weights (they go to a side file that
     is deleted unread)."""

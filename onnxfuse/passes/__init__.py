@@ -20,16 +20,21 @@ from onnxfuse.passes.conv_batchnorm import ConvBatchNorm
 from onnxfuse.passes.conv_hardswish import ConvHardSwish
 from onnxfuse.passes.conv_residual import ConvResidual
 from onnxfuse.passes.conv_unfused import ConvUnfused
+from onnxfuse.passes.float16_body import Float16Body
 from onnxfuse.passes.gemm_activation import GemmActivation
 from onnxfuse.passes.gemm_affine import GemmAffine
 from onnxfuse.passes.gemm_batchnorm import GemmBatchNorm
 from onnxfuse.passes.matmul_add import MatMulAdd
 from onnxfuse.passes.pad_conv import PadConv
+from onnxfuse.passes.prelu_leaky_relu import PReluLeakyRelu
 from onnxfuse.passes.remove_redundant import RemoveRedundant
+from onnxfuse.passes.resize_nearest import ResizeNearest
 
 #: Canonicalization: put exported graphs into the shape the fusion passes match, before any of them runs (the passes
 #: of kind ``RewriteKind.CANONICALIZE``, named in ``onnxfuse.records.CANONICALIZE_NAMES`` for the report).
 CANONICALIZE: tuple[Pass, ...] = (
+    # First: a float16 body becomes float32 (target cpu), so that every pass below sees float32 weights.
+    Float16Body(),
     # Constants first: a bias computed as Reshape(Constant, Constant) becomes the plain constant conv_affine
     # folds, and a Transpose/Cast of a constant disappears before remove_redundant looks at it.
     ConstantFold(),
@@ -37,6 +42,10 @@ CANONICALIZE: tuple[Pass, ...] = (
     RemoveRedundant(),
     # After remove_redundant: an Identity between Pad and Conv would hide the pair.
     PadConv(),
+    # A PRelu with one slope value is LeakyRelu, which conv_activation and onnxruntime fuse into the Conv.
+    PReluLeakyRelu(),
+    # Exact for integer scales: the mapping onnxruntime's blocked layout keeps the Resize in.
+    ResizeNearest(),
 )
 
 DEFAULT_PASSES: tuple[Pass, ...] = (

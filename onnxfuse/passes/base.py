@@ -46,7 +46,8 @@ class Context:
             on the unfused model with its own (possibly symbolic) input shapes.
         namer: fresh names for new initializers and nodes, unique in the whole model.
         graph: the (sub)graph being optimized (set by ``driver.run_passes`` for each graph in turn).
-        main_graph: the model's main graph (set by ``driver.run_passes``).
+        main_graph: the model's main graph (set by ``driver.run_passes``; :attr:`graph` is it or one of its
+            subgraphs).
         members: ``id()`` of the nodes of ``graph`` (rewrites only remove nodes, so it stays valid).
         order: the node slots of ``graph`` that rewrites edit (see ``onnxfuse.ir.edit.NodeOrder``; set with ``graph``; a
             rewrite reads it as :attr:`edit_order`).
@@ -58,6 +59,8 @@ class Context:
         materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
             computed from compact constants (int8 x scale) as plain floats (``Options.materialize_weights_bytes``;
             each such fold spends its growth). 0: weights stay compact.
+        portable: output tensor names of chains onnxruntime fuses itself at the target's level, where a form that
+            needs a newer onnxruntime than the input model is not emitted (``onnxfuse.passes.portable``).
     """
 
     target: Target
@@ -71,6 +74,7 @@ class Context:
     symbolic: SymbolicShapes | None = None
     symbolic_loader: Callable[[], SymbolicShapes] | None = None
     materialize_bytes: int = 0
+    portable: frozenset[str] = frozenset()
 
     def own_symbolic(self) -> SymbolicShapes | None:
         """:attr:`symbolic`, computed by :attr:`symbolic_loader` on the first call where it is None."""

@@ -25,6 +25,9 @@ Skipped when:
                                        level (``providers.CPU_SLOWER_AT``)
     form-needs-newer-onnxruntime       the form does not load in the onnxruntime release given by --ort-version
                                        (``providers.FORM_MIN_ORT``: FusedConv(HardSwish) needs 1.30)
+    form-made-by-onnxruntime-itself    the form needs a newer onnxruntime than the input model, and onnxruntime's
+                                       own graph at --ort-level runs no fewer kernels with it than without
+                                       (``onnxfuse.passes.portable``; the chain stays as it was, portable)
 """
 
 from __future__ import annotations
@@ -120,7 +123,8 @@ class ConvHardSwish(Pass[FusedConvMatch]):
     kind = RewriteKind.FUSE
     summary = "fuse Conv + HardSwish written out as Mul/Add/Clip/Div or HardSigmoid into FusedConv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.NO_CONTRIB_OPS, Reason.DTYPE_NO_KERNEL,
-               Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL, Reason.NEEDS_NEWER_ORT)
+               Reason.ACTIVATION_UNSUPPORTED, Reason.QDQ, Reason.SLOWER_AT_ORT_LEVEL, Reason.NEEDS_NEWER_ORT,
+               Reason.MADE_BY_ORT_ITSELF)
     anchors = ("Mul", "Div")
 
     def match(self, node: gs.Node, ctx: Context) -> FusedConvMatch | Skip | None:

@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
 from onnxfuse.model import domains
-from onnxfuse.ort.providers import form_name, release_text
+from onnxfuse.ort.providers import PROBED_ORT_RELEASES, form_min_release, form_name, release_text
 from onnxfuse.passes._checks import is_op, skip
 from onnxfuse.passes.base import Context, Match
 from onnxfuse.records import Reason, Skip
@@ -77,6 +77,10 @@ def target_check(ctx: Context, conv: gs.Node, activation: str | None, nodes: lis
     if needed is not None and target.ort_version is not None:  # needs_newer is None without an ort_version
         return skip(Reason.NEEDS_NEWER_ORT, f"{form} needs onnxruntime {release_text(needed)} or newer; the model "
                     f"is for {release_text(target.ort_version)} (see --ort-version)", nodes, output)
+    if output.name in ctx.portable and form_min_release(form) > PROBED_ORT_RELEASES[0]:
+        return skip(Reason.MADE_BY_ORT_ITSELF, f"{form} would need onnxruntime {release_text(form_min_release(form))} "
+                    f"or newer, and onnxruntime at level {target.ort_level} runs no fewer kernels with it: the "
+                    "portable form is kept", nodes, output)
     if target.slower(form):
         return skip(Reason.SLOWER_AT_ORT_LEVEL, f"{form} runs slower than the unfused original in onnxruntime at "
                     f"level {target.ort_level} (see --ort-level)", nodes, output)

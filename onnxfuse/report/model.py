@@ -234,8 +234,9 @@ def _node_row(r: NodeTraffic, num: _Numbers) -> dict:
 
 def removed_outputs(f: Fusion) -> list[str]:
     """First-output names (in the input model) of the nodes a canonicalization rewrite ``f`` deleted: every
-    replaced node except the one that still computes the result (``f.node``; empty when none does)."""
-    return [key for name, op, key in f.replaced if not (f.node and name == f.node and op == f.op)]
+    replaced node except the one that still computes the result (``f.node``; empty when none does), whose op may
+    have changed (prelu_leaky_relu's PRelu is now a LeakyRelu)."""
+    return [key for name, _op, key in f.replaced if not (f.node and name == f.node)]
 
 
 def _batch_one(symbols: SymbolicShapes, values: dict[sympy.Symbol, int], before: Bytes | None,

@@ -352,3 +352,17 @@ def test_skip_form_needs_newer_onnxruntime(fuse):
     assert op_counts(fuse(model, ort_version=needed).model) == {"FusedConv": 1}
     relu, _ = conv_act("Relu")
     assert op_counts(fuse(relu, ort_version="1.15").model) == {"FusedConv": 1}
+
+
+def test_skip_form_made_by_onnxruntime_itself(fuse, monkeypatch):
+    """Where onnxruntime's graph at --ort-level runs no fewer kernels with FusedConv(HardSwish) than without, the
+    HardSwish op stays and the model keeps the oldest release (onnxfuse.passes.portable). The kernel counts are
+    set here, so that the rule is tested on any processor (tests/test_portable.py asks onnxruntime itself)."""
+    from onnxfuse.ort import optimized_graph
+
+    monkeypatch.setattr(optimized_graph, "kernels_at", lambda model, level: 3)
+    model, _ = conv_act("HardSwish")
+    result = fuse(model, compare_with_onnxruntime=True)
+    s = assert_skipped(result, model, Reason.MADE_BY_ORT_ITSELF)
+    assert "FusedConv(HardSwish) would need onnxruntime 1.30" in s.detail and "level all" in s.detail
+    assert {p.key: p.value for p in result.model.metadata_props}["onnxfuse.min_onnxruntime"] == "1.15"

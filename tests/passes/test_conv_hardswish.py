@@ -194,3 +194,17 @@ def test_skip_form_needs_newer_onnxruntime(fuse):
     model = build("div_of_mul")
     s = assert_skipped(fuse(model, ort_version="1.15.1"), model, Reason.NEEDS_NEWER_ORT)
     assert "FusedConv(HardSwish) needs onnxruntime" in s.detail and "the model is for 1.15" in s.detail
+
+
+def test_skip_form_made_by_onnxruntime_itself(fuse, monkeypatch):
+    """A written-out HardSwish that onnxruntime fuses itself at --ort-level (no fewer kernels with the fused form:
+    counts set here, on any processor) stays written out, and the model keeps the oldest release."""
+    from onnxfuse.ort import optimized_graph
+
+    monkeypatch.setattr(optimized_graph, "kernels_at", lambda model, level: 5)
+    model = build("div_of_mul")
+    result = fuse(model, compare_with_onnxruntime=True)
+    s = assert_skipped(result, model, Reason.MADE_BY_ORT_ITSELF)
+    assert "portable form is kept" in s.detail
+    assert {p.key: p.value for p in result.model.metadata_props}["onnxfuse.min_onnxruntime"] == "1.15"
+    assert_same_outputs(model, result.model, RTOL, ATOL)
