@@ -171,7 +171,7 @@ def test_shard_runs_merge_into_the_full_summary(first_run, tmp_path):
         result = _batch([zoo, "-o", out, "--shard", f"{k}/2"])  # everything is cached: no work, the summary only
         assert result.exit_code == 0, result.output
         shard = tmp_path / f"shard{k}.json"
-        shard.write_text((out / "summary.json").read_text())
+        shard.write_text((out / f"summary.shard-{k}-of-2.json").read_text())
         parts.append(json.loads(shard.read_text()))
     assert sorted(r["name"] for p in parts for r in p["models"]) == sorted(["sub/conv_relu", "mlp_head",
                                                                             "resnet_block"])
