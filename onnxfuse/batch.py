@@ -28,7 +28,8 @@ with the driver and keep their temporary files inside the run's staging folder.
 
 Test hook: the environment variable :data:`TEST_HOOK_ENV` holds a JSON object from a model file name to an action
 that :func:`run_task` performs before the model is processed: ``"crash"`` (``os._exit(3)``), ``"crash-once:PATH"``
-(exit only if the file ``PATH`` does not exist yet, creating it: the retry then succeeds), ``"sleep:SECONDS"`` and
+(exit only if the file ``PATH`` does not exist yet, creating it: the retry then succeeds), ``"sleep:SECONDS"``,
+``"tempfile-sleep:SECONDS"`` (make a temporary folder with a file in it, then sleep: a worker mid-model) and
 ``"allocate:BYTES"`` (a bytes object of that size). It exists for tests of the failure handling; the driver reads
 it and copies each action into the model's job.
 """
@@ -321,23 +322,22 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def _data_locations(path: Path) -> list[str]:
-    """The external data locations of the model file ``path``, each checked before any data file is looked at
-    (:func:`onnxfuse.model.io.check_external_data`: relative, inside the model's folder, no ``..``), sorted.
+def _data_locations(path: Path, data: bytes) -> list[str]:
+    """The external data locations of the model file ``path`` (its bytes ``data``), each checked before any data
+    file is looked at (:func:`onnxfuse.model.io.check_external_data`: relative, inside the model's folder, no
+    ``..``), sorted; none when ``data`` is no readable model (the worker then says why, ``load_model``).
 
     Raises:
-        InputError: the model file is not a regular file, or a location points outside the model's folder.
+        InputError: a location points outside the model's folder.
     """
     import onnx
 
     from onnxfuse.model.io import check_external_data
 
-    fd = _open_regular(path, f"{shown(path)}")
-    with os.fdopen(fd, "rb") as fh:
-        try:
-            model = onnx.load_model(fh, load_external_data=False)
-        except Exception:  # not a readable model: the worker says why (load_model); its bytes are still hashed
-            return []
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception:  # not a readable model: its bytes are still hashed, the worker refuses it
+        return []
     return sorted({check_external_data(t, shown(path)).location
                    for t in onnx.external_data_helper._get_all_tensors(model)
                    if t.data_location == onnx.TensorProto.EXTERNAL})
@@ -392,17 +392,23 @@ def file_digest(path: Path) -> str | None:
 
 def _content_hash(path: Path) -> str:
     """SHA-256 over the model file's bytes and those of the external data files it references (sorted by name),
-    each name and length-prefixed. Every file is checked to be a regular file on its open descriptor before it is
-    read, and every data location to lie inside the model's folder before it is opened (:func:`_data_locations`).
+    each file's name before and its length after its bytes. Every file is checked to be a regular file on its open
+    descriptor before it is read (:func:`_open_regular`), and every data location to lie inside the model's folder
+    before any data file is opened (:func:`_data_locations`).
 
     Raises:
         InputError: a model or data file that is not a regular file, cannot be read, or lies outside the folder.
     """
-    h = hashlib.sha256()
-    for f in [path, *(path.parent / n for n in _data_locations(path))]:
-        h.update(f.name.encode() + b"\0")
-        label = shown(path) if f == path else f"{shown(path)}: external data file {f.name!r}"
-        h.update(b"%d\0" % _hash_file(h, f, label))
+    fd = _open_regular(path, shown(path))
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            data = fh.read()
+        except OSError as exc:
+            raise InputError(f"{shown(path)}: cannot read it ({exc.strerror or exc})") from None
+    h = hashlib.sha256(path.name.encode() + b"\0" + data + b"%d\0" % len(data))
+    for name in _data_locations(path, data):
+        h.update(name.encode() + b"\0")
+        h.update(b"%d\0" % _hash_file(h, path.parent / name, f"{shown(path)}: external data file {name!r}"))
     return h.hexdigest()
 
 
@@ -455,6 +461,10 @@ def _apply_test_hook(action: str | None) -> None:
             marker.write_text("crashed once\n")
             os._exit(3)
     elif kind == "sleep":
+        time.sleep(float(arg))
+    elif kind == "tempfile-sleep":  # a worker mid-model, with a temporary folder of its own (as verification has)
+        folder = Path(tempfile.mkdtemp(prefix="onnxfuse-hook-"))
+        (folder / "copy-of-the-model.onnx").write_bytes(b"\0" * 1024)
         time.sleep(float(arg))
     elif kind == "allocate":
         _ = b"\1" * int(arg)
