@@ -1325,7 +1325,8 @@ def to_markdown(summary: dict, gate: dict | None = None) -> str:
         if r["report_html"] and r["reason"]:
             report += " " + cell(markdown(r["reason"]))
         time_s = f"{r['time_s']:.1f} s" if r["time_s"] is not None else "-"
-        lines.append(f"| {cell(markdown_code(r['name']))} | {r['status']} | {markdown(r['verification'] or '-')} | "
+        verification = markdown(r["verification"]) if r["verification"] else "-"
+        lines.append(f"| {cell(markdown_code(r['name']))} | {r['status']} | {verification} | "
                      f"{r['fusions'] if r['fusions'] is not None else '-'} | {_human(r['saved_bytes_beyond'])} | "
                      f"{_human(r['saved_bytes'])} | {time_s} | {_human(r['peak_memory_bytes'])} | {report} |")
     if gate is not None:

@@ -43,9 +43,9 @@ def headline(summary: dict) -> str:
     """The summary's first sentence (text; names are not in it): counts per status, fusions, bytes saved."""
     c, t = summary["counts"], summary["totals"]
     return (f"{t['models']} models: " + (", ".join(f"{n} {s}" for s, n in c.items() if n) or "none") +
-            f" ({summary['cached']} from the cache); {t['fusions'] or 0} fusions; "
-            f"{_bytes(t['saved_bytes_beyond'])} of memory traffic saved beyond onnxruntime at the chosen level, "
-            f"{_bytes(t['saved_bytes'])} against the graph as exported.")
+            f" ({summary['cached']} from the cache); {t['fusions'] or 0} fusions; memory traffic saved beyond "
+            f"onnxruntime at the chosen level: {_bytes(t['saved_bytes_beyond'])}; against the graph as exported: "
+            f"{_bytes(t['saved_bytes'])}.")
 
 
 def _num_cell(value, text: str) -> str:
