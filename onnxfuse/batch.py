@@ -634,7 +634,7 @@ def _status_of(verification: dict) -> tuple[str, str | None]:
         return "mismatch", one_line(f"the optimized model does not match the original ({why}); no model written")
     if verification["status"] == "skipped" and verification.get("cause") != "user":
         if _MEMORY_REASON.search(why):
-            return "memory", one_line(f"verification ran out of memory (--max-memory): {why}", 300)
+            return "memory", one_line(f"verification ran out of memory (--max-memory, or the machine's): {why}", 300)
         return "unverified", one_line(f"verification was skipped: {why}", 300)
     return "ok", None
 
@@ -1198,7 +1198,12 @@ def merge(summaries: list[dict], sources: list[Path] | None = None, outdir: Path
         if not all(shards):
             whole = label[shards.index(None)]
             raise InputError(f"{whole} is a whole run, not a shard: merge the shards of one run, or whole runs only")
-        parsed = [parse_shard(x) for x in shards]
+        parsed = []
+        for x, where in zip(shards, label, strict=True):
+            try:
+                parsed.append(parse_shard(x))
+            except InputError:
+                raise InputError(f"{where}: shard {x!r} is not K/N with 1 <= K <= N") from None
         ns = {n for _, n in parsed}
         if len(ns) > 1:
             raise InputError(f"the summaries are shards of different splits ({', '.join(sorted(set(shards)))}); "

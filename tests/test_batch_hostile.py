@@ -324,6 +324,8 @@ def test_a_merge_checks_its_shards_form_one_complete_set(ran, tmp_path):
     whole.write_text(json.dumps(summary))
     assert "not a shard" in _one_line_error(_batch(["--merge", one, whole, "-o", tmp_path / "m"]))
     assert "in two of the summaries" in _one_line_error(_batch(["--merge", whole, whole, "-o", tmp_path / "m"]))
+    (tmp_path / "odd.json").write_text(json.dumps({**shard, "shard": "4/3"}))
+    assert "is not K/N" in _one_line_error(_batch(["--merge", one, tmp_path / "odd.json", "-o", tmp_path / "m"]))
     row = summary["models"][0]
     k = 2 if b.in_shard(row["name"], (1, 2)) else 1  # the shard the row does not belong to
     (tmp_path / "w1.json").write_text(json.dumps({**summary, "shard": f"{k}/2", "models": [row]}))
