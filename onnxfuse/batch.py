@@ -725,8 +725,9 @@ class Outdir:
         A record (``.onnxfuse-batch/cache/KEY.json``, :data:`CACHE_RECORD_KIND`) holds the key, the row and the
         SHA-256 of every file the run put into OUTDIR. It is a hit only when it is a regular file of valid JSON
         (no NaN), its key and its row's key are ``key``, its row matches the summary schema's row, every file it
-        names is a plain relative path inside OUTDIR, and each file now there has the recorded digest: a file
-        replaced since (by a run of another revision of the model, or by hand) is a miss, and the model runs again.
+        names is a plain relative path inside OUTDIR (the row's own paths the ones batch writes for its name), and
+        each file now there has the recorded digest: a file replaced since (by a run of another revision of the
+        model, or by hand) is a miss, and the model runs again.
         A damaged, foreign or poisoned record is a miss."""
         from onnxfuse.model.files import read_option_file
 
@@ -739,8 +740,8 @@ class Outdir:
                 and isinstance(record.get("files"), dict) and isinstance(record.get("row"), dict)):
             return None
         row, files = record["row"], record["files"]
-        if row.get("key") != key or not _valid_row(row):
-            return None
+        if row.get("key") != key or not _valid_row(row) or _relinked(row, None, None) != row:
+            return None  # not this key's, not a row, or a file path that is not the one batch writes for its name
         named = {row[k] for k in ("output", "report_json", "report_html") if row.get(k)}
         if not named <= set(files) or not all(isinstance(d, str) for d in files.values()):
             return None

@@ -104,6 +104,8 @@ def _poisons(record: dict) -> dict[str, bytes | None]:
         "foreign kind": json.dumps({**record, "kind": "something-else"}).encode(),
         "old format (the row alone)": json.dumps(row).encode(),
         "a file outside OUTDIR": json.dumps({**record, "files": {**record["files"], "../../etc/passwd": "0"}}).encode(),
+        "a link that is not batch's": json.dumps({**record, "row": {**row, "report_html": "javascript:x"},
+                                                  "files": {**record["files"], "javascript:x": "0" * 64}}).encode(),
         "a changed digest": json.dumps({**record, "files": {k: "0" * 64 for k in record["files"]}}).encode(),
         "a fifo": None,
     }
