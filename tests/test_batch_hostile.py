@@ -341,12 +341,16 @@ def test_a_merged_page_never_links_where_a_summary_says(ran, tmp_path):
     evil = json.loads(json.dumps(summary))
     evil["models"][0]["report_html"] = "javascript:alert(1)"
     evil["models"][1]["report_html"] = "../../../etc/passwd"
+    evil["engine"] = "local\x1b]0;title\x07"
+    evil["versions"]["onnx"] = "1.0\x1b[2J"
     path = tmp_path / "evil.json"
     path.write_text(json.dumps(evil))
     assert _batch(["--merge", path, "-o", tmp_path / "m"]).exit_code == 0
     merged = json.loads((tmp_path / "m" / "summary.json").read_text())
     assert [r["report_html"] for r in merged["models"]] == [None, None]
-    assert "javascript:" not in (tmp_path / "m" / "index.html").read_text().split("<script")[0]
+    page = (tmp_path / "m" / "index.html").read_text()
+    assert "javascript:" not in page.split("<script")[0] and "\x1b" not in page and "\x07" not in page
+    assert "\x1b" not in (tmp_path / "m" / "summary.md").read_text()
 
 
 # ------------------------------------------------------------------------------------------------ verification

@@ -90,7 +90,7 @@ def to_html(summary: dict) -> str:
         "<h1>onnxfuse batch</h1>"
         f'<p id="counts">{_e(headline(summary))}</p>'
         + (f'<p id="sizes" class="meta">{_e(note)}</p>' if note else "") +
-        f'<p class="meta">{_e(versions)} · engine {_e(summary["engine"])}'
+        f'<p class="meta">{_e(_text(versions))} · engine {_e(_text(summary["engine"]))}'
         f'{" · shard " + _e(summary["shard"]) if summary.get("shard") else ""}</p>'
         '<p class="meta">Click a column heading to sort by it (again to reverse).</p>'
         f'<table id="models"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
