@@ -17,13 +17,19 @@ One task function, :func:`run_task` (a plain dict in, a plain dict out), is what
 
 Outputs are never half-written: a task writes its files into a staging folder (``OUTDIR/.onnxfuse-batch/staging``)
 or returns their bytes, and the driver moves each complete file into place (``os.replace``, atomic on POSIX);
-then it writes the model's cache record, last. A model whose cache record exists, with its files, is not run again
-(:func:`cache_key`: the model's bytes and external data, the options, and the onnxfuse, onnx and onnxruntime
-versions).
+then it writes the model's cache record, last, with the SHA-256 of each file. A model whose cache record exists and
+whose files are still exactly the recorded ones is not run again (:func:`cache_key`: the model's bytes and
+external data, the options, and the onnxfuse, onnx and onnxruntime versions; :meth:`Outdir.cached`).
+
+Untrusted input: the driver reads models and their external data only as regular files (checked on the opened
+descriptor) inside the model's folder; summaries, manifests and cache records are data (one-line InputError, a
+record a miss); every name reaches a page or a terminal through ``onnxfuse.report.escape``. Local workers die
+with the driver and keep their temporary files inside the run's staging folder.
 
 Test hook: the environment variable :data:`TEST_HOOK_ENV` holds a JSON object from a model file name to an action
 that :func:`run_task` performs before the model is processed: ``"crash"`` (``os._exit(3)``), ``"crash-once:PATH"``
-(exit only if the file ``PATH`` does not exist yet, creating it: the retry then succeeds), ``"sleep:SECONDS"`` and
+(exit only if the file ``PATH`` does not exist yet, creating it: the retry then succeeds), ``"sleep:SECONDS"``,
+``"tempfile-sleep:SECONDS"`` (make a temporary folder with a file in it, then sleep: a worker mid-model) and
 ``"allocate:BYTES"`` (a bytes object of that size). It exists for tests of the failure handling; the driver reads
 it and copies each action into the model's job.
 """
@@ -35,9 +41,12 @@ import csv
 import functools
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
 import signal
+import stat
 import tempfile
 import time
 from collections import Counter
@@ -50,7 +59,7 @@ from onnxfuse._version import __version__
 from onnxfuse.errors import InputError, one_line
 from onnxfuse.model.files import write_atomically
 
-SUMMARY_SCHEMA_VERSION = 1
+SUMMARY_SCHEMA_VERSION = 2
 #: The environment variable of the test hook (see the module docstring).
 TEST_HOOK_ENV = "ONNXFUSE_BATCH_TEST_HOOK"
 #: Models a local worker processes before it is replaced by a fresh one.
@@ -59,13 +68,47 @@ MAX_TASKS_PER_WORKER = 50
 #: onnxruntime imported, one mid-sized model and its two onnxruntime sessions: about 1 GiB measured on the shared
 #: models, see BENCHMARKS.md).
 WORKER_MEMORY_ESTIMATE = 1536 * 2**20
-#: Statuses of a model's row. ``ok``: optimized and verified (or verification skipped/unchanged), output written;
-#: ``mismatch``: verification failed, no model written; ``error``: onnxfuse refused the model (InputError) or raised;
-#: ``crashed``: the worker died; ``timeout``: past ``--timeout``; ``memory``: past ``--max-memory``.
-STATUSES = ("ok", "mismatch", "error", "crashed", "timeout", "memory")
+#: Statuses of a model's row. ``ok``: optimized and verified (passed; unchanged: nothing rewritten; or
+#: ``--no-verify``), output written; ``unverified``: verification was requested and skipped (the reason says
+#: why), output written; ``mismatch``: verification failed, no model written; ``error``: onnxfuse refused the
+#: model (InputError) or raised;
+#: ``crashed``: the worker died; ``timeout``: past ``--timeout``; ``memory``: past ``--max-memory`` (also during
+#: verification).
+STATUSES = ("ok", "unverified", "mismatch", "error", "crashed", "timeout", "memory")
 #: The hidden folder inside OUTDIR for the cache records and the staging folder.
 STATE_DIR = ".onnxfuse-batch"
-SUMMARY_FILES = ("summary.json", "summary.md", "index.html")
+SUMMARY_FILES: tuple[str, str, str] = ("summary.json", "summary.md", "index.html")
+#: The ``kind`` of a cache record (:meth:`Outdir.cached`).
+CACHE_RECORD_KIND = "onnxfuse-batch-cache-record"
+
+
+def _strict_json(data: bytes):
+    """JSON ``data`` parsed with NaN, Infinity and -Infinity refused (Python's ``json`` accepts them; they are no
+    JSON, RFC 8259 section 6).
+
+    Raises:
+        ValueError: not UTF-8, not JSON, or a non-finite number.
+    """
+    def refuse(name: str):
+        raise ValueError(f"{name} is not a JSON number")
+
+    return json.loads(data.decode("utf-8"), parse_constant=refuse)
+
+
+def _plain_relative(rel: object) -> bool:
+    """Whether ``rel`` is a relative POSIX path of plain parts (no ``..``, ``.``, empty part or backslash)."""
+    return (isinstance(rel, str) and bool(rel) and not rel.startswith("/") and "\\" not in rel and "\0" not in rel
+            and all(part not in ("", ".", "..") for part in rel.split("/")))
+
+
+def _valid_row(row: dict) -> bool:
+    """Whether ``row`` matches the summary schema's ``models[]`` row (``batch.schema.json``)."""
+    import jsonschema
+
+    try:
+        return jsonschema.Draft202012Validator(schema()["properties"]["models"]["items"]).is_valid(row)
+    except RecursionError:
+        return False
 
 
 @dataclass
@@ -109,7 +152,8 @@ def _parse_shapes(value, where: str) -> dict[str, list[int]]:
     if isinstance(value, dict):
         out = {}
         for k, dims in value.items():
-            if not isinstance(dims, list) or not all(isinstance(d, int) and d > 0 for d in dims):
+            if not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                                     for d in dims):
                 raise InputError(f"{where}: input_shapes[{k!r}] must be a list of positive integers")
             out[str(k)] = list(dims)
         return out
@@ -122,8 +166,9 @@ def _parse_values(value, where: str) -> dict[str, float]:
     from onnxfuse.ort.sessions import parse_input_value
 
     if isinstance(value, dict):
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
-            raise InputError(f"{where}: input_values must map names to numbers")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in value.values()):
+            raise InputError(f"{where}: input_values must map names to finite numbers")
         return {str(k): v for k, v in value.items()}
     if isinstance(value, str):
         return dict(parse_input_value(t.strip()) for t in value.split(";") if t.strip())
@@ -138,9 +183,12 @@ def _options_from(row: dict, defaults: ModelOptions, where: str) -> ModelOptions
     from onnxfuse.ort.providers import TARGETS
 
     unknown = set(row) - set(MANIFEST_FIELDS)
-    if unknown:
-        raise InputError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} "
+    if unknown:  # a CSV row with more cells than the header has them under the key None
+        raise InputError(f"{where}: unknown field(s) {', '.join(sorted(_shown_name(str(k)) for k in unknown))} "
                          f"(known: {', '.join(MANIFEST_FIELDS)})")
+    for key in ("target", "ort_level"):
+        if key in row and not isinstance(row[key], str):
+            raise InputError(f"{where}: {key} must be a string, not {type(row[key]).__name__}")
     opts = ModelOptions(**{**defaults.__dict__, "input_shapes": dict(defaults.input_shapes),
                            "input_values": dict(defaults.input_values)})
     if row.get("input_shapes"):
@@ -175,9 +223,9 @@ def read_manifest(path: Path, defaults: ModelOptions) -> list[tuple[Path, ModelO
         rows = list(csv.DictReader(text.splitlines()))
     else:
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"manifest {path}: not JSON ({exc})") from None
+            doc = _strict_json(text.encode("utf-8"))
+        except (ValueError, RecursionError) as exc:
+            raise InputError(f"manifest {path}: not JSON ({one_line(exc, 120)})") from None
         found = doc.get("models") if isinstance(doc, dict) else doc
         if not isinstance(found, list) or not all(isinstance(r, dict) for r in found):
             raise InputError(f"manifest {path}: expected {{\"models\": [{{\"path\": ...}}, ...]}}")
@@ -187,6 +235,8 @@ def read_manifest(path: Path, defaults: ModelOptions) -> list[tuple[Path, ModelO
         where = f"manifest {path}, model {i}"
         if not row.get("path"):
             raise InputError(f"{where}: no path")
+        if not isinstance(row["path"], str):
+            raise InputError(f"{where}: path must be a string, not {type(row['path']).__name__}")
         model = Path(row["path"])
         model = model if model.is_absolute() else path.parent / model
         out.append((model, _options_from({k: v for k, v in row.items() if v not in (None, "")}, defaults, where)))
@@ -197,7 +247,8 @@ def collect(inputs: Iterable[str | os.PathLike], defaults: ModelOptions, exclude
     """The models named by ``inputs``: ``.onnx`` files, folders (every ``*.onnx`` below, recursively, in sorted
     order) and manifests (``.json``/``.csv``, :func:`read_manifest`). Each model's name is its path relative to
     the folder given (a file's own name for a file), without ``.onnx``; a name taken twice gets a short hash of
-    the path appended. Files under ``exclude`` (OUTDIR) are left out.
+    the path (and options) appended. One file given twice with the same options (a file and its folder, a path
+    twice, through a link) is one model. Files under ``exclude`` (OUTDIR) are left out.
 
     Raises:
         InputError: an input that does not exist or is neither a model, a folder nor a manifest.
@@ -219,11 +270,14 @@ def collect(inputs: Iterable[str | os.PathLike], defaults: ModelOptions, exclude
             found.append((p, p.stem, defaults))
         else:
             raise InputError(f"{p}: no such model, folder or manifest")
-    names: Counter = Counter(n for _, n, _ in found)
+    distinct: dict[tuple[str, str], tuple[Path, str, ModelOptions]] = {}
+    for f, name, opts in found:  # one model given twice (a file and its folder, a path twice): one row
+        distinct.setdefault((str(f.resolve()), json.dumps(opts.to_dict(), sort_keys=True)), (f, name, opts))
+    names: Counter = Counter(n for _, n, _ in distinct.values())
     out = []
-    for f, name, opts in found:
+    for (resolved, options), (f, name, opts) in distinct.items():
         if names[name] > 1:
-            name = f"{name}-{hashlib.sha256(str(f.resolve()).encode()).hexdigest()[:8]}"
+            name = f"{name}-{hashlib.sha256((resolved + chr(0) + options).encode()).hexdigest()[:8]}"
         out.append(Entry(f, name, opts))
     return out
 
@@ -268,16 +322,93 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def _content_hash(path: Path) -> str:
-    """SHA-256 over the model file's bytes and those of the external data files it references (sorted by name)."""
-    from onnxfuse.model.io import referenced_data_files
+def _data_locations(path: Path, data: bytes) -> list[str]:
+    """The external data locations of the model file ``path`` (its bytes ``data``), each checked before any data
+    file is looked at (:func:`onnxfuse.model.io.check_external_data`: relative, inside the model's folder, no
+    ``..``), sorted; none when ``data`` is no readable model (the worker then says why, ``load_model``).
 
+    Raises:
+        InputError: a location points outside the model's folder.
+    """
+    import onnx
+
+    from onnxfuse.model.io import check_external_data
+
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception:  # not a readable model: its bytes are still hashed, the worker refuses it
+        return []
+    return sorted({check_external_data(t, shown(path)).location
+                   for t in onnx.external_data_helper._get_all_tensors(model)
+                   if t.data_location == onnx.TensorProto.EXTERNAL})
+
+
+def shown(path: Path) -> str:
+    """A file's name in a message or an artifact: :func:`onnxfuse.model.files.shown_path` (never an absolute path of
+    this machine)."""
+    from onnxfuse.model.files import shown_path
+
+    return shown_path(path)
+
+
+def _open_regular(path: Path, label: str) -> int:
+    """A read-only descriptor of ``path``, opened without waiting (``O_NONBLOCK``: a FIFO does not block the open)
+    and checked on the descriptor (``fstat``) to be a regular file before a byte is read (a FIFO would block the
+    read, ``/dev/zero`` never ends).
+
+    Raises:
+        InputError: cannot be opened, or not a regular file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read it ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{label}: not a regular file (a folder, FIFO, socket or device)")
+    return fd
+
+
+def _hash_file(h, path: Path, label: str) -> int:
+    """Feed the regular file ``path``'s bytes to hash ``h``; returns how many (:func:`_open_regular`'s errors)."""
+    fd = _open_regular(path, label)
+    n = 0
+    with os.fdopen(fd, "rb") as fh:
+        for chunk in iter(functools.partial(fh.read, 1 << 20), b""):
+            h.update(chunk)
+            n += len(chunk)
+    return n
+
+
+def file_digest(path: Path) -> str | None:
+    """SHA-256 (hex) of the regular file ``path``; None when it is missing, unreadable or not a regular file."""
     h = hashlib.sha256()
-    for f in [path, *(path.parent / n for n in sorted(referenced_data_files(path)))]:
-        h.update(f.name.encode() + b"\0")
-        with contextlib.suppress(OSError), open(f, "rb") as fh:
-            for chunk in iter(functools.partial(fh.read, 1 << 20), b""):
-                h.update(chunk)
+    try:
+        _hash_file(h, path, str(path))
+    except InputError:
+        return None
+    return h.hexdigest()
+
+
+def _content_hash(path: Path) -> str:
+    """SHA-256 over the model file's bytes and those of the external data files it references (sorted by name),
+    each file's name before and its length after its bytes. Every file is checked to be a regular file on its open
+    descriptor before it is read (:func:`_open_regular`), and every data location to lie inside the model's folder
+    before any data file is opened (:func:`_data_locations`).
+
+    Raises:
+        InputError: a model or data file that is not a regular file, cannot be read, or lies outside the folder.
+    """
+    fd = _open_regular(path, shown(path))
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            data = fh.read()
+        except OSError as exc:
+            raise InputError(f"{shown(path)}: cannot read it ({exc.strerror or exc})") from None
+    h = hashlib.sha256(path.name.encode() + b"\0" + data + b"%d\0" % len(data))
+    for name in _data_locations(path, data):
+        h.update(name.encode() + b"\0")
+        h.update(b"%d\0" % _hash_file(h, path.parent / name, f"{shown(path)}: external data file {name!r}"))
     return h.hexdigest()
 
 
@@ -331,6 +462,10 @@ def _apply_test_hook(action: str | None) -> None:
             os._exit(3)
     elif kind == "sleep":
         time.sleep(float(arg))
+    elif kind == "tempfile-sleep":  # a worker mid-model, with a temporary folder of its own (as verification has)
+        folder = Path(tempfile.mkdtemp(prefix="onnxfuse-hook-"))
+        (folder / "copy-of-the-model.onnx").write_bytes(b"\0" * 1024)
+        time.sleep(float(arg))
     elif kind == "allocate":
         _ = b"\1" * int(arg)
 
@@ -369,13 +504,33 @@ def _fusion_kinds(fusions: list[dict]) -> dict[str, int]:
     return dict(sorted(Counter(_fusion_kind(f) for f in fusions).items()))
 
 
+#: An absolute POSIX path of two or more parts in a message (not after a word character, a dot, a colon or a
+#: slash: a URL's path and a relative path are left alone); :func:`without_paths` keeps its last part.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/(?:[^\s/'\"]+/)+([^\s/'\"]*)")
+
+
+def without_paths(text: str, job: dict | None = None) -> str:
+    """``text`` (a row's reason) with no absolute path of this machine: the job's model path becomes its shown
+    name (``job["shown"]``), its folder ``.``, the temporary folder ``TMPDIR``, and any other absolute path its
+    file name (:data:`_ABSOLUTE_PATH`)."""
+    if job is not None:
+        folder = str(Path(job["path"]).parent)
+        for full, short in ((job["path"], job.get("shown") or Path(job["path"]).name), (folder + os.sep, ""),
+                            (folder, "."), (tempfile.gettempdir(), "TMPDIR")):
+            if full and full != os.sep:
+                text = text.replace(full, short)
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1), text)
+
+
 def _row(job: dict, status: str, reason: str | None, **extra) -> dict:
     row = {"name": job["name"], "model": job.get("shown", job["path"]), "key": job["key"], "options": job["options"],
-           "status": status, "reason": reason, "verification": None, "fusions": None,
+           "status": status, "reason": without_paths(reason, job) if reason else reason, "verification": None,
+           "fusions": None,
            "fusions_made_by_onnxruntime": None, "fusion_kinds": {}, "saved_bytes": None, "saved_bytes_beyond": None,
            "before_bytes": None, "after_bytes": None, "after_bytes_expr": None, "saved_bytes_expr": None,
            "unknown_nodes": None, "symbols": {}, "symbol_values": {}, "time_s": None, "peak_memory_bytes": None,
-           "output": None, "report_json": None, "report_html": None, "cached": False, "worker_pid": None}
+           "output": None, "report_json": None, "report_html": None, "cached": False, "worker_pid": None,
+           "representative_sizes": None}
     row.update(extra)
     return row
 
@@ -448,23 +603,62 @@ def _optimize_into(job: dict, stage: Path) -> dict:
         (stage / rel).parent.mkdir(parents=True, exist_ok=True)
         (stage / rel).write_text(text, encoding="utf-8")
     verification = doc["verification"]
-    status, reason, output = "ok", None, None
-    if verification["status"] == "failed":
-        status, reason = "mismatch", one_line(f"the optimized model does not match the original "
-                                              f"({verification['reason']}); no model written")
-    else:
+    status, reason = _status_of(verification)
+    output = None
+    if status != "mismatch":
         output = model_file(name)
         (stage / output).parent.mkdir(parents=True, exist_ok=True)
         model_io.save_model(result.model, stage / output, external_data=result.loaded.external_data)
     t, ort = doc["totals"], doc.get("onnxruntime") or {}
+    figures = _figures(doc)
     return _row(job, status, reason, verification=verification["status"], fusions=len(doc["fusions"]),
                 fusions_made_by_onnxruntime=ort.get("fusions_made_by_onnxruntime"),
-                fusion_kinds=_fusion_kinds(doc["fusions"]), saved_bytes=t["saved_bytes"],
-                saved_bytes_beyond=ort.get("saved_bytes_beyond"), before_bytes=t["before"]["total_bytes"],
-                after_bytes=t["after"]["total_bytes"], after_bytes_expr=t["after"]["total_bytes_expr"],
+                fusion_kinds=_fusion_kinds(doc["fusions"]), **figures,
+                after_bytes_expr=t["after"]["total_bytes_expr"],
                 saved_bytes_expr=t["saved_bytes_expr"], unknown_nodes=t["after"]["unknown_nodes"],
                 symbols=doc["symbols"], symbol_values=doc["symbol_values"], output=output, report_json=rjson,
                 report_html=rhtml)
+
+
+#: What onnxruntime or Python say when an allocation fails (a MemoryError, C++ ``std::bad_alloc``, onnxruntime's
+#: arena "Failed to allocate memory"): a verification skipped for one of these ran past ``--max-memory``.
+_MEMORY_REASON = re.compile(r"MemoryError|bad_alloc|[Ff]ailed to allocate|[Oo]ut of memory|Cannot allocate memory")
+
+
+def _status_of(verification: dict) -> tuple[str, str | None]:
+    """A row's status and reason from its report's ``verification`` section: ``failed`` -> ``mismatch``;
+    ``skipped`` (not by ``--no-verify``, cause ``user``) -> ``memory`` when an allocation failed
+    (:data:`_MEMORY_REASON`), else ``unverified``; ``passed`` and ``unchanged`` -> ``ok``."""
+    why = verification.get("reason") or ""
+    if verification["status"] == "failed":
+        return "mismatch", one_line(f"the optimized model does not match the original ({why}); no model written")
+    if verification["status"] == "skipped" and verification.get("cause") != "user":
+        if _MEMORY_REASON.search(why):
+            return "memory", one_line(f"verification ran out of memory (--max-memory, or the machine's): {why}", 300)
+        return "unverified", one_line(f"verification was skipped: {why}", 300)
+    return "ok", None
+
+
+def _figures(doc: Any) -> dict[str, Any]:
+    """A row's byte figures from its report: at the input shapes used; when the model has symbolic dims that no
+    input shape binds, at the single-model report's representative sizes
+    (:func:`onnxfuse.report.present.representative_values`: batch 1 on axis 0, 224 for the other dims), which
+    ``representative_sizes`` then names. A figure that stays unknown is None (never 0)."""
+    from onnxfuse.report import present
+
+    t, ort = doc["totals"], doc.get("onnxruntime") or {}
+    out = {"saved_bytes": t["saved_bytes"], "saved_bytes_beyond": ort.get("saved_bytes_beyond"),
+           "before_bytes": t["before"]["total_bytes"], "after_bytes": t["after"]["total_bytes"],
+           "representative_sizes": None}
+    if doc["symbols"] and not doc["symbol_values"]:
+        values = present.representative_values(doc)
+        exprs = {"saved_bytes": t["saved_bytes_expr"], "saved_bytes_beyond": ort.get("saved_bytes_beyond_expr"),
+                 "before_bytes": t["before"]["total_bytes_expr"], "after_bytes": t["after"]["total_bytes_expr"]}
+        for k, expr in exprs.items():
+            if out[k] is None:
+                out[k] = present.at_values(expr, values)
+        out["representative_sizes"] = values
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- OUTDIR
@@ -479,6 +673,17 @@ def _commit_order(rel: str) -> tuple[int, str]:
     return (0 if not rel.endswith((".onnx", ".json", ".html")) else 1 if rel.endswith(".onnx") else 2, rel)
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (``kill(pid, 0)``, POSIX)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by another user
+        return True
+    return True
+
+
 class Outdir:
     """OUTDIR: the outputs, the cache records (``.onnxfuse-batch/cache/KEY.json``) and the staging folder."""
 
@@ -486,14 +691,26 @@ class Outdir:
         self.path = path
         self.state = path / STATE_DIR
         self.cache = self.state / "cache"
-        self.staging = self.state / "staging"
+        self.staging_root = self.state / "staging"
+        #: This run's staging folder (``staging/run-PID-TOKEN``): runs into one OUTDIR (two shards) stage apart.
+        self.staging = self.staging_root / f"run-{os.getpid()}-{os.urandom(4).hex()}"
 
     def prepare(self) -> None:
-        """Create the folders; remove a staging folder left by an interrupted run (its files never reached
-        OUTDIR's outputs)."""
-        shutil.rmtree(self.staging, ignore_errors=True)
+        """Create the folders; remove the staging folders of runs that ended without cleaning up (a killed driver;
+        their files never reached OUTDIR's outputs) and leave those of runs still going (their PID is alive)."""
         self.cache.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            for old in self.staging_root.iterdir():
+                pid = old.name.split("-")[1] if old.name.startswith("run-") else ""
+                if not (pid.isdigit() and _alive(int(pid))):
+                    shutil.rmtree(old, ignore_errors=True)
         self.staging.mkdir(parents=True, exist_ok=True)
+
+    def worker_tmp(self) -> Path:
+        """A new temporary folder for one local worker inside this run's staging folder (the worker's TMPDIR): what
+        a killed worker leaves is removed with the staging folder."""
+        self.staging.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="tmp-", dir=self.staging))
 
     def stage_for(self, key: str) -> Path:
         """An empty staging folder for the task of cache key ``key`` (an earlier one of that key is removed)."""
@@ -503,20 +720,42 @@ class Outdir:
         return p
 
     def cached(self, key: str) -> dict | None:
-        """The row of an earlier run with this key whose files are all present, or None."""
+        """The row of an earlier run with cache key ``key``, or None (a miss, never an error).
+
+        A record (``.onnxfuse-batch/cache/KEY.json``, :data:`CACHE_RECORD_KIND`) holds the key, the row and the
+        SHA-256 of every file the run put into OUTDIR. It is a hit only when it is a regular file of valid JSON
+        (no NaN), its key and its row's key are ``key``, its row matches the summary schema's row, every file it
+        names is a plain relative path inside OUTDIR (the row's own paths the ones batch writes for its name), and
+        each file now there has the recorded digest: a file replaced since (by a run of another revision of the
+        model, or by hand) is a miss, and the model runs again.
+        A damaged, foreign or poisoned record is a miss."""
+        from onnxfuse.model.files import read_option_file
+
         try:
-            row = json.loads((self.cache / f"{key}.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = read_option_file(self.cache / f"{key}.json", "cache record", 16 * 2**20)
+            record = _strict_json(data)
+        except (InputError, ValueError, RecursionError):
             return None
-        if any(row.get(k) and not (self.path / row[k]).is_file() for k in ("output", "report_json", "report_html")):
+        if not (isinstance(record, dict) and record.get("kind") == CACHE_RECORD_KIND and record.get("key") == key
+                and isinstance(record.get("files"), dict) and isinstance(record.get("row"), dict)):
             return None
+        row, files = record["row"], record["files"]
+        if row.get("key") != key or not _valid_row(row) or _relinked(row, None, None) != row:
+            return None  # not this key's, not a row, or a file path that is not the one batch writes for its name
+        named = {row[k] for k in ("output", "report_json", "report_html") if row.get(k)}
+        if not named <= set(files) or not all(isinstance(d, str) for d in files.values()):
+            return None
+        for rel, digest in files.items():
+            if not _plain_relative(rel) or file_digest(self.path / rel) != digest:
+                return None
         return row
 
     def commit(self, row: dict) -> dict:
-        """Move (or write) the task's files into OUTDIR, each complete (``os.replace``), then record the row in
-        the cache; returns the row without its file payload. Crashed, timed-out and memory rows are not cached:
-        a rerun tries them again."""
+        """Move (or write) the task's files into OUTDIR, each complete (``os.replace``), then record the row and
+        the files' digests in the cache; returns the row without its file payload. Crashed, timed-out and memory
+        rows are not cached: a rerun tries them again."""
         staged, files = row.pop("staged", None) or {}, row.pop("files", None) or {}
+        digests = {}
         for rel in sorted({*staged, *files}, key=_commit_order):
             target = self.path / rel
             if rel in staged:
@@ -524,16 +763,21 @@ class Outdir:
                 os.replace(staged[rel], target)
             else:
                 _atomic_write_bytes(target, files[rel])
+            digests[rel] = file_digest(target)
         stage = row.pop("stage", None)
         if stage:
             shutil.rmtree(stage, ignore_errors=True)
-        if row["status"] in ("ok", "mismatch", "error"):
-            _atomic_write_bytes(self.cache / f"{row['key']}.json", json.dumps(row, sort_keys=True).encode())
+        if row["status"] in ("ok", "unverified", "mismatch", "error"):
+            record = {"kind": CACHE_RECORD_KIND, "key": row["key"], "files": digests, "row": row}
+            _atomic_write_bytes(self.cache / f"{row['key']}.json", json.dumps(record, sort_keys=True).encode())
         return row
 
     def cleanup(self) -> None:
-        """Remove the staging folder (after a run, or an interrupted one)."""
+        """Remove this run's staging folder (after a run, or an interrupted one: the workers' temporary files with
+        it), and the staging root when no other run uses it."""
         shutil.rmtree(self.staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.staging_root.rmdir()
 
 
 # ---------------------------------------------------------------------------------------------------- local pool
@@ -569,9 +813,38 @@ def _preload() -> None:
     plotly_js_gzip_base64()
 
 
-def _worker_main(conn, max_memory: int | None) -> None:
-    """A local worker: ignore SIGINT (the driver stops workers), cap the address space, import the library once,
-    say ready, then run jobs until it receives None."""
+def _die_with_parent() -> None:
+    """End this worker when the driver ends, however it ends (a SIGKILL included): on Linux the kernel sends it
+    SIGKILL when its parent exits (``prctl(PR_SET_PDEATHSIG)``, man 2 prctl); everywhere a daemon thread checks
+    twice a second whether its parent changed (an orphan is re-parented) and exits then."""
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1 (linux/prctl.h)
+    if os.getppid() != parent:  # the driver was gone before prctl took effect
+        os._exit(5)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(5)
+
+    import threading
+
+    threading.Thread(target=watch, name="onnxfuse-parent-watchdog", daemon=True).start()
+
+
+def _worker_main(conn, max_memory: int | None, tmpdir: str | None = None) -> None:
+    """A local worker: die with the driver (:func:`_die_with_parent`), ignore SIGINT (the driver stops workers),
+    keep its temporary files in ``tmpdir`` (inside the run's staging folder, which the driver removes), cap the
+    address space, import the library once, say ready, then run jobs until it receives None."""
+    _die_with_parent()
+    if tmpdir:
+        os.environ["TMPDIR"] = tmpdir
+        tempfile.tempdir = tmpdir
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if max_memory:
         import resource
@@ -595,9 +868,10 @@ def _worker_main(conn, max_memory: int | None) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx, max_memory: int | None):
+    def __init__(self, ctx, max_memory: int | None, tmpdir: Path | None = None):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child, max_memory), daemon=True)
+        self.process = ctx.Process(target=_worker_main, args=(child, max_memory, str(tmpdir) if tmpdir else None),
+                                   daemon=True)
         self.process.start()
         child.close()
         self.ready = False
@@ -702,7 +976,7 @@ def run_local(jobs: list[dict], outdir: Outdir, workers: int, timeout: float | N
     try:
         while pending or any(w.job for w in pool):
             while len(pool) < min(workers, len(pending) + sum(1 for w in pool if w.job)):
-                pool.append(_Worker(ctx, max_memory))
+                pool.append(_Worker(ctx, max_memory, outdir.worker_tmp()))
             _start_jobs(pool, pending, outdir)
             ready = wait([w.conn for w in pool] + [w.process.sentinel for w in pool], timeout=0.2)
             now = time.monotonic()
@@ -827,12 +1101,13 @@ def run_ray(jobs: list[dict], outdir: Outdir, address: str | None = None, timeou
 
 def summarize(rows: list[dict], *, versions: dict[str, str], shard: tuple[int, int] | None, engine: str,
               wall_s: float, workers: int | None) -> dict:
-    """The batch summary (``batch.schema.json``): rows sorted by name, counts per status, totals."""
+    """The batch summary (``batch.schema.json``): rows sorted by name, counts per status, totals over the models
+    whose output was written (``ok`` and ``unverified``; a total is None when no such model has the figure)."""
     models = sorted(rows, key=lambda r: r["name"])
     counts = {s: sum(1 for r in models if r["status"] == s) for s in STATUSES}
 
     def total(key):
-        values = [r[key] for r in models if r["status"] == "ok" and r[key] is not None]
+        values = [r[key] for r in models if r["status"] in ("ok", "unverified") and r[key] is not None]
         return sum(values) if values else None
 
     return {"schema_version": SUMMARY_SCHEMA_VERSION, "kind": "onnxfuse-batch-summary", "versions": versions,
@@ -843,6 +1118,15 @@ def summarize(rows: list[dict], *, versions: dict[str, str], shard: tuple[int, i
             "models": models}
 
 
+def summary_files(shard: str | None) -> tuple[str, str, str]:
+    """The summary's file names in OUTDIR: ``summary.json``, ``summary.md``, ``index.html``; a shard's
+    (``K/N``) carry it (``summary.shard-K-of-N.json`` ...), so that shards run into one OUTDIR keep each its own."""
+    if not shard:
+        return SUMMARY_FILES
+    k, _, n = shard.partition("/")
+    return f"summary.shard-{k}-of-{n}.json", f"summary.shard-{k}-of-{n}.md", f"index.shard-{k}-of-{n}.html"
+
+
 def schema() -> dict:
     """``onnxfuse/batch.schema.json``: the JSON Schema of the summary."""
     from importlib.resources import files
@@ -851,41 +1135,126 @@ def schema() -> dict:
 
 
 def load_summary(path: str | Path, option: str) -> dict:
-    """A summary written by ``onnxfuse batch``, validated against its schema.
+    """A summary written by ``onnxfuse batch``, read as untrusted input: a regular file of at most 256 MiB, JSON
+    without NaN or infinities, valid against its schema, every byte expression in the grammar of
+    :func:`onnxfuse.analysis.expressions.parse` (nothing in it is evaluated), one row per model name.
 
     Raises:
-        InputError: unreadable, not JSON, or not a valid summary (one line).
+        InputError: one line: unreadable, not JSON, or not a valid summary.
     """
     import jsonschema
 
+    from onnxfuse.analysis import expressions
     from onnxfuse.model.files import read_option_file
+    from onnxfuse.report.escape import text
 
     data = read_option_file(path, option, 256 * 2**20)
     try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{option} {path}: not JSON ({one_line(exc, 120)})") from None
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(doc))
+        doc = _strict_json(data)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{option} {path}: not JSON ({one_line(text(exc), 120)})") from None
+    try:
+        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(doc))
+    except RecursionError:
+        raise InputError(f"{option} {path}: not a valid onnxfuse batch summary (nested too deeply)") from None
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "the top level"
-        raise InputError(f"{option} {path}: not a valid onnxfuse batch summary (at {where}: {error.validator})")
+        raise InputError(f"{option} {path}: not a valid onnxfuse batch summary (at {one_line(text(where), 80)}: "
+                         f"{error.validator})")
+    names: Counter = Counter(r["name"] for r in doc["models"])
+    for i, r in enumerate(doc["models"]):
+        if names[r["name"]] > 1:
+            raise InputError(f"{option} {path}: not a valid onnxfuse batch summary (model "
+                             f"{one_line(text(r['name']), 80)} has {names[r['name']]} rows)")
+        for key in ("saved_bytes_expr", "after_bytes_expr"):
+            if r[key] is not None:
+                try:
+                    expressions.parse(r[key])
+                except (expressions.ExpressionError, RecursionError, MemoryError):
+                    raise InputError(f"{option} {path}: not a valid onnxfuse batch summary (at models.{i}.{key}: "
+                                     "not a byte expression)") from None
     return doc
 
 
-def merge(summaries: list[dict]) -> dict:
-    """Join shard summaries into one (rows by name; a name in two summaries keeps the later one).
+def merge(summaries: list[dict], sources: list[Path] | None = None, outdir: Path | None = None) -> dict:
+    """Join shard summaries into one. They must be one complete, non-overlapping set: every summary a shard
+    ``K/N`` of the same N, each K from 1 to N once, each row in the shard its name hashes to (:func:`in_shard`); or
+    else summaries of no shard whose model names are disjoint. ``sources``/``outdir``: each summary's file and
+    the merged summary's folder; each row's file paths (``output``, ``report_json``, ``report_html``, relative to
+    its summary's folder) are rewritten relative to ``outdir``, so that the merged pages link to each model's
+    report wherever the shards were written. A path that is not the one batch writes for the row's name is
+    dropped (None).
 
     Raises:
-        InputError: the summaries come from different onnxfuse/onnxruntime versions.
+        InputError: the summaries come from different onnxfuse/onnxruntime versions, a shard is missing or given
+            twice, shards of different N or of no shard are mixed, or a model is in two summaries.
     """
+    label = [str(p) for p in sources] if sources else [f"summary {i + 1}" for i in range(len(summaries))]
     versions = {json.dumps(s["versions"], sort_keys=True) for s in summaries}
     if len(versions) > 1:
         raise InputError("the summaries were made with different onnxfuse/onnx/onnxruntime versions; "
                          "merge summaries of one run")
-    rows = {r["name"]: r for s in summaries for r in s["models"]}
+    shards = [s["shard"] for s in summaries]
+    if any(shards):
+        if not all(shards):
+            whole = label[shards.index(None)]
+            raise InputError(f"{whole} is a whole run, not a shard: merge the shards of one run, or whole runs only")
+        parsed = []
+        for x, where in zip(shards, label, strict=True):
+            try:
+                parsed.append(parse_shard(x))
+            except InputError:
+                raise InputError(f"{where}: shard {x!r} is not K/N with 1 <= K <= N") from None
+        ns = {n for _, n in parsed}
+        if len(ns) > 1:
+            raise InputError(f"the summaries are shards of different splits ({', '.join(sorted(set(shards)))}); "
+                             "merge the K/N shards of one N")
+        n = ns.pop()
+        seen: dict[int, str] = {}
+        for (k, _), where in zip(parsed, label, strict=True):
+            if k in seen:
+                raise InputError(f"shard {k}/{n} is given twice ({seen[k]} and {where})")
+            seen[k] = where
+        missing = [f"{k}/{n}" for k in range(1, n + 1) if k not in seen]
+        if missing:
+            raise InputError(f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing: a merge needs "
+                             f"all {n} shards of the run (given: {', '.join(sorted(set(shards)))})")
+        for s, (k, _), where in zip(summaries, parsed, label, strict=True):
+            for r in s["models"]:
+                if not in_shard(r["name"], (k, n)):
+                    raise InputError(f"{where}: model {_shown_name(r['name'])} is not in shard {k}/{n} (its name "
+                                     "belongs to another shard); merge the summaries batch wrote")
+    rows: dict[str, dict] = {}
+    for i, s in enumerate(summaries):
+        folder = sources[i].absolute().parent if sources else None
+        for r in s["models"]:
+            if r["name"] in rows:
+                raise InputError(f"model {_shown_name(r['name'])} is in two of the summaries ({label[i]} and "
+                                 "another); merge summaries of different models")
+            rows[r["name"]] = _relinked(r, folder, outdir)
     return summarize(list(rows.values()), versions=summaries[0]["versions"], shard=None,
                      engine="+".join(sorted({s["engine"] for s in summaries})),
                      wall_s=max(s["wall_s"] for s in summaries), workers=None)
+
+
+def _shown_name(name: str) -> str:
+    from onnxfuse.report.escape import text
+
+    return repr(one_line(text(name), 120))
+
+
+def _relinked(row: dict, folder: Path | None, outdir: Path | None) -> dict:
+    """``row`` with its file paths kept only where they are the ones batch writes for its name
+    (:func:`model_file`, :func:`report_files`), and made relative to ``outdir`` from ``folder``."""
+    expected = {"output": model_file(row["name"]), "report_json": report_files(row["name"])[0],
+                "report_html": report_files(row["name"])[1]}
+    out = dict(row, reason=without_paths(row["reason"]) if row["reason"] else row["reason"])
+    for key, rel in expected.items():
+        if row[key] != rel or not _plain_relative(rel):
+            out[key] = None
+        elif folder is not None and outdir is not None:
+            out[key] = Path(os.path.relpath(folder / rel, outdir.absolute())).as_posix()
+    return out
 
 
 def _doc_for_compare(row: dict) -> dict:
@@ -924,7 +1293,11 @@ def compare_summaries(old: dict, new: dict) -> dict:
         if b["status"] != "ok":
             out["models"][name] = {"regressed": True, "lines": [f"status: {b['status']} (was ok): {b['reason']}"]}
             continue
-        c = baseline.compare(_doc_for_compare(a), _doc_for_compare(b))
+        try:
+            c = baseline.compare(_doc_for_compare(a), _doc_for_compare(b))
+        except (ValueError, TypeError, KeyError, RecursionError, MemoryError):  # a hand-made summary's oddities
+            raise InputError(f"--baseline: the rows of model {_shown_name(name)} cannot be compared (their "
+                             "fusion kinds or byte expressions are not ones onnxfuse writes)") from None
         if c.regressed:
             lines = [x for x in c.lines() if x.startswith(("fusion lost", "optimized traffic"))]
             out["models"][name] = {"regressed": True, "lines": lines}
@@ -935,40 +1308,52 @@ def compare_summaries(old: dict, new: dict) -> dict:
 def _human(n: int | None) -> str:
     from onnxfuse.report.present import human_bytes
 
-    return human_bytes(n) if n is not None else "-"
+    return human_bytes(n) if n is not None else "unknown"
 
 
 def to_markdown(summary: dict, gate: dict | None = None) -> str:
-    """The summary as Markdown for a CI job summary: counts, then one table row per model."""
-    c, t = summary["counts"], summary["totals"]
-    lines = ["# onnxfuse batch", "",
-             f"{t['models']} models: " + ", ".join(f"{n} {s}" for s, n in c.items() if n) +
-             f" ({summary['cached']} from the cache); {t['fusions'] or 0} fusions; "
-             f"{_human(t['saved_bytes'])} of traffic saved against the graph, "
-             f"{_human(t['saved_bytes_beyond'])} against onnxruntime.", "",
-             "| model | status | fusions | saved vs graph | saved vs onnxruntime | time | peak memory | report |",
-             "|---|---|--:|--:|--:|--:|--:|---|"]
+    """The summary as Markdown for a CI job summary: counts, then one table row per model. Every name and reason
+    goes through :func:`onnxfuse.report.escape.markdown` / ``markdown_code`` (no line break, no markup from a
+    file name), every link through ``escape.url_path``."""
+    from onnxfuse.report.batch_html import headline, sizes_note
+    from onnxfuse.report.escape import markdown, markdown_code, url_path
+
+    def cell(s: str) -> str:
+        return s.replace("|", "\\|")
+
+    lines = ["# onnxfuse batch", "", headline(summary), ""]
+    if (note := sizes_note(summary)) is not None:
+        lines += [note, ""]
+    lines += ["| model | status | verification | fusions | saved vs onnxruntime | saved vs graph | time | peak memory "
+              "| report |", "|---|---|---|--:|--:|--:|--:|--:|---|"]
     for r in summary["models"]:
-        report = f"[html]({r['report_html']})" if r["report_html"] else (r["reason"] or "").replace("|", "\\|")
+        report = (f"[html]({url_path(r['report_html'])})" if r["report_html"] else cell(markdown(r["reason"] or "")))
+        if r["report_html"] and r["reason"]:
+            report += " " + cell(markdown(r["reason"]))
         time_s = f"{r['time_s']:.1f} s" if r["time_s"] is not None else "-"
-        lines.append(f"| `{r['name']}` | {r['status']} | {r['fusions'] if r['fusions'] is not None else '-'} | "
-                     f"{_human(r['saved_bytes'])} | {_human(r['saved_bytes_beyond'])} | {time_s} | "
-                     f"{_human(r['peak_memory_bytes'])} | {report} |")
+        verification = markdown(r["verification"]) if r["verification"] else "-"
+        lines.append(f"| {cell(markdown_code(r['name']))} | {r['status']} | {verification} | "
+                     f"{r['fusions'] if r['fusions'] is not None else '-'} | {_human(r['saved_bytes_beyond'])} | "
+                     f"{_human(r['saved_bytes'])} | {time_s} | {_human(r['peak_memory_bytes'])} | {report} |")
     if gate is not None:
         lines += ["", "## Against the baseline", ""]
-        lines += [f"- **{name}**: " + "; ".join(m["lines"]) for name, m in gate["models"].items()]
-        lines += [f"- added: `{n}`" for n in gate["added"]] + [f"- removed: `{n}`" for n in gate["removed"]]
+        lines += [f"- **{markdown(name)}**: " + "; ".join(markdown(x) for x in m["lines"])
+                  for name, m in gate["models"].items()]
+        lines += [f"- added: {markdown_code(n)}" for n in gate["added"]]
+        lines += [f"- removed: {markdown_code(n)}" for n in gate["removed"]]
         lines.append("- result: " + ("REGRESSION" if gate["regressed"] else "no regression"))
     return "\n".join(lines) + "\n"
 
 
 def write_summary(outdir: Path, summary: dict, gate: dict | None = None) -> list[Path]:
-    """Write ``summary.json``, ``summary.md`` and ``index.html`` into ``outdir``, each atomically."""
+    """Write ``summary.json``, ``summary.md`` and ``index.html`` (:func:`summary_files`: a shard's carry its name)
+    into ``outdir``, each atomically."""
     from onnxfuse.report.batch_html import to_html
 
     out = []
-    for name, text in (("summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n"),
-                       ("summary.md", to_markdown(summary, gate)), ("index.html", to_html(summary))):
+    names = summary_files(summary["shard"])
+    for name, text in ((names[0], json.dumps(summary, indent=2, sort_keys=True, allow_nan=False) + "\n"),
+                       (names[1], to_markdown(summary, gate)), (names[2], to_html(summary))):
         _atomic_write_bytes(outdir / name, text.encode("utf-8"))
         out.append(outdir / name)
     return out
@@ -996,12 +1381,15 @@ def parse_size(text: str) -> int:
 
 @dataclass
 class Plan:
-    """What a batch run does: every model of the shard, which are cached, which run."""
+    """What a batch run does: every model of the shard, which are cached, which run, and the ``error`` rows of
+    those refused before any worker starts (a model or data file that is no regular file or lies outside the
+    model's folder: nothing of it is read)."""
 
     entries: list[Entry]
     keys: dict[str, str]
     cached: list[dict]
     jobs: list[dict]
+    refused: list[dict] = field(default_factory=list)
 
 
 def plan(inputs: list[str], outdir: Outdir, defaults: ModelOptions, shard: tuple[int, int] | None,
@@ -1017,12 +1405,17 @@ def plan(inputs: list[str], outdir: Outdir, defaults: ModelOptions, shard: tuple
     if shard:
         entries = [e for e in entries if in_shard(e.name, shard)]
     hooks = read_test_hooks()
-    keys, cached, jobs = {}, [], []
+    keys, cached, jobs, refused = {}, [], [], []
     for e in entries:
-        keys[e.name] = key = cache_key(e, versions)
+        try:
+            keys[e.name] = key = cache_key(e, versions)
+        except InputError as exc:  # a FIFO, a device or a file outside the model's folder: refused unread
+            job = make_job(e, hashlib.sha256(json.dumps([e.name, e.options.to_dict()]).encode()).hexdigest(), hooks)
+            refused.append(_row(job, "error", one_line(exc)))
+            continue
         row = outdir.cached(key)
         if row is not None:
             cached.append({**row, "cached": True})
         else:
             jobs.append(make_job(e, key, hooks))
-    return Plan(entries, keys, cached, jobs)
+    return Plan(entries, keys, cached, jobs, refused)

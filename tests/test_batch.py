@@ -171,7 +171,7 @@ def test_shard_runs_merge_into_the_full_summary(first_run, tmp_path):
         result = _batch([zoo, "-o", out, "--shard", f"{k}/2"])  # everything is cached: no work, the summary only
         assert result.exit_code == 0, result.output
         shard = tmp_path / f"shard{k}.json"
-        shard.write_text((out / "summary.json").read_text())
+        shard.write_text((out / f"summary.shard-{k}-of-2.json").read_text())
         parts.append(json.loads(shard.read_text()))
     assert sorted(r["name"] for p in parts for r in p["models"]) == sorted(["sub/conv_relu", "mlp_head",
                                                                             "resnet_block"])
@@ -255,9 +255,14 @@ def test_ctrl_c_leaves_only_complete_files(tmp_path):
     cache = out / b.STATE_DIR / "cache"
     # jobs go in name order: conv_tanh (sleeps), mlp_head, sub/conv_relu (sleeps). Wait until mlp_head is committed
     # (its cache record is written last) and the two sleeping models are in their workers (staging folders exist)
-    while time.monotonic() < deadline and not (
-            cache.is_dir() and any(cache.iterdir()) and staging.is_dir() and len(list(staging.iterdir())) == 2):
+    def stages() -> list[Path]:  # this run's staging folder holds one folder per model in a worker (and the
+        # workers' temporary folders, tmp-*)
+        runs = list(staging.iterdir()) if staging.is_dir() else []
+        return [p for run in runs if run.is_dir() for p in run.iterdir() if not p.name.startswith("tmp-")]
+
+    while time.monotonic() < deadline and not (cache.is_dir() and any(cache.iterdir()) and len(stages()) == 2):
         time.sleep(0.2)
+    assert len(stages()) == 2
     assert proc.poll() is None, proc.communicate()
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends on Ctrl-C: the whole foreground process group
     _, err = proc.communicate(timeout=60)

@@ -44,26 +44,27 @@ def test_batch_index_page_rows_equal_the_summary_and_sort(browser, tmp_path):  #
             name: tr.dataset.name, status: tr.cells[1].textContent,
             nums: Array.from(tr.querySelectorAll('td.num')).map(td => td.dataset.v),
             link: tr.querySelector('a') ? tr.querySelector('a').getAttribute('href') : null,
-            text: tr.cells[7].textContent}))""")
+            verification: tr.cells[2].textContent, text: tr.cells[8].textContent}))""")
 
     shown = rows()
     assert [r["name"] for r in shown] == [m["name"] for m in summary["models"]]
     for row, model in zip(shown, summary["models"], strict=True):
         assert row["status"] == model["status"]
-        keys = ("fusions", "saved_bytes", "saved_bytes_beyond", "time_s", "peak_memory_bytes")
+        assert row["verification"] == (model["verification"] or "-")
+        keys = ("fusions", "saved_bytes_beyond", "saved_bytes", "time_s", "peak_memory_bytes")
         assert [float(v) if v else None for v in row["nums"]] == [model[k] for k in keys]
-        assert row["link"] == model["report_html"]
+        assert row["link"] == (f"./{model['report_html']}" if model["report_html"] else None)
         if model["status"] == "ok":
             assert (out / row["link"]).is_file()
         else:
             assert row["text"] == model["reason"] and "exited with status 3" in row["text"]
 
-    heading = page.locator("#models thead th:nth-child(4)")  # saved vs graph
+    heading = page.locator("#models thead th:nth-child(6)")  # saved vs graph
     heading.click()
-    values = [float(r["nums"][1]) if r["nums"][1] else float("-inf") for r in rows()]
+    values = [float(r["nums"][2]) if r["nums"][2] else float("-inf") for r in rows()]
     assert values == sorted(values) and heading.get_attribute("aria-sort") == "ascending"
     heading.click()
-    values = [float(r["nums"][1]) if r["nums"][1] else float("-inf") for r in rows()]
+    values = [float(r["nums"][2]) if r["nums"][2] else float("-inf") for r in rows()]
     assert values == sorted(values, reverse=True) and heading.get_attribute("aria-sort") == "descending"
     page.locator("#models thead th:nth-child(1)").click()
     assert [r["name"] for r in rows()] == sorted(m["name"] for m in summary["models"])

@@ -20,19 +20,23 @@ if TYPE_CHECKING:
     from onnxfuse.batch import ModelOptions
 
 BATCH_EXIT_CODES_HELP = """\b
-Exit codes:
+Exit codes (the first that applies):
+  2    usage or data error (one line, nothing run or written)
+  1    a model failed verification (mismatch) or was not verified
+       (unverified: verification skipped), or --baseline found a
+       regression
+  2    a model failed otherwise (unreadable or refused, crashed, timed
+       out, over --max-memory): its row says why
   0    every model was optimized and verified (or taken from the cache)
-  1    a model failed verification, or --baseline found a regression
-  2    usage error, or a model failed otherwise (unreadable or refused,
-       crashed, timed out, over --max-memory): its row says why
-  130  interrupted (Ctrl-C); OUTDIR holds only complete files"""
+  130  interrupted (Ctrl-C), 143 terminated (SIGTERM); OUTDIR holds only
+       complete files"""
 
 
 @click.command(epilog=BATCH_EXIT_CODES_HELP)
 @click.argument("inputs", nargs=-1, metavar="INPUTS...")  # none: an error below, after the --ray check
 @click.option("-o", "--outdir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the optimized models (models/), their reports (reports/) and the summary "
-                   "(summary.json, summary.md, index.html).")
+                   "(summary.json, summary.md, index.html; a --shard's carry its name: summary.shard-K-of-N.json).")
 @click.option("-j", "--jobs", type=click.IntRange(1), help="Worker processes (default: as many as the cores and the "
               "available memory allow).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
@@ -40,7 +44,8 @@ Exit codes:
 @click.option("--max-memory", metavar="SIZE", help="Cap each worker's memory, e.g. 2G (address space, "
               "RLIMIT_AS; with --ray, the memory each task declares).")
 @click.option("--shard", metavar="K/N", help="Process only the K-th of N stable shares of the models (CI matrices).")
-@click.option("--merge", is_flag=True, help="INPUTS are summary.json files of shards: join them into one summary "
+@click.option("--merge", is_flag=True, help="INPUTS are the summary files of all the shards of one run (or of whole "
+              "runs of different models): check they form one complete set, join them into one summary "
               "in OUTDIR.")
 @click.option("--baseline", type=click.Path(dir_okay=False, path_type=Path), metavar="OLD.json",
               help="Compare with an earlier summary.json: exit 1 if a model lost a fusion or its traffic grew.")
@@ -68,7 +73,7 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
     Examples:
       onnxfuse batch models/ -o out/ -j 2 --timeout 600 --max-memory 4G
       onnxfuse batch zoo.json -o out/ --shard 2/4
-      onnxfuse batch --merge shard*/summary.json -o out/
+      onnxfuse batch --merge shard*/summary.shard-*.json -o out/
       onnxfuse batch models/ -o out/ --baseline last/summary.json
       onnxfuse batch models/ -o out/ --ray=ray://head:10001
     """
@@ -90,7 +95,8 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
     versions = b.library_versions()
     start = time.monotonic()
     if merge:
-        summary = b.merge([b.load_summary(p, "--merge") for p in inputs])
+        sources = [Path(p) for p in inputs]
+        summary = b.merge([b.load_summary(p, "--merge") for p in sources], sources, outdir)
         outdir.mkdir(parents=True, exist_ok=True)
     else:
         defaults = b.ModelOptions(target=target, ort_level=ort_level, verify=not no_verify)
@@ -101,7 +107,7 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
         _print_summary(summary, gate)
     log.info("wrote %s", ", ".join(str(p) for p in written))
     c = summary["counts"]
-    if c["mismatch"] or (gate is not None and gate["regressed"]):
+    if c["mismatch"] or c.get("unverified") or (gate is not None and gate["regressed"]):
         sys.exit(1)
     if any(c[s] for s in ("error", "crashed", "timeout", "memory")):
         sys.exit(2)
@@ -121,36 +127,41 @@ def _run(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, defaults: Mo
     out.prepare()
     planned = b.plan(list(inputs), out, defaults, b.parse_shard(shard) if shard else None, versions)
     workers = min(jobs or b.default_jobs(limit), max(1, len(planned.jobs)))
-    log.info("%d models: %d from the cache, %d to run%s", len(planned.entries), len(planned.cached),
-             len(planned.jobs), "" if not planned.jobs else
+    log.info("%d models: %d from the cache, %d refused unread, %d to run%s", len(planned.entries),
+             len(planned.cached), len(planned.refused), len(planned.jobs), "" if not planned.jobs else
              " on Ray" if ray_address is not None else f" in {workers} worker(s)")
-    with _batch_progress(ctx, len(planned.entries), len(planned.cached)) as on_result:
+    with _batch_progress(ctx, len(planned.entries), len(planned.cached) + len(planned.refused)) as on_result:
         if not planned.jobs:
             rows = []
         elif ray_address is not None:
             rows = b.run_ray(planned.jobs, out, ray_address or None, timeout, limit, on_result=on_result)
         else:
             rows = b.run_local(planned.jobs, out, workers, timeout, limit, on_result=on_result)
-    return b.summarize(planned.cached + rows, versions=versions, shard=b.parse_shard(shard) if shard else None,
+    return b.summarize(planned.cached + planned.refused + rows, versions=versions,
+                       shard=b.parse_shard(shard) if shard else None,
                        engine="ray" if ray_address is not None else "local",
                        wall_s=time.monotonic() - start, workers=None if ray_address is not None else workers)
 
 
 def _print_summary(summary: dict[str, Any], gate: dict[str, Any] | None) -> None:
-    """The counts per status, every model that is not ok, and the baseline's regressions (stdout)."""
-    c = summary["counts"]
-    click.echo(f"{summary['totals']['models']} models: " + ", ".join(f"{n} {s}" for s, n in c.items() if n)
-               + f" ({summary['cached']} from the cache) in {summary['wall_s']:.1f} s")
+    """The counts per status, every model that is not ok, and the baseline's regressions (stdout); names and
+    reasons through :func:`onnxfuse.report.escape.text` (no control character reaches the terminal)."""
+    from onnxfuse.report.batch_html import headline, sizes_note
+    from onnxfuse.report.escape import text
+
+    click.echo(headline(summary) + f" ({summary['wall_s']:.1f} s)")
+    if (note := sizes_note(summary)) is not None:
+        click.echo(note)
     for r in summary["models"]:
         if r["status"] != "ok":
-            click.echo(f"  {r['name']}: {r['status']}: {r['reason']}")
+            click.echo(f"  {text(r['name'])}: {r['status']}: {text(r['reason'])}")
     if gate is not None:
         for name, m in gate["models"].items():
-            click.echo(f"  regression: {name}: " + "; ".join(m["lines"]))
+            click.echo(f"  regression: {text(name)}: " + "; ".join(text(x) for x in m["lines"]))
         for name in gate["added"]:
-            click.echo(f"  added since the baseline: {name}")
+            click.echo(f"  added since the baseline: {text(name)}")
         for name in gate["removed"]:
-            click.echo(f"  removed since the baseline: {name}")
+            click.echo(f"  removed since the baseline: {text(name)}")
 
 
 @contextlib.contextmanager

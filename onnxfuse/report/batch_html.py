@@ -10,14 +10,42 @@ script only sorts them.
 
 from __future__ import annotations
 
+from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
 from onnxfuse.report.escape import html_text as _e
 from onnxfuse.report.escape import json_for_script as _json_for_script
+from onnxfuse.report.escape import text as _text
+from onnxfuse.report.escape import url_path
 from onnxfuse.report.present import human_bytes
 
 #: Columns: heading, sort kind (``num`` sorts by the cell's ``data-v``), the row's key.
-COLUMNS = (("model", "text", "name"), ("status", "text", "status"), ("fusions", "num", "fusions"),
-           ("saved vs graph", "num", "saved_bytes"), ("saved vs onnxruntime", "num", "saved_bytes_beyond"),
-           ("time", "num", "time_s"), ("peak memory", "num", "peak_memory_bytes"), ("report", "text", None))
+COLUMNS = (("model", "text", "name"), ("status", "text", "status"), ("verification", "text", "verification"),
+           ("fusions", "num", "fusions"), ("saved vs onnxruntime", "num", "saved_bytes_beyond"),
+           ("saved vs graph", "num", "saved_bytes"), ("time", "num", "time_s"),
+           ("peak memory", "num", "peak_memory_bytes"), ("report", "text", None))
+
+
+def _bytes(n) -> str:
+    return human_bytes(n) if n is not None else "unknown"
+
+
+def sizes_note(summary: dict) -> str | None:
+    """The one sentence saying at which sizes the figures of models with symbolic dims are given, or None when
+    every row's figures are at its input shapes."""
+    n = sum(1 for r in summary["models"] if r.get("representative_sizes"))
+    if not n:
+        return None
+    return (f"The figures of {n} model{'s' if n > 1 else ''} with symbolic dims are at the single-model report's "
+            f"representative sizes: batch {REPRESENTATIVE_BATCH}, {REPRESENTATIVE_SIZE} for the other dims "
+            "(give input_shapes in a manifest for your own).")
+
+
+def headline(summary: dict) -> str:
+    """The summary's first sentence (text; names are not in it): counts per status, fusions, bytes saved."""
+    c, t = summary["counts"], summary["totals"]
+    return (f"{t['models']} models: " + (", ".join(f"{n} {s}" for s, n in c.items() if n) or "none") +
+            f" ({summary['cached']} from the cache); {t['fusions'] or 0} fusions; memory traffic saved beyond "
+            f"onnxruntime at the chosen level: {_bytes(t['saved_bytes_beyond'])}; against the graph as exported: "
+            f"{_bytes(t['saved_bytes'])}.")
 
 
 def _num_cell(value, text: str) -> str:
@@ -26,15 +54,17 @@ def _num_cell(value, text: str) -> str:
 
 
 def _row(r: dict) -> str:
-    link = (f'<a href="{_e(r["report_html"])}">report</a>' if r.get("report_html") else
-            f'<span class="reason">{_e(r.get("reason") or "")}</span>')
-    bytes_ = {k: (human_bytes(r[k]) if r[k] is not None else "-") for k in
-              ("saved_bytes", "saved_bytes_beyond", "peak_memory_bytes")}
-    return (f'<tr class="status-{_e(r["status"])}" data-name="{_e(r["name"])}"><td><code>{_e(r["name"])}</code></td>'
+    reason = f'<span class="reason">{_e(_text(r.get("reason") or ""))}</span>'
+    link = (f'<a href="{_e(url_path(r["report_html"]))}">report</a>' + (" " + reason if r.get("reason") else "")
+            if r.get("report_html") else reason)
+    bytes_ = {k: _bytes(r[k]) for k in ("saved_bytes", "saved_bytes_beyond", "peak_memory_bytes")}
+    name = _e(_text(r["name"]))
+    return (f'<tr class="status-{_e(r["status"])}" data-name="{name}"><td><code>{name}</code></td>'
             f'<td class="status">{_e(r["status"])}{" (cached)" if r.get("cached") else ""}</td>'
+            f'<td>{_e(_text(r.get("verification") or "-"))}</td>'
             + _num_cell(r["fusions"], "-" if r["fusions"] is None else str(r["fusions"]))
-            + _num_cell(r["saved_bytes"], bytes_["saved_bytes"])
             + _num_cell(r["saved_bytes_beyond"], bytes_["saved_bytes_beyond"])
+            + _num_cell(r["saved_bytes"], bytes_["saved_bytes"])
             + _num_cell(r["time_s"], "-" if r["time_s"] is None else f"{r['time_s']:.1f} s")
             + _num_cell(r["peak_memory_bytes"], bytes_["peak_memory_bytes"])
             + f"<td>{link}</td></tr>")
@@ -46,8 +76,8 @@ def to_html(summary: dict) -> str:
     Raises:
         KeyError: ``summary`` lacks a field the schema requires.
     """
-    c, t = summary["counts"], summary["totals"]
-    counts = ", ".join(f"{n} {s}" for s, n in c.items() if n) or "no model"
+    t = summary["totals"]
+    note = sizes_note(summary)
     head = "".join(f'<th data-kind="{kind}" tabindex="0" aria-sort="none">{_e(h)}</th>' for h, kind, _ in COLUMNS)
     body = "".join(_row(r) for r in summary["models"])
     versions = " · ".join(f"{k} {v}" for k, v in summary["versions"].items())
@@ -58,12 +88,9 @@ def to_html(summary: dict) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>onnxfuse batch: {t['models']} models</title><style>{_CSS}</style></head><body>"
         "<h1>onnxfuse batch</h1>"
-        f'<p id="counts">{t["models"]} models: {_e(counts)} ({summary["cached"]} from the cache); '
-        f'{t["fusions"] or 0} fusions; {_e(human_bytes(t["saved_bytes"]) if t["saved_bytes"] is not None else "-")}'
-        " of memory traffic saved against the graph, "
-        f'{_e(human_bytes(t["saved_bytes_beyond"]) if t["saved_bytes_beyond"] is not None else "-")} '
-        "against onnxruntime at the chosen level.</p>"
-        f'<p class="meta">{_e(versions)} · engine {_e(summary["engine"])}'
+        f'<p id="counts">{_e(headline(summary))}</p>'
+        + (f'<p id="sizes" class="meta">{_e(note)}</p>' if note else "") +
+        f'<p class="meta">{_e(_text(versions))} · engine {_e(_text(summary["engine"]))}'
         f'{" · shard " + _e(summary["shard"]) if summary.get("shard") else ""}</p>'
         '<p class="meta">Click a column heading to sort by it (again to reverse).</p>'
         f'<table id="models"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

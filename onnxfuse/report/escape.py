@@ -5,8 +5,8 @@ messages about them) made safe for the place it is printed: one function per out
 * :func:`markdown` and :func:`markdown_code`: Markdown text and code spans (GitHub-flavoured; CI job summaries,
   pull-request comments), also inside table cells.
 * :func:`html_text` and :func:`json_for_script`: HTML text and attributes, and JSON inside a ``<script>`` (the
-  report page and the batch index page); JSON files keep every string exact (``json.dumps`` writes control
-  characters as ``\\u001b`` escapes).
+  report page and the batch index page); :func:`url_path`: a file path as a link. JSON files keep every string
+  exact (``json.dumps`` writes control characters as ``\\u001b`` escapes).
 
 A name is data: it must not move the cursor, clear the screen, set a terminal title (ANSI/OSC escape sequences),
 overwrite a line (``\\r``), add a line (``\\n``) to a one-line message or a Markdown table, or be read as
@@ -106,3 +106,13 @@ def json_for_script(value: Any) -> str:
     """
     text = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def url_path(rel: str) -> str:
+    """A relative file path as a relative URL for ``href`` or a Markdown link: each part percent-encoded
+    (``urllib.parse.quote``, RFC 3986 section 2.1), so that ``#``, ``%``, ``?``, ``:``, spaces and parentheses in
+    a file name stay part of the path (never a fragment, a query, or a scheme such as ``javascript:``), and
+    ``./`` in front. HTML still needs :func:`html_text` around it (``&`` is left as it is)."""
+    from urllib.parse import quote
+
+    return "./" + quote(rel, safe="/")
