@@ -99,13 +99,27 @@ def _options(target: str, input_shapes, only, skip, constant_initializer_inputs:
                    ort_version=ort_version)
 
 
+def _plugins(plugins) -> tuple:
+    """``plugins`` as a tuple (a single string or class would otherwise be read item by item).
+
+    Raises:
+        InputError: ``plugins`` is a string, a class or a pass, not a sequence of them.
+    """
+    from onnxfuse.passes.plugin import Pass
+
+    if isinstance(plugins, (str, type, Pass)):
+        raise InputError("plugins takes a sequence of plugins (\"module:Name\", a Pass class or instance), "
+                         f"not one: plugins=[{plugins!r}]")
+    return tuple(plugins)
+
+
 #: The command's option names -> this API's keyword arguments, for messages raised by code the two share.
 _KEYWORDS = {"--input-shape": "input_shapes", "--input-value": "input_values", "--input-range": "input_ranges",
              "--input-data": "input_data", "--input-sets": "input_sets", "--target": "target",
              "--ort-level": "ort_level", "--ort-version": "ort_version", "--only": "only", "--skip": "skip",
              "--rtol": "rtol", "--atol": "atol", "--require-verify": "require_verify",
              "--verify-timeout": "verify_timeout", "--constant-initializer-inputs": "constant_initializer_inputs",
-             "--no-verify": "verify=False"}
+             "--no-verify": "verify=False", "--plugin": "plugins"}
 _OPTION = re.compile("|".join(re.escape(k) for k in sorted(_KEYWORDS, key=len, reverse=True)) + r"(?![\w-])")
 
 
@@ -129,7 +143,8 @@ def _in_api_terms(fn):
 def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DEFAULT_TARGET,
             input_shapes: Mapping[str, Iterable[int]] | None = None, only: Iterable[str] = (),
             skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
-            ort_level: str = DEFAULT_ORT_LEVEL, ort_version: str | None = None, name: str | None = None) -> Report:
+            ort_level: str = DEFAULT_ORT_LEVEL, ort_version: str | None = None, name: str | None = None,
+            plugins: Iterable = ()) -> Report:
     """The memory-traffic report of what :func:`optimize` would do to ``model``; no rewrite is kept, nothing
     is verified. What ``onnxfuse report`` prints.
 
@@ -148,13 +163,18 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
             that loads the result.
         name: what the report calls the model (its title, ``model.path`` in JSON); default: the path, or
             ``<ModelProto>`` for a ModelProto.
+        plugins: passes from outside onnxfuse, run besides the installed ones (entry point group
+            ``onnxfuse.passes``): each a ``"module:Name"`` string, a subclass of ``onnxfuse.passes.plugin.Pass`` or
+            an instance (``onnxfuse.passes.plugin``; ``only``/``skip`` name them too).
 
     Raises:
-        InputError: an unreadable or invalid model, an unknown target or pass, bad ``input_shapes``.
+        InputError: an unreadable or invalid model, an unknown target or pass, bad ``input_shapes``; a plugin that
+            cannot be loaded or breaks the pass contract (``onnxfuse.passes.plugin.PluginError``, one line naming it).
     """
     from onnxfuse import pipeline
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
+    options.plugins = _plugins(plugins)
     loaded = _load(model, name)
     return pipeline.analyse(loaded.path, options, loaded).report
 
@@ -168,7 +188,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              rtol: float | None = None, atol: float | None = None, only: Iterable[str] = (),
              skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
              ort_level: str = DEFAULT_ORT_LEVEL, verify_timeout: float | None = None,
-             ort_version: str | None = None, name: str | None = None) -> Result:
+             ort_version: str | None = None, name: str | None = None, plugins: Iterable = ()) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
     What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
@@ -176,8 +196,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
 
     Args:
         model: an ``onnx.ModelProto`` (external data loaded; it is not modified) or the path of a ``.onnx`` file.
-        target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version, name: as
-            :func:`analyse`.
+        target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version, name, plugins: as
+            :func:`analyse` (a plugin's rewrites are verified as every other rewrite is).
         verify: run the original and the optimized model in onnxruntime (graph optimizations disabled on both)
             and compare the outputs; False records verification as skipped.
         require_verify: raise :class:`VerificationError` when verification was skipped (say, onnxruntime
@@ -203,6 +223,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     from onnxfuse.verification.options import VerifyOptions, timeout_seconds
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
+    options.plugins = _plugins(plugins)
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
     timeout = timeout_seconds(verify_timeout)
     _check_inputs(input_values, input_ranges, input_sets, rtol, atol)

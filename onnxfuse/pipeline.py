@@ -20,7 +20,7 @@ import onnx
 from onnxfuse import passes as passes_mod
 from onnxfuse._version import __version__
 from onnxfuse.analysis import shapes, symbolic, traffic
-from onnxfuse.errors import InputError
+from onnxfuse.errors import InputError, one_line
 from onnxfuse.ir import constants, convert
 from onnxfuse.model import domains, proto
 from onnxfuse.model import io as model_io
@@ -81,6 +81,8 @@ class Options:
         materialize_weights_bytes: how many bytes the model may grow by where conv/Gemm weights computed from
             compact constants (int8 x scale, ConstantOfShape) are stored as plain floats (``--materialize-weights``);
             0 keeps them compact, the folds then working on their computation (``passes._fold.compact_scale``).
+        plugins: passes from outside the package besides the installed ones (``--plugin``): ``"module:Name"``, or
+            (the API) a ``Pass`` subclass or instance (``onnxfuse.passes.plugin.load``).
     """
 
     target: str = DEFAULT_TARGET
@@ -94,6 +96,7 @@ class Options:
     compare_with_onnxruntime: bool = True
     ort_version: str | None = None
     materialize_weights_bytes: int = 0
+    plugins: tuple = ()
 
 
 @dataclass
@@ -149,8 +152,11 @@ def _check_options(options: Options) -> tuple[Pass, ...]:
     if options.ort_level is not None and options.ort_level not in ORT_LEVELS:
         raise InputError(f"--ort-level {options.ort_level!r}: choose one of {', '.join(ORT_LEVELS)}")
     deployment_release(options)
+    from onnxfuse.passes import plugin
+
+    plugins = plugin.resolve(options.plugins)  # PluginError (exit 2) names a plugin that cannot be loaded
     try:
-        return passes_mod.select(tuple(options.only), tuple(options.skip))
+        return passes_mod.select(tuple(options.only), tuple(options.skip), plugins)
     except KeyError as exc:
         raise InputError(str(exc.args[0])) from None
 
@@ -245,9 +251,10 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
                           materialize_bytes=options.materialize_weights_bytes)
             fusions, skips = run_passes(graph, selected, ctx)
             log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
-            out = convert.to_model(graph, model, reuse_original=True) if fusions else model
+            out = _plugin_checked(lambda: convert.to_model(graph, model, reuse_original=True), fusions,
+                                  selected) if fusions else model
         except InputError as exc:
-            raise InputError(f"{loaded.label}: {exc}") from None
+            raise type(exc)(f"{loaded.label}: {exc}") from None
     else:
         out = model
     forms = emitted_forms(out)
@@ -276,6 +283,28 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
     report.verification = verified
     return Result(out, fusions, skips, bool(fusions), report, loaded)
+
+
+def _plugin_checked(make, fusions: list[Fusion], selected: tuple[Pass, ...]) -> onnx.ModelProto:
+    """``make()`` (the export of the rewritten graph); when a plugin pass rewrote it, an export that fails or a
+    model that is invalid (``onnxfuse.passes.plugin.check_output``) is a ``PluginError`` naming those plugins.
+
+    Raises:
+        PluginError: as said.
+    """
+    from onnxfuse.passes import plugin
+
+    plugins = {p.name: p for p in selected if isinstance(p, plugin.PluginPass)}
+    rewrote = [plugins[n] for n in dict.fromkeys(f.pass_name for f in fusions) if n in plugins]
+    if not rewrote:
+        return make()
+    try:
+        out = make()
+    except Exception as exc:
+        raise plugin.PluginError(f"{', '.join(str(p.origin) for p in rewrote)}: the graph after its rewrites "
+                                 f"cannot be exported ({type(exc).__name__}: {one_line(exc, 200)})") from None
+    plugin.check_output(out, fusions, selected)
+    return out
 
 
 def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None

@@ -130,6 +130,10 @@ class Reason(str, Enum):
     NEEDS_NEWER_ORT = (
         "form-needs-newer-onnxruntime",
         "deploy on the onnxruntime release the detail names (or newer) and give it as --ort-version")
+    # passes from outside the package (onnxfuse.passes.plugin): a plugin's own conditions, named in its detail
+    PLUGIN_DECLINED = (
+        "declined-by-plugin",
+        "see the detail: a plugin pass declined the pattern for a condition of its own")
 
     def __str__(self) -> str:
         return self.value
