@@ -83,6 +83,9 @@ class Options:
             0 keeps them compact, the folds then working on their computation (``passes._fold.compact_scale``).
         plugins: passes from outside the package besides the installed ones (``--plugin``): ``"module:Name"``, or
             (the API) a ``Pass`` subclass or instance (``onnxfuse.passes.plugin.load``).
+        fix_input_shapes: graph input name -> dims written into the output's graph inputs (``--fix-input-shape``;
+            ``onnxfuse.analysis.fix_inputs``): the passes see the static shapes, and analysis and verification use
+            these sizes (with ``input_shapes``, which must agree).
     """
 
     target: str = DEFAULT_TARGET
@@ -97,6 +100,7 @@ class Options:
     ort_version: str | None = None
     materialize_weights_bytes: int = 0
     plugins: tuple = ()
+    fix_input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,7 +110,8 @@ class Result:
     Attributes:
         model: the optimized ModelProto (the input's own proto, with metadata added, when nothing changed).
         fusions / skips: the raw pass results, in the order they happened.
-        changed: True when at least one pass rewrote the graph.
+        changed: True when at least one pass rewrote the graph, or input shapes were fixed
+            (``Options.fix_input_shapes``).
         report: everything the report renderers show.
         loaded: the input as loaded.
     """
@@ -223,6 +228,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     if options.input_data:
         check_regular_file(options.input_data, "--input-data")
     loaded, model = _model_of(path, loaded)
+    fixed = bool(options.fix_input_shapes)
+    options = _fix_inputs(model, options, loaded) if fixed else options
     # the load's strict shape check already made the skeleton and inferred it (model.io.checked_shapes)
     skel, inferred = loaded.shape_inference or (proto.skeleton(model), None)
     loaded.shape_inference = None
@@ -265,7 +272,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         del graph, ctx, model
         loaded.model = None
 
-    verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options, fusions)
+    verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options,
+                                                   bool(fusions) or fixed)
     after_sizes = before_sizes.with_model(out)
     after_rows = traffic.node_traffic(out, after_sizes)
     report = rep.build(
@@ -282,7 +290,25 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     if blocker is not None:
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
     report.verification = verified
-    return Result(out, fusions, skips, bool(fusions), report, loaded)
+    return Result(out, fusions, skips, bool(fusions) or fixed, report, loaded)
+
+
+def _fix_inputs(model: onnx.ModelProto, options: Options, loaded: model_io.LoadedModel) -> Options:
+    """``options.fix_input_shapes`` written into ``model`` (loaded's own copy, which the passes rewrite; the
+    original stays what ``loaded.ort_source()`` gives to verification), with the inputs whose named dims they bind
+    (silero's ``state [2, batch, 128]`` with ``input=1x512``); returns ``options`` with those sizes in
+    ``input_shapes`` (``onnxfuse.analysis.fix_inputs``).
+
+    Raises:
+        InputError: as ``fix_inputs.fix_input_shapes`` and ``fix_inputs.merged_shapes``.
+    """
+    from onnxfuse.analysis import fix_inputs
+
+    given = dict(options.fix_input_shapes)
+    options = replace(options, input_shapes=fix_inputs.merged_shapes(dict(options.input_shapes), given))
+    fix_inputs.fix_input_shapes(model, {**shapes.complete_input_shapes(model, given), **given})
+    loaded.shape_inference = None  # inferred for the old inputs
+    return options
 
 
 def _plugin_checked(make, fusions: list[Fusion], selected: tuple[Pass, ...]) -> onnx.ModelProto:
@@ -354,9 +380,10 @@ def _release_warnings(release: tuple[int, int], forms: Counter, min_release: tup
 
 
 def _verify_and_compare_graphs(loaded: model_io.LoadedModel, out: onnx.ModelProto, input_shapes: dict,
-                               options: Options, verify_options, fusions: list[Fusion]):
+                               options: Options, verify_options, fusions: bool):
     """:func:`analyse`'s work in onnxruntime once the passes have run: ``(verification or None, runtime graphs
-    or None)``. With ``verify_options`` and ``fusions``, the verification of ``out`` and the comparison share
+    or None)``. ``fusions``: the model was rewritten (or its inputs fixed). With ``verify_options`` and ``fusions``,
+    the verification of ``out`` and the comparison share
     their sessions' work (:func:`_verify_and_compare`); with ``fusions`` and a comparison asked for
     (``options.ort_level``, ``options.compare_with_onnxruntime``) but no verification,
     :func:`onnxfuse.ort.optimized_graph.runtime_graphs` alone.

@@ -29,11 +29,11 @@ EXAMPLE = REPO / "examples" / "onnxfuse-minmax-clip"
 
 @pytest.fixture(autouse=True)
 def example_on_path(monkeypatch):
-    """The example package importable (as ``pip install -e`` would make it), no installed plugin, and the
-    entry-point cache empty before and after each test."""
+    """The example package importable (as ``pip install -e`` would make it), no installed plugin (whatever the
+    environment holds), and the entry-point cache empty before and after each test."""
     monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
     monkeypatch.delenv(plugin.AUTOLOAD_ENV, raising=False)
-    plugin._installed_cached.cache_clear()
+    simulate_entry_points(monkeypatch)  # none, also where the example is installed (pip install -e: its metadata)
     yield
     plugin._installed_cached.cache_clear()
 

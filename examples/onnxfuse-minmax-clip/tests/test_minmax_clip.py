@@ -15,6 +15,13 @@ import onnxfuse
 from onnxfuse.errors import VerificationError
 
 
+@pytest.fixture(autouse=True)
+def only_the_plugins_named(monkeypatch):
+    """Installed plugins (this package itself, once ``pip install -e .``) not loaded: each test names the plugins
+    it runs, so the wrong variant is not preceded by the right one."""
+    monkeypatch.setenv("ONNXFUSE_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
 def relu6_model(lo: float = 0.0, hi: float = 6.0, bound_shape: tuple[int, ...] = (), opset: int = 17,
                 max_first: bool = True, extra_output: bool = False) -> onnx.ModelProto:
     """x [1, 3, 8, 8] -> Conv (weights 1, bias 0: on standard-normal inputs, outputs of standard deviation about 5, so
