@@ -344,3 +344,24 @@ def test_example_package_own_tests_pass():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLE / "tests")],
                           cwd=EXAMPLE, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+# --- batch: --plugin passed to every model ------------------------------------------------------------------------
+
+
+def test_batch_plugin_option(model_file, tmp_path):
+    outdir = tmp_path / "out"
+    spec = "onnxfuse_minmax_clip:MinMaxClip"
+    result = cli("batch", model_file, "-o", outdir, "-j", "1", "--target", "cpu", "--plugin", spec)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((outdir / "summary.json").read_text())
+    row = summary["models"][0]
+    assert row["status"] == "ok" and row["options"]["plugins"] == [spec]
+    assert ops(onnx.load(outdir / row["output"])) == ["FusedConv"]
+    wrong = cli("batch", model_file, "-o", tmp_path / "wrong", "-j", "1", "--plugin",
+                "onnxfuse_minmax_clip.wrong:ForgetsUpperBound")
+    assert wrong.exit_code == 1
+    assert json.loads((tmp_path / "wrong" / "summary.json").read_text())["models"][0]["status"] == "mismatch"
+    broken = CliRunner().invoke(main, ["batch", str(model_file), "-o", str(tmp_path / "b"), "--plugin", "nope_xyz:P"])
+    assert broken.exit_code == 2 and len(broken.output.strip().splitlines()) == 1
+    assert "plugin nope_xyz:P (--plugin): cannot import nope_xyz" in broken.output and not (tmp_path / "b").exists()
