@@ -133,7 +133,7 @@ class Reason(str, Enum):
     # passes from outside the package (onnxfuse.passes.plugin): a plugin's own conditions, named in its detail
     PLUGIN_DECLINED = (
         "declined-by-plugin",
-        "see the detail: a plugin pass declined the pattern for a condition of its own")
+        "none from onnxfuse: the detail says which condition of the plugin pass the pattern fails")
 
     def __str__(self) -> str:
         return self.value

@@ -175,7 +175,8 @@ def load(spec: str | type | Pass, source: str = "--plugin") -> PluginPass:
         except Exception as exc:
             raise PluginError(f"{origin}: {type(exc).__name__} when creating the pass: {one_line(exc)}") from None
     if not isinstance(obj, Pass):
-        raise PluginError(f"{origin}: is {type(obj).__name__}, not a subclass of onnxfuse.passes.plugin.Pass")
+        what = f"the class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__}"
+        raise PluginError(f"{origin}: is {what}, not a subclass of onnxfuse.passes.plugin.Pass")
     check(obj, origin)
     return PluginPass(obj, origin)
 
