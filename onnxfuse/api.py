@@ -68,9 +68,10 @@ def _check_inputs(input_values, input_ranges, input_sets, rtol=None, atol=None) 
                              f"got {pair!r}")
 
 
-def _shapes(input_shapes: Mapping[str, Iterable[int]] | None) -> dict[str, tuple[int, ...]]:
+def _shapes(input_shapes: Mapping[str, Iterable[int]] | None, label: str = "input_shapes"
+            ) -> dict[str, tuple[int, ...]]:
     if input_shapes is not None and not isinstance(input_shapes, Mapping):
-        raise InputError(f"input_shapes: expected a mapping of input name to dims, got {type(input_shapes).__name__}")
+        raise InputError(f"{label}: expected a mapping of input name to dims, got {type(input_shapes).__name__}")
     out: dict[str, tuple[int, ...]] = {}
     for name, dims in (input_shapes or {}).items():
         try:
@@ -78,9 +79,9 @@ def _shapes(input_shapes: Mapping[str, Iterable[int]] | None) -> dict[str, tuple
                 raise ValueError("not an integer")
             shape = tuple(int(d) for d in dims)
         except (TypeError, ValueError):
-            raise InputError(f"input_shapes[{name!r}]: expected a sequence of integers, got {dims!r}") from None
+            raise InputError(f"{label}[{name!r}]: expected a sequence of integers, got {dims!r}") from None
         if any(d <= 0 for d in shape):
-            raise InputError(f"input_shapes[{name!r}]: dims must be positive, got {list(shape)}")
+            raise InputError(f"{label}[{name!r}]: dims must be positive, got {list(shape)}")
         out[str(name)] = shape
     return out
 
@@ -99,13 +100,28 @@ def _options(target: str, input_shapes, only, skip, constant_initializer_inputs:
                    ort_version=ort_version)
 
 
+def _plugins(plugins) -> tuple:
+    """``plugins`` as a tuple (a single string or class would otherwise be read item by item).
+
+    Raises:
+        InputError: ``plugins`` is a string, a class or a pass, not a sequence of them.
+    """
+    from onnxfuse.passes.plugin import Pass
+
+    if isinstance(plugins, (str, type, Pass)):
+        raise InputError("plugins takes a sequence of plugins (\"module:Name\", a Pass class or instance), "
+                         f"not one: plugins=[{plugins!r}]")
+    return tuple(plugins)
+
+
 #: The command's option names -> this API's keyword arguments, for messages raised by code the two share.
 _KEYWORDS = {"--input-shape": "input_shapes", "--input-value": "input_values", "--input-range": "input_ranges",
              "--input-data": "input_data", "--input-sets": "input_sets", "--target": "target",
              "--ort-level": "ort_level", "--ort-version": "ort_version", "--only": "only", "--skip": "skip",
              "--rtol": "rtol", "--atol": "atol", "--require-verify": "require_verify",
              "--verify-timeout": "verify_timeout", "--constant-initializer-inputs": "constant_initializer_inputs",
-             "--no-verify": "verify=False"}
+             "--no-verify": "verify=False", "--plugin": "plugins",
+             "--fix-input-shape": "fix_input_shapes"}
 _OPTION = re.compile("|".join(re.escape(k) for k in sorted(_KEYWORDS, key=len, reverse=True)) + r"(?![\w-])")
 
 
@@ -129,7 +145,8 @@ def _in_api_terms(fn):
 def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DEFAULT_TARGET,
             input_shapes: Mapping[str, Iterable[int]] | None = None, only: Iterable[str] = (),
             skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
-            ort_level: str = DEFAULT_ORT_LEVEL, ort_version: str | None = None, name: str | None = None) -> Report:
+            ort_level: str = DEFAULT_ORT_LEVEL, ort_version: str | None = None, name: str | None = None,
+            plugins: Iterable = (), fix_input_shapes: Mapping[str, Iterable[int]] | None = None) -> Report:
     """The memory-traffic report of what :func:`optimize` would do to ``model``; no rewrite is kept, nothing
     is verified. What ``onnxfuse report`` prints.
 
@@ -148,13 +165,21 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
             that loads the result.
         name: what the report calls the model (its title, ``model.path`` in JSON); default: the path, or
             ``<ModelProto>`` for a ModelProto.
+        plugins: passes from outside onnxfuse, run besides the installed ones (entry point group
+            ``onnxfuse.passes``): each a ``"module:Name"`` string, a subclass of ``onnxfuse.passes.plugin.Pass`` or
+            an instance (``onnxfuse.passes.plugin``; ``only``/``skip`` name them too).
+        fix_input_shapes: graph input name -> dims to write into the output model's inputs (``--fix-input-shape``:
+            a static model; what becomes constant is folded, and analysis and verification use these sizes).
 
     Raises:
-        InputError: an unreadable or invalid model, an unknown target or pass, bad ``input_shapes``.
+        InputError: an unreadable or invalid model, an unknown target or pass, bad ``input_shapes``; a plugin that
+            cannot be loaded or breaks the pass contract (``onnxfuse.passes.plugin.PluginError``, one line naming it).
     """
     from onnxfuse import pipeline
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
+    options.plugins = _plugins(plugins)
+    options.fix_input_shapes = _shapes(fix_input_shapes, "fix_input_shapes")
     loaded = _load(model, name)
     return pipeline.analyse(loaded.path, options, loaded).report
 
@@ -168,7 +193,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              rtol: float | None = None, atol: float | None = None, only: Iterable[str] = (),
              skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
              ort_level: str = DEFAULT_ORT_LEVEL, verify_timeout: float | None = None,
-             ort_version: str | None = None, name: str | None = None) -> Result:
+             ort_version: str | None = None, name: str | None = None, plugins: Iterable = (),
+             fix_input_shapes: Mapping[str, Iterable[int]] | None = None) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
     What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
@@ -176,8 +202,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
 
     Args:
         model: an ``onnx.ModelProto`` (external data loaded; it is not modified) or the path of a ``.onnx`` file.
-        target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version, name: as
-            :func:`analyse`.
+        target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version, name, plugins,
+            fix_input_shapes: as
+            :func:`analyse` (a plugin's rewrites are verified as every other rewrite is).
         verify: run the original and the optimized model in onnxruntime (graph optimizations disabled on both)
             and compare the outputs; False records verification as skipped.
         require_verify: raise :class:`VerificationError` when verification was skipped (say, onnxruntime
@@ -203,6 +230,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     from onnxfuse.verification.options import VerifyOptions, timeout_seconds
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
+    options.plugins = _plugins(plugins)
+    options.fix_input_shapes = _shapes(fix_input_shapes, "fix_input_shapes")
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
     timeout = timeout_seconds(verify_timeout)
     _check_inputs(input_values, input_ranges, input_sets, rtol, atol)

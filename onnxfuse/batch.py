@@ -120,6 +120,8 @@ class ModelOptions:
         input_values: graph input name -> a fill value for verification (say ``{"sr": 16000}``).
         target / ort_level: as ``onnxfuse optimize``.
         verify: run the onnxruntime comparison.
+        plugins: ``--plugin`` specs (``module:Name``) every model runs with; in the cache key as specs only (a
+            changed plugin's code under the same spec reuses cached results: clear OUTDIR's cache after changing it).
     """
 
     target: str = "cpu+cuda"
@@ -127,12 +129,14 @@ class ModelOptions:
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     input_values: dict[str, float] = field(default_factory=dict)
     verify: bool = True
+    plugins: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        """JSON-ready form (part of the cache key and of each summary row)."""
+        """JSON-ready form (part of the cache key and of each summary row; ``plugins`` only when there are)."""
         return {"target": self.target, "ort_level": self.ort_level,
                 "input_shapes": {k: list(v) for k, v in sorted(self.input_shapes.items())},
-                "input_values": dict(sorted(self.input_values.items())), "verify": self.verify}
+                "input_values": dict(sorted(self.input_values.items())), "verify": self.verify,
+                **({"plugins": list(self.plugins)} if self.plugins else {})}
 
 
 @dataclass
@@ -591,7 +595,7 @@ def _optimize_into(job: dict, stage: Path) -> dict:
     o = job["options"]
     shapes = {k: tuple(v) for k, v in o["input_shapes"].items()}
     options = pipeline.Options(target=o["target"], input_shapes=shapes, ort_level=o["ort_level"],
-                               compare_with_onnxruntime=o["verify"])
+                               compare_with_onnxruntime=o["verify"], plugins=tuple(o.get("plugins", ())))
     verify = VerifyOptions(input_shapes=shapes, input_values=dict(o["input_values"])) if o["verify"] else None
     name = job["name"]
     loaded = model_io.load_model(job["path"])

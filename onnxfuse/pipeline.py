@@ -22,7 +22,7 @@ import onnx
 from onnxfuse import passes as passes_mod
 from onnxfuse._version import __version__
 from onnxfuse.analysis import shapes, symbolic, traffic
-from onnxfuse.errors import InputError
+from onnxfuse.errors import InputError, one_line
 from onnxfuse.ir import constants, convert
 from onnxfuse.model import domains, indices, proto
 from onnxfuse.model import io as model_io
@@ -83,6 +83,11 @@ class Options:
         materialize_weights_bytes: how many bytes the model may grow by where conv/Gemm weights computed from
             compact constants (int8 x scale, ConstantOfShape) are stored as plain floats (``--materialize-weights``);
             0 keeps them compact, the folds then working on their computation (``passes._fold.compact_scale``).
+        plugins: passes from outside the package besides the installed ones (``--plugin``): ``"module:Name"``, or
+            (the API) a ``Pass`` subclass or instance (``onnxfuse.passes.plugin.load``).
+        fix_input_shapes: graph input name -> dims written into the output's graph inputs (``--fix-input-shape``;
+            ``onnxfuse.analysis.fix_inputs``): the passes see the static shapes, and analysis and verification use
+            these sizes (with ``input_shapes``, which must agree).
     """
 
     target: str = DEFAULT_TARGET
@@ -96,6 +101,8 @@ class Options:
     compare_with_onnxruntime: bool = True
     ort_version: str | None = None
     materialize_weights_bytes: int = 0
+    plugins: tuple = ()
+    fix_input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -105,7 +112,8 @@ class Result:
     Attributes:
         model: the optimized ModelProto (the input's own proto, with metadata added, when nothing changed).
         fusions / skips: the raw pass results, in the order they happened.
-        changed: True when at least one pass rewrote the graph.
+        changed: True when at least one pass rewrote the graph, or input shapes were fixed
+            (``Options.fix_input_shapes``).
         report: everything the report renderers show.
         loaded: the input as loaded.
     """
@@ -151,8 +159,11 @@ def _check_options(options: Options) -> tuple[Pass, ...]:
     if options.ort_level is not None and options.ort_level not in ORT_LEVELS:
         raise InputError(f"--ort-level {options.ort_level!r}: choose one of {', '.join(ORT_LEVELS)}")
     deployment_release(options)
+    from onnxfuse.passes import plugin
+
+    plugins = plugin.resolve(options.plugins)  # PluginError (exit 2) names a plugin that cannot be loaded
     try:
-        return passes_mod.select(tuple(options.only), tuple(options.skip))
+        return passes_mod.select(tuple(options.only), tuple(options.skip), plugins)
     except KeyError as exc:
         raise InputError(str(exc.args[0])) from None
 
@@ -221,6 +232,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     loaded, model = _model_of(path, loaded)
     if verify_options is not None and not verify_options.index_inputs:  # float ids: drawn as valid indices
         verify_options.index_inputs = indices.float_index_inputs(model)
+    fixed = bool(options.fix_input_shapes)
+    options = _fix_inputs(model, options, loaded) if fixed else options
     # the load's strict shape check already made the skeleton and inferred it (model.io.checked_shapes)
     skel, inferred = loaded.shape_inference or (proto.skeleton(model), None)
     loaded.shape_inference = None
@@ -245,7 +258,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         try:
             fusions, skips, out = _rewrite(model, selected, options, overridable, info, own_sym, loader)
         except InputError as exc:
-            raise InputError(f"{loaded.label}: {exc}") from None
+            raise type(exc)(f"{loaded.label}: {exc}") from None
     else:
         out = model
     forms = emitted_forms(out)
@@ -256,7 +269,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         del model
         loaded.model = None
 
-    verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options, fusions)
+    verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options,
+                                                   bool(fusions) or fixed)
     after_sizes = before_sizes.with_model(out)
     if any(f.pass_name == "float16_body" for f in fusions):
         after_sizes = _float32_body_sizes(after_sizes, out)
@@ -278,7 +292,47 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         report.warnings.append("precision: the body runs in float32 between Casts at the float16 graph inputs and "
                                "outputs (float16_body; its weights are stored as float32, twice their bytes)")
     report.verification = verified
-    return Result(out, fusions, skips, bool(fusions), report, loaded)
+    return Result(out, fusions, skips, bool(fusions) or fixed, report, loaded)
+
+
+def _fix_inputs(model: onnx.ModelProto, options: Options, loaded: model_io.LoadedModel) -> Options:
+    """``options.fix_input_shapes`` written into ``model`` (loaded's own copy, which the passes rewrite; the
+    original stays what ``loaded.ort_source()`` gives to verification), with the inputs whose named dims they bind
+    (silero's ``state [2, batch, 128]`` with ``input=1x512``); returns ``options`` with those sizes in
+    ``input_shapes`` (``onnxfuse.analysis.fix_inputs``).
+
+    Raises:
+        InputError: as ``fix_inputs.fix_input_shapes`` and ``fix_inputs.merged_shapes``.
+    """
+    from onnxfuse.analysis import fix_inputs
+
+    given = dict(options.fix_input_shapes)
+    options = replace(options, input_shapes=fix_inputs.merged_shapes(dict(options.input_shapes), given))
+    fix_inputs.fix_input_shapes(model, {**shapes.complete_input_shapes(model, given), **given})
+    loaded.shape_inference = None  # inferred for the old inputs
+    return options
+
+
+def _plugin_checked(make, fusions: list[Fusion], selected: tuple[Pass, ...]) -> onnx.ModelProto:
+    """``make()`` (the export of the rewritten graph); when a plugin pass rewrote it, an export that fails or a
+    model that is invalid (``onnxfuse.passes.plugin.check_output``) is a ``PluginError`` naming those plugins.
+
+    Raises:
+        PluginError: as said.
+    """
+    from onnxfuse.passes import plugin
+
+    plugins = {p.name: p for p in selected if isinstance(p, plugin.PluginPass)}
+    rewrote = [plugins[n] for n in dict.fromkeys(f.pass_name for f in fusions) if n in plugins]
+    if not rewrote:
+        return make()
+    try:
+        out = make()
+    except Exception as exc:
+        raise plugin.PluginError(f"{', '.join(str(p.origin) for p in rewrote)}: the graph after its rewrites "
+                                 f"cannot be exported ({type(exc).__name__}: {one_line(exc, 200)})") from None
+    plugin.check_output(out, fusions, selected)
+    return out
 
 
 def _own_symbolic(sym: symbolic.SymbolicShapes, skel: onnx.ModelProto, info: dict, own: bool):
@@ -302,6 +356,8 @@ def _rewrite(model: onnx.ModelProto, selected: tuple[Pass, ...], options: Option
 
     Raises:
         InputError: graphsurgeon cannot import or export the model.
+        PluginError: a plugin pass's rewrites leave a graph that cannot be exported or is invalid
+            (:func:`_plugin_checked`).
     """
     computed: list[symbolic.SymbolicShapes] = []
 
@@ -329,7 +385,10 @@ def _rewrite(model: onnx.ModelProto, selected: tuple[Pass, ...], options: Option
             fused_out = None
             fusions, skips = portable_run
     log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
-    out = fused_out or (convert.to_model(graph, model, reuse_original=True) if fusions else model)
+    if fused_out is not None:
+        return fusions, skips, _plugin_checked(lambda: fused_out, fusions, selected)
+    out = _plugin_checked(lambda: convert.to_model(graph, model, reuse_original=True), fusions,
+                          selected) if fusions else model
     return fusions, skips, out
 
 
@@ -423,9 +482,10 @@ def _release_warnings(release: tuple[int, int], forms: Counter, min_release: tup
 
 
 def _verify_and_compare_graphs(loaded: model_io.LoadedModel, out: onnx.ModelProto, input_shapes: dict,
-                               options: Options, verify_options, fusions: list[Fusion]):
+                               options: Options, verify_options, fusions: bool):
     """:func:`analyse`'s work in onnxruntime once the passes have run: ``(verification or None, runtime graphs
-    or None)``. With ``verify_options`` and ``fusions``, the verification of ``out`` and the comparison share
+    or None)``. ``fusions``: the model was rewritten (or its inputs fixed). With ``verify_options`` and ``fusions``,
+    the verification of ``out`` and the comparison share
     their sessions' work (:func:`_verify_and_compare`); with ``fusions`` and a comparison asked for
     (``options.ort_level``, ``options.compare_with_onnxruntime``) but no verification,
     :func:`onnxfuse.ort.optimized_graph.runtime_graphs` alone.

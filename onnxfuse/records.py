@@ -164,6 +164,10 @@ class Reason(str, Enum):
         "form-made-by-onnxruntime-itself",
         "none needed: onnxruntime fuses the chain itself at load at this --ort-level (no fewer kernels with the "
         "fused form), which would only need a newer onnxruntime than the input model does")
+    # passes from outside the package (onnxfuse.passes.plugin): a plugin's own conditions, named in its detail
+    PLUGIN_DECLINED = (
+        "declined-by-plugin",
+        "none from onnxfuse: the detail says which condition of the plugin pass the pattern fails")
 
     def __str__(self) -> str:
         return self.value

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from onnxfuse.cli.args.optimization import DEFAULT_ORT_LEVEL, ort_level_option, target_option
+from onnxfuse.cli.args.plugins import plugin_option
 from onnxfuse.cli.console import log, verbosity, verbosity_options
 from onnxfuse.cli.exits import fail_cleanly
 from onnxfuse.errors import InputError
@@ -56,12 +57,13 @@ Exit codes (the first that applies):
 @ort_level_option("Default onnxruntime level of every model (a manifest can set it per model).",
                   default=DEFAULT_ORT_LEVEL)
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison for every model.")
+@plugin_option
 @verbosity_options
 @click.pass_context
 @fail_cleanly
 def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int | None, timeout: float | None,
           max_memory: str | None, shard: str | None, merge: bool, baseline: Path | None, ray_address: str | None,
-          target: str, ort_level: str, no_verify: bool) -> None:
+          target: str, ort_level: str, no_verify: bool, plugins: tuple[str, ...] = ()) -> None:
     """Optimize, verify and report every model of INPUTS into OUTDIR, each in a worker process of its own.
 
     INPUTS are .onnx files, folders (searched recursively) and manifests (.json or .csv: per-model input
@@ -99,7 +101,11 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
         summary = b.merge([b.load_summary(p, "--merge") for p in sources], sources, outdir)
         outdir.mkdir(parents=True, exist_ok=True)
     else:
-        defaults = b.ModelOptions(target=target, ort_level=ort_level, verify=not no_verify)
+        if plugins:  # a broken plugin: one error line before any model runs
+            from onnxfuse.passes.plugin import resolve
+
+            resolve(plugins)
+        defaults = b.ModelOptions(target=target, ort_level=ort_level, verify=not no_verify, plugins=tuple(plugins))
         summary = _run(ctx, inputs, outdir, defaults, jobs, timeout, limit, shard, ray_address, versions, start)
     gate = b.compare_summaries(old, summary) if old is not None else None
     written = b.write_summary(outdir, summary, gate)

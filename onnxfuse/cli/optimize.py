@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 import click
 
 from onnxfuse.cli import files
-from onnxfuse.cli.args.model_inputs import parse_input_shapes
+from onnxfuse.cli.args.model_inputs import fix_input_shape_option, parse_fix_input_shapes, parse_input_shapes
 from onnxfuse.cli.args.optimization import optimization_options, to_options
+from onnxfuse.cli.args.plugins import plugin_option
 from onnxfuse.cli.args.report_output import bandwidth_option, check_bandwidth, report_file_options, report_files
 from onnxfuse.cli.args.verification import to_verify_options, verify_options
 from onnxfuse.cli.console import diagnostics, log, progress, verbosity, verbosity_options, warn_unverified
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True, path_type=Path))
 @click.argument("output_arg", metavar="OUTPUT", type=click.Path())
 @optimization_options
+@plugin_option
+@fix_input_shape_option
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison (the report says so).")
 @click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped (strict CI).")
 @verify_options
@@ -48,7 +51,8 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
              constant_initializer_inputs: bool, no_verify: bool, require_verify: bool, input_data: str | None,
              input_value: tuple[str, ...], input_range: tuple[str, ...], input_sets: int, rtol: float | None,
              atol: float | None, verify_timeout: float | None, report_paths: tuple[Path, ...],
-             report_format: str | None, bandwidth: float | None, overwrite: bool, materialize_weights: float) -> None:
+             report_format: str | None, bandwidth: float | None, overwrite: bool, materialize_weights: float,
+             plugins: tuple[str, ...] = (), fix_input_shape: tuple[str, ...] = ()) -> None:
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
     \b
@@ -59,12 +63,15 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
       onnxfuse optimize m.onnx m.fused.onnx --report traffic.json \\
           --require-verify
     """
+    parse_fix_input_shapes(fix_input_shape)
     parse_input_shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
     from onnxfuse import pipeline
 
     output_path = Path(output_arg)
     reports = _check_outputs(input_path, output_path, output_arg, report_paths, report_format, bandwidth, overwrite)
     options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
+    options.plugins = plugins
+    options.fix_input_shapes = parse_fix_input_shapes(fix_input_shape)
     options.input_data = input_data  # real inputs fix the report's shapes too
     if not math.isfinite(materialize_weights):
         raise InputError("--materialize-weights must be a finite number of MiB")

@@ -10,8 +10,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from onnxfuse.cli import files
-from onnxfuse.cli.args.model_inputs import input_data_option, parse_input_shapes
+from onnxfuse.cli.args.model_inputs import (
+    fix_input_shape_option,
+    input_data_option,
+    parse_fix_input_shapes,
+    parse_input_shapes,
+)
 from onnxfuse.cli.args.optimization import DEFAULT_ORT_LEVEL, optimization_options, to_options
+from onnxfuse.cli.args.plugins import plugin_option
 from onnxfuse.cli.args.report_output import bandwidth_option, check_bandwidth, report_files, report_output_options
 from onnxfuse.cli.console import diagnostics, log, progress, verbosity_options
 from onnxfuse.cli.exits import fail_cleanly
@@ -32,6 +38,8 @@ Exit codes:
 @click.command(epilog=REPORT_EXIT_CODES_HELP)
 @click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
 @optimization_options
+@plugin_option
+@fix_input_shape_option
 @input_data_option("Real inputs: their array shapes fix the input shapes of the report.")
 @report_output_options
 @click.option("--all", "show_all", is_flag=True,
@@ -49,7 +57,8 @@ Exit codes:
 def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, ...], skip: tuple[str, ...],
            input_shape: tuple[str, ...], ort_level: str | None, ort_version: str | None,
            constant_initializer_inputs: bool, input_data: str | None, fmt: str | None, outputs: tuple[Path, ...],
-           show_all: bool, bandwidth: float | None, baseline: Path | None, profile: bool) -> None:
+           show_all: bool, bandwidth: float | None, baseline: Path | None, profile: bool,
+           plugins: tuple[str, ...] = (), fix_input_shape: tuple[str, ...] = ()) -> None:
     """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
 
     Bytes are expressions in the model's symbolic input dims; --input-shape also gives the numbers at one size.
@@ -63,6 +72,7 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
       onnxfuse report model.onnx --baseline main.json -o new.json
       onnxfuse report model.onnx -o report.html
     """
+    parse_fix_input_shapes(fix_input_shape)
     parse_input_shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
     from onnxfuse import pipeline
     from onnxfuse.model import io as model_io
@@ -81,6 +91,8 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     check_bandwidth(bandwidth)
     old = baseline_mod.load(baseline) if baseline is not None else None
     options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
+    options.plugins = plugins
+    options.fix_input_shapes = parse_fix_input_shapes(fix_input_shape)
     options.input_data = input_data
     with progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)

@@ -29,6 +29,7 @@ from onnxfuse.passes.pad_conv import PadConv
 from onnxfuse.passes.prelu_leaky_relu import PReluLeakyRelu
 from onnxfuse.passes.remove_redundant import RemoveRedundant
 from onnxfuse.passes.resize_nearest import ResizeNearest
+from onnxfuse.records import RewriteKind
 
 #: Canonicalization: put exported graphs into the shape the fusion passes match, before any of them runs (the passes
 #: of kind ``RewriteKind.CANONICALIZE``, named in ``onnxfuse.records.CANONICALIZE_NAMES`` for the report).
@@ -79,17 +80,31 @@ ALL_PASSES: tuple[Pass, ...] = CANONICALIZE + DEFAULT_PASSES
 PASS_NAMES: tuple[str, ...] = tuple(p.name for p in ALL_PASSES)
 
 
-def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[Pass, ...]:
-    """The passes of :data:`ALL_PASSES` named in ``only`` (all when empty) minus those in ``skip``, in the
-    default order.
+def select(only: tuple[str, ...] = (), skip: tuple[str, ...] = (), plugins: tuple[Pass, ...] = ()
+           ) -> tuple[Pass, ...]:
+    """The passes of :func:`ordered` (the built-in ones and ``plugins``) named in ``only`` (all when empty) minus
+    those in ``skip``, in that order.
 
     Raises:
         KeyError: a name that is no pass (the message lists the valid names).
     """
+    passes = ordered(plugins)
+    names = tuple(p.name for p in passes)
     for name in (*only, *skip):
-        if name not in PASS_NAMES:
-            raise KeyError(f"no pass named {name!r}; passes: {', '.join(PASS_NAMES)}")
-    return tuple(p for p in ALL_PASSES if (not only or p.name in only) and p.name not in skip)
+        if name not in names:
+            raise KeyError(f"no pass named {name!r}; passes: {', '.join(names)}")
+    return tuple(p for p in passes if (not only or p.name in only) and p.name not in skip)
 
 
-__all__ = ["ALL_PASSES", "CANONICALIZE", "DEFAULT_PASSES", "PASS_NAMES", "Context", "Match", "Pass", "select"]
+def ordered(plugins: tuple[Pass, ...] = ()) -> tuple[Pass, ...]:
+    """:data:`ALL_PASSES` with ``plugins`` (``onnxfuse.passes.plugin``) in their places: a canonicalization plugin
+    after :data:`CANONICALIZE`, the others after the built-in folds and fusions, before ``conv_unfused`` (which
+    names the chains left and must see what the plugins fused), each group in the order given."""
+    canon = tuple(p for p in plugins if p.kind is RewriteKind.CANONICALIZE)
+    other = tuple(p for p in plugins if p.kind is not RewriteKind.CANONICALIZE)
+    last = tuple(p for p in DEFAULT_PASSES if isinstance(p, ConvUnfused))
+    return (*CANONICALIZE, *canon, *(p for p in DEFAULT_PASSES if p not in last), *other, *last)
+
+
+__all__ = ["ALL_PASSES", "CANONICALIZE", "DEFAULT_PASSES", "PASS_NAMES", "Context", "Match", "Pass", "ordered",
+           "select"]

@@ -18,6 +18,7 @@ from onnxfuse.report.present import (
     headline,
     kinds,
     made_by_onnxruntime,
+    passes_text,
     plural,
     top_rows,
     unfused_label,
@@ -63,10 +64,11 @@ def to_markdown(report: SupportsToDict, show_all: bool = False) -> str:
     if doc["fusions"]:
         rows, hidden = top_rows(doc["fusions"], "saved_bytes", show_all)
         out += [f"#### Fusions applied ({len(doc['fusions'])}: {kinds(doc)})", "",
-                _md_row(["node", "replaced", "activation", "saved", "onnxruntime makes it too"]), _md_row(["---"] * 5)]
+                _md_row(["node", "replaced", "activation", "saved", "onnxruntime makes it too", "passes"]),
+                _md_row(["---"] * 6)]
         out += [_md_row([code(r["node"]), md(chain(r["replaced"])), md(r["activation"] or ""),
                          cell(r["saved_bytes"], r["saved_bytes_expr"], doc, True),
-                         made_by_onnxruntime(r)]) for r in rows]
+                         made_by_onnxruntime(r), md(passes_text(r.get("passes") or []))]) for r in rows]
         if hidden:
             out.append(f"\n_{hidden} more rows not shown (onnxfuse report --all shows every row; JSON and HTML always "
                        "do)._")
@@ -74,9 +76,9 @@ def to_markdown(report: SupportsToDict, show_all: bool = False) -> str:
     if doc["unfused"]:
         rows, hidden = top_rows(grouped_unfused(doc["unfused"]), "bytes", show_all)
         out += [f"#### Left unfused ({len(doc['unfused'])})", "",
-                _md_row(["nodes", "reason", "detail", "would save"]), _md_row(["---"] * 4)]
+                _md_row(["nodes", "reason", "detail", "would save", "pass"]), _md_row(["---"] * 5)]
         out += [_md_row([unfused_label(r, code, md), code(r["reason"]), md(r["detail"]),
-                         cell(r["bytes"], r["bytes_expr"], doc, True)]) for r in rows]
+                         cell(r["bytes"], r["bytes_expr"], doc, True), md(r.get("pass") or "")]) for r in rows]
         if hidden:
             out.append(f"\n_{hidden} more rows not shown (onnxfuse report --all shows every row; JSON and HTML always "
                        "do)._")

@@ -242,8 +242,15 @@ def kinds(doc: Doc) -> str:
     """``11 FusedConv, 31 folds``, with ``1 FusedGemm`` where there is one (a fold keeps the op it folded into)."""
     conv = sum(1 for f in doc["fusions"] if f["op"] == "FusedConv")
     gemm = sum(1 for f in doc["fusions"] if f["op"] == "FusedGemm")
-    folds = plural(len(doc["fusions"]) - conv - gemm, "fold")
-    return f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "") + folds
+    # a plugin's rewrite (onnxfuse.passes.plugin) may end on any op: no fold, counted apart
+    other = sum(1 for f in doc["fusions"] if f["op"] not in (*_FOLD_OPS, "FusedConv", "FusedGemm"))
+    folds = plural(len(doc["fusions"]) - conv - gemm - other, "fold")
+    return f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "") + folds + (f", {other} other" if other
+                                                                                       else "")
+
+
+#: The ops a fold (or the MatMul + Add fusion) leaves: the node it folded into.
+_FOLD_OPS = ("Conv", "ConvTranspose", "Gemm")
 
 
 def fused_count(doc: Doc) -> str:

@@ -1,4 +1,5 @@
-"""The model-input options: ``--input-shape`` (concrete sizes for symbolic dims), ``--input-data`` (real inputs),
+"""The model-input options: ``--input-shape`` (concrete sizes for symbolic dims), ``--fix-input-shape`` (sizes
+written into the output model), ``--input-data`` (real inputs),
 ``--input-value`` and ``--input-range`` (how generated inputs are filled)."""
 
 from __future__ import annotations
@@ -21,6 +22,32 @@ def input_shape_option(fn: F) -> F:
                         help="Concrete shape for a graph input with symbolic dims, e.g. x=1x3x640x640 (also "
                              "x:1,3,640,640 and x:[1,3,640,640], as onnxsim, onnxslim and Polygraphy write it; "
                              "repeatable).")(fn)
+
+
+def fix_input_shape_option(fn: F) -> F:
+    """``--fix-input-shape NAME=DIMS`` (repeatable, the spellings of ``--input-shape``); :func:`parse_fix_input_shapes`
+    reads the values."""
+    return click.option("--fix-input-shape", multiple=True, metavar="NAME=DIMS",
+                        help="Write this shape into the output's graph input (a static model: onnxsim's "
+                             "--overwrite-input-shape), fold what becomes constant (Shape of a static tensor) and "
+                             "verify at exactly this size; spelled as --input-shape (repeatable).")(fn)
+
+
+def parse_fix_input_shapes(values: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """``--fix-input-shape`` values as graph input name -> dims (as :func:`parse_input_shapes`).
+
+    Raises:
+        InputError: a malformed value, or one input named twice.
+    """
+    from onnxfuse.model.shape_text import parse_input_shape
+
+    def parse(text: str) -> tuple[str, tuple[int, ...]]:
+        try:
+            return parse_input_shape(text)
+        except InputError as exc:
+            raise InputError(str(exc).replace("--input-shape", "--fix-input-shape", 1)) from None
+
+    return _pairs(values, parse, "--fix-input-shape")
 
 
 def input_data_option(help: str) -> Callable[[F], F]:

@@ -39,6 +39,15 @@ class PassChoice(click.Choice):
     def choices(self, value: Sequence[str]) -> None:
         pass  # click.Choice.__init__ assigns the (empty) sequence given above; the names come from the property
 
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """A built-in pass name as click.Choice checks it; any other name is kept for the library, which knows the
+        plugins' names too (``passes.select`` refuses a name that is no pass, listing them: exit code 2)."""
+        from onnxfuse.passes import PASS_NAMES
+
+        if isinstance(value, str) and value not in PASS_NAMES:
+            return value
+        return super().convert(value, param, ctx)
+
 
 def target_option(help: str) -> Callable[[F], F]:
     """``--target``, one of :data:`TARGET_NAMES` (default :data:`DEFAULT_TARGET`), with the command's help."""
