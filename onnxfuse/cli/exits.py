@@ -32,7 +32,7 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0    success
   1    the optimized model failed verification, or --require-verify and
-       verification was skipped (no model written; a --report file is,
+       verification was skipped or partial (no model written; a --report file is,
        with the verification result)
   2    usage error, an input model that cannot be read or is invalid,
        or an OUTPUT that cannot be written

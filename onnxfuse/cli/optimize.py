@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 @click.argument("output_arg", metavar="OUTPUT", type=click.Path())
 @optimization_options
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison (the report says so).")
-@click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped (strict CI).")
+@click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped or partial (strict CI).")
 @verify_options
 @report_file_options
 @bandwidth_option
@@ -129,14 +129,15 @@ def _render_reports(result: pipeline.Result, input_path: Path, output_path: Path
     verification = result.report.verification
     if any(model_io.same_file(output_path, f) for f in result.loaded.data_files):
         raise InputError(f"{output_path}: OUTPUT is an external data file of INPUT; choose another name")
-    refused = verification.status == "failed" or (verification.status == "skipped" and require_verify)
+    unverified = verification.status in ("skipped", "partial") and require_verify  # partial: not verified
+    refused = verification.status == "failed" or unverified
     report_texts = []
     for report_path, fmt in reports:
         files.check_not_data_file(report_path, "--report", result.loaded)
         report_texts.append((report_path, formats.render(result.report, fmt, show_all=True)))
         if refused:  # the report says why no model is written
             files.write_text(report_path, report_texts[-1][1])
-    if not (verification.status == "skipped" and require_verify):
+    if not unverified:
         warn_unverified(verification)
     if verification.status == "failed":
         failed = verification.failed_outputs
@@ -145,9 +146,9 @@ def _render_reports(result: pipeline.Result, input_path: Path, output_path: Path
         why = f"{len(failed)} of {len(verification.outputs)} outputs differ, above" if failed else verification.reason
         raise VerificationError(f"{input_path}: the optimized model does not match the original ({why}); "
                                 f"{output_path} was not written")
-    if verification.status == "skipped" and require_verify:
-        raise VerificationError(f"{input_path}: verification was skipped ({verification.reason}) and "
-                                f"--require-verify was given; {output_path} was not written")
+    if unverified:
+        raise VerificationError(f"{input_path}: verification was {verification.status} ({verification.reason}) "
+                                f"and --require-verify was given; {output_path} was not written")
     return report_texts
 
 

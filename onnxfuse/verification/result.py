@@ -29,6 +29,9 @@ class Status(_WrittenAsValue):
     FAILED = "failed"
     SKIPPED = "skipped"
     UNCHANGED = "unchanged"
+    #: every output compared passed, but at least one could not be compared on any input set (NaN/inf or empty
+    #: on both sides): no evidence about it, so not ``passed`` (``--require-verify`` refuses it)
+    PARTIAL = "partial"
 
 
 class Cause(_WrittenAsValue):
@@ -39,6 +42,18 @@ class Cause(_WrittenAsValue):
     LOAD = "load"
     USER = "user"
     RANDOM = "random"
+
+
+#: How the summary and ``partial``'s reason say that outputs were not compared, and what to pass about it.
+NOT_COMPARED_TEXT = "not compared (NaN/inf or empty on both sides on every input set)"
+PARTIAL_HINT = ("give the inputs values the model expects: --input-value NAME=V (e.g. --input-value sr=16000), "
+                "--input-range NAME=LOW,HIGH or --input-data FILE.npz")
+
+
+def partial_reason(outputs: list[OutputDiff]) -> str:
+    """The ``reason`` of a ``partial`` verification: which outputs had nothing to compare, and what to pass."""
+    return f"output(s) {', '.join(o.name for o in outputs)} {NOT_COMPARED_TEXT}, so nothing is known of them; " \
+           f"{PARTIAL_HINT}"
 
 
 @dataclass
@@ -149,8 +164,10 @@ def _num(x: float | None) -> str:
 class Verification:
     """Result of :func:`onnxfuse.verification.verify.verify_models`.
 
-    ``status``: ``passed``; ``failed`` (``reason`` names every differing output); ``skipped`` (``reason``:
-    why nothing could be compared); ``unchanged`` (nothing was rewritten, so nothing was run).
+    ``status``: ``passed``; ``failed`` (``reason`` names every differing output); ``partial`` (every output
+    compared passed, but ``reason`` names outputs that no input set gave a value to compare: NaN/inf or empty on
+    both sides; not a pass); ``skipped`` (``reason``: why nothing could be compared); ``unchanged`` (nothing was
+    rewritten, so nothing was run).
 
     ``cause`` (skipped only): ``time`` (the ``timeout`` ran out), ``inputs`` (onnxruntime cannot run the
     original on the generated inputs, or they leave nothing to compare), ``load`` (onnxruntime cannot load the
@@ -217,10 +234,13 @@ class Verification:
         if self.status == Status.SKIPPED and self.cause != Cause.USER:
             lines.append(f"NOT VERIFIED: {self.reason}" + (f"; {self.hint}" if self.hint else "")
                          + ("; --require-verify makes this an error (exit 1)" if require_option else ""))
-        if self.not_compared_outputs:
+        if self.status == Status.PARTIAL:
+            lines.append(f"NOT FULLY VERIFIED: {self.reason}"
+                         + ("; --require-verify makes this an error (exit 1)" if require_option else ""))
+        elif self.not_compared_outputs:
             lines.append(f"output(s) {', '.join(o.name for o in self.not_compared_outputs)} not compared: empty on "
                          "the inputs used (give other inputs: --input-value, --input-shape, --input-data)")
-        if self.invented and self.input_shapes and self.status in (Status.PASSED, Status.FAILED):
+        if self.invented and self.input_shapes and self.status in (Status.PASSED, Status.FAILED, Status.PARTIAL):
             def sizes(shapes: dict[str, list[int]]) -> str:
                 return ", ".join(f"{k}={'x'.join(map(str, shapes[k])) or 'scalar'}" for k in self.invented
                                  if k in shapes)
@@ -229,7 +249,7 @@ class Verification:
                                                if self.second_input_shapes else "")
             lines.append(f"no shape given for {', '.join(self.invented)}; verification ran at invented sizes "
                          f"({used}), not the model's real ones: pass --input-shape")
-        if self.random_integers and self.status in (Status.PASSED, Status.FAILED):
+        if self.random_integers and self.status in (Status.PASSED, Status.FAILED, Status.PARTIAL):
             lines.append(f"verification fed random integers in [0, 4) to {', '.join(self.random_integers)}, which "
                          "may take another branch than real values do: set them with --input-value NAME=V (e.g. "
                          "sr=16000), --input-range or --input-data")
@@ -243,7 +263,7 @@ class Verification:
     @property
     def summary(self) -> str:
         """One line: the worst output's error beside onnxruntime's noise floor and the tolerance."""
-        if self.reason or not self.outputs:
+        if (self.reason and self.status != Status.PARTIAL) or not self.outputs:
             return self.reason or ""
         compared = [o for o in self.outputs if not o.not_compared]
         worst = max(compared or self.outputs,
@@ -251,7 +271,7 @@ class Verification:
         sets = f"{len(self.seeds)} input set" + ("" if len(self.seeds) == 1 else "s")
         missing = self.not_compared_outputs
         if missing:
-            sets += f"; not compared (empty on these inputs): {', '.join(o.name for o in missing)}"
+            sets += f"; {NOT_COMPARED_TEXT}: {', '.join(o.name for o in missing)} ({PARTIAL_HINT})"
         if worst.tolerance is None or exact(np.dtype(worst.dtype)):
             return f"max abs error {worst.max_abs_error:.3g} on {worst.name}, atol {worst.atol:g} rtol " \
                    f"{worst.rtol:g}; {sets}"

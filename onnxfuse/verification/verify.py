@@ -19,7 +19,7 @@ from onnxfuse.verification.compare import Accumulator, accumulate, finish
 from onnxfuse.verification.floors import measure_floors
 from onnxfuse.verification.models import Model, graph_only, random_ops
 from onnxfuse.verification.options import VerifyOptions
-from onnxfuse.verification.result import Cause, Status, Verification
+from onnxfuse.verification.result import Cause, Status, Verification, partial_reason
 from onnxfuse.verification.run import (
     BUDGET,
     Budget,
@@ -118,7 +118,9 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
     of :func:`onnxfuse.ort.sessions.session`). A candidate given as a ModelProto is loaded from a temporary file
     (``as_file`` of :func:`onnxfuse.ort.sessions.loadable`), not from a second, serialized copy in memory.
 
-    Returns ``skipped`` (with the reason) when onnxruntime cannot load or run the *original*; ``failed`` when
+    Returns ``partial`` when every output compared passed but one had nothing to compare on any input set
+    (NaN/inf or empty on both sides; :attr:`OutputDiff.not_compared`), with a reason that names it and what to
+    pass; ``skipped`` (with the reason) when onnxruntime cannot load or run the *original*; ``failed`` when
     the candidate's output names, order or dtypes or its inputs differ, onnxruntime cannot load or run it while it
     can the original, or an output differs beyond tolerance.
 
@@ -150,8 +152,11 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
     floor_note = measure_floors(original, ref.feeds_list, ref.refs, accs, opts, floor_graph_to)
     outputs = [finish(a, opts) for a in accs]
     failed = [o for o in outputs if not o.passed and not o.not_compared]
-    status = Status.FAILED if failed else Status.PASSED
-    reason = "; ".join(o.describe(opts.floor_multiple) for o in failed) or None
+    missing = [o for o in outputs if o.not_compared]
+    # an output with nothing compared on any input set is no evidence: the verdict is partial, never passed
+    status = Status.FAILED if failed else Status.PARTIAL if missing else Status.PASSED
+    reason = "; ".join(o.describe(opts.floor_multiple) for o in failed) or (partial_reason(missing) if missing
+                                                                              else None)
     return replace(ref.verification(status, reason), outputs=outputs,
                    rule="rtol-atol" if opts.explicit_tolerance else "noise-floor",
                    floor_multiple=opts.floor_multiple, floor_note=floor_note)
