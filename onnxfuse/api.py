@@ -105,7 +105,7 @@ _KEYWORDS = {"--input-shape": "input_shapes", "--input-value": "input_values", "
              "--ort-level": "ort_level", "--ort-version": "ort_version", "--only": "only", "--skip": "skip",
              "--rtol": "rtol", "--atol": "atol", "--require-verify": "require_verify",
              "--verify-timeout": "verify_timeout", "--constant-initializer-inputs": "constant_initializer_inputs",
-             "--no-verify": "verify=False"}
+             "--no-verify": "verify=False", "--drop-culprits": "drop_culprits"}
 _OPTION = re.compile("|".join(re.escape(k) for k in sorted(_KEYWORDS, key=len, reverse=True)) + r"(?![\w-])")
 
 
@@ -168,7 +168,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              rtol: float | None = None, atol: float | None = None, only: Iterable[str] = (),
              skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
              ort_level: str = DEFAULT_ORT_LEVEL, verify_timeout: float | None = None,
-             ort_version: str | None = None, name: str | None = None) -> Result:
+             ort_version: str | None = None, name: str | None = None, drop_culprits: bool = False) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
     What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
@@ -190,6 +190,11 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
         verify_timeout: seconds for every onnxruntime run of the verification together (None:
             ``onnxfuse.verification.options.DEFAULT_TIMEOUT_S``, 300; 0: no limit); when they run out verification is
             ``skipped`` with ``cause`` ``"time"`` (a :class:`VerificationError` with ``require_verify``).
+        drop_culprits: when verification fails, onnxfuse searches its rewrite sites for those that broke it
+            (within ``verify_timeout``; ``verification.culprits`` names them either way) and verifies the model
+            with them left unfused; True returns that model with its ``passed`` verification (culprits named)
+            instead of raising. False (default): :class:`VerificationError`, its ``.result`` holding the verified
+            remainder (docs/reference.md, "When verification fails").
 
     Returns:
         A :class:`onnxfuse.pipeline.Result`: ``model`` (the optimized ``ModelProto``), ``report`` (the
@@ -205,6 +210,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
+    options.drop_culprits = bool(drop_culprits)
     timeout = timeout_seconds(verify_timeout)
     _check_inputs(input_values, input_ranges, input_sets, rtol, atol)
     loaded = _load(model, name)

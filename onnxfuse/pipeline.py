@@ -29,6 +29,7 @@ from onnxfuse.ort.providers import (
     DEFAULT_TARGET,
     PROBED_ORT_RELEASES,
     TARGETS,
+    Target,
     form_min_release,
     form_name,
     gemm_form_name,
@@ -81,6 +82,12 @@ class Options:
         materialize_weights_bytes: how many bytes the model may grow by where conv/Gemm weights computed from
             compact constants (int8 x scale, ConstantOfShape) are stored as plain floats (``--materialize-weights``);
             0 keeps them compact, the folds then working on their computation (``passes._fold.compact_scale``).
+        find_culprits: when verification fails, search the rewrite sites for those that broke it
+            (:mod:`onnxfuse.culprits`, within the verification's timeout); the verification names them.
+        drop_culprits: ship the verified remainder (``--drop-culprits``): when the search found the culprits
+            and the model with them left unfused passes verification, that verification (``passed``, the
+            culprits named) is the result's, not ``failed``. Either way, once the remainder verified, the result's
+            model and report are the remainder's.
     """
 
     target: str = DEFAULT_TARGET
@@ -94,6 +101,8 @@ class Options:
     compare_with_onnxruntime: bool = True
     ort_version: str | None = None
     materialize_weights_bytes: int = 0
+    find_culprits: bool = True
+    drop_culprits: bool = False
 
 
 @dataclass
@@ -236,29 +245,33 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     blocker = convert.rewrite_blocker(model)
     fusions: list[Fusion] = []
     skips: list[Skip] = []
+    rewriter = _Rewriter(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
+                         dict(info), sym if options.expressions or not input_shapes else None,  # own shapes only
+                         options.materialize_weights_bytes, selected, loaded.label)
     if blocker is None:
-        try:
-            graph = convert.to_graph(model)
-            ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)), overridable,
-                          info, namer=constants.Namer(graph),
-                          symbolic=sym if options.expressions or not input_shapes else None,  # own shapes only
-                          materialize_bytes=options.materialize_weights_bytes)
-            fusions, skips = run_passes(graph, selected, ctx)
-            log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
-            out = convert.to_model(graph, model, reuse_original=True) if fusions else model
-        except InputError as exc:
-            raise InputError(f"{loaded.label}: {exc}") from None
+        out, fusions, skips = rewriter.run(model)
+        log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
     else:
         out = model
-    forms = emitted_forms(out)
-    min_release = max((form_min_release(f) for f in forms), default=PROBED_ORT_RELEASES[0])
-    _set_metadata(out, options.target, selected, release_text(min_release))
+    forms, min_release = _finish_model(out, options, selected)
     if fusions:
         # Let the input's protobuf go once the result exists (peak memory: it is as large as the model).
-        del graph, ctx, model
+        del model
         loaded.model = None
 
     verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options, fusions)
+    if verified is not None and verified.status == "failed" and options.find_culprits:
+        from onnxfuse import culprits
+
+        found = culprits.search(loaded, rewriter, fusions, verified, verify_options, options.drop_culprits)
+        verified = found.verification
+        if found.remainder is not None:  # the culprits left unfused, the rest verified: the report is of that
+            out, fusions, skips = found.remainder
+            forms, min_release = _finish_model(out, options, selected)
+            if runtime is not None and options.ort_level is not None:
+                from onnxfuse.ort import optimized_graph as ort_graph
+
+                runtime = ort_graph.runtime_graphs(loaded.ort_source(), out, options.ort_level)
     after_sizes = before_sizes.with_model(out)
     after_rows = traffic.node_traffic(out, after_sizes)
     report = rep.build(
@@ -276,6 +289,48 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
     report.verification = verified
     return Result(out, fusions, skips, bool(fusions), report, loaded)
+
+
+@dataclass
+class _Rewriter:
+    """What :func:`analyse` runs the passes with, kept to run them again (the culprit search,
+    :mod:`onnxfuse.culprits`) with some sites left unfused."""
+
+    target: Target
+    overridable: frozenset[str]
+    info: dict
+    symbolic: symbolic.SymbolicShapes | None
+    materialize_bytes: int
+    selected: tuple[Pass, ...]
+    label: str
+
+    def run(self, model: onnx.ModelProto, excluded: dict[tuple[str, ...], str] | None = None
+            ) -> tuple[onnx.ModelProto, list[Fusion], list[Skip]]:
+        """The passes over ``model`` (rewritten in place when they change it; it must not be used afterwards):
+        the output model (``model`` itself when nothing changed), the fusions and the skips. ``excluded``: sites
+        left unfused (``Context.excluded``).
+
+        Raises:
+            InputError: the graph cannot be converted or exported.
+        """
+        try:
+            graph = convert.to_graph(model)
+            ctx = Context(self.target, self.overridable, dict(self.info), namer=constants.Namer(graph),
+                          symbolic=self.symbolic, materialize_bytes=self.materialize_bytes,
+                          excluded=dict(excluded or {}))
+            fusions, skips = run_passes(graph, self.selected, ctx)
+            return (convert.to_model(graph, model, reuse_original=True) if fusions else model), fusions, skips
+        except InputError as exc:
+            raise InputError(f"{self.label}: {exc}") from None
+
+
+def _finish_model(out: onnx.ModelProto, options: Options, selected: tuple[Pass, ...]) -> tuple[Counter, tuple]:
+    """The FusedConv/FusedGemm forms of ``out`` and the oldest onnxruntime release that loads them all; sets
+    onnxfuse's metadata in ``out``."""
+    forms = emitted_forms(out)
+    min_release = max((form_min_release(f) for f in forms), default=PROBED_ORT_RELEASES[0])
+    _set_metadata(out, options.target, selected, release_text(min_release))
+    return forms, min_release
 
 
 def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None
@@ -413,7 +468,9 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     result = analyse(path, options, loaded, verify_options)  # verifies a rewritten model
     if verify_options is None:
         result.report.verification = Verification.skipped_by_user()
-    elif not result.changed:  # the output computes exactly what the input does: nothing to run
+    elif not result.changed and not (result.report.verification and result.report.verification.culprits):
+        # the output computes exactly what the input does: nothing to run (after a culprit search that left every
+        # site unfused, the verification made stays: it names them)
         result.report.verification = Verification.unchanged()
     else:
         from onnxfuse.verification import verify  # not imported by a run that verifies nothing

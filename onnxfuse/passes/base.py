@@ -52,6 +52,8 @@ class Context:
         materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
             computed from compact constants (int8 x scale) as plain floats (``Options.materialize_weights_bytes``;
             each such fold spends its growth). 0: weights stay compact.
+        excluded: sites (``records.Fusion.site``) that the driver must leave unfused, each with the sentence of
+            the ``rewrite-broke-verification`` skip it records instead (the culprit search's reruns).
     """
 
     target: Target
@@ -63,6 +65,7 @@ class Context:
     order: edit.NodeOrder | None = None
     symbolic: SymbolicShapes | None = None
     materialize_bytes: int = 0
+    excluded: dict[tuple[str, ...], str] = field(default_factory=dict)
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.

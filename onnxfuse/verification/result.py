@@ -177,6 +177,9 @@ class Verification:
     was not run.
     ``random_integers``: integer and bool inputs fed random values (in [0, 4)) because nobody gave theirs: a sample
     rate, an index or a flag then takes values the model never sees in use, and may select other branches.
+    ``culprits`` / ``culprit_search`` / ``remainder`` (``onnxfuse optimize`` after a failure, :mod:`onnxfuse.culprits`):
+    each rewrite site that broke verification (``pass``, ``nodes``, ``ops``, ``output``, ``moved``: the outputs
+    and errors it moved), what the search cost, and the verdict of the model with the culprits left unfused.
     """
 
     status: Status
@@ -192,6 +195,9 @@ class Verification:
     second_input_shapes: dict[str, list[int]] = field(default_factory=dict)
     input_note: str | None = None
     random_integers: list[str] = field(default_factory=list)
+    culprits: list[dict[str, Any]] = field(default_factory=list)
+    culprit_search: dict[str, Any] | None = None
+    remainder: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a plain "passed" given by a caller becomes Status.PASSED
@@ -290,6 +296,7 @@ class Verification:
             "invented": self.invented,
             "second_input_shapes": self.second_input_shapes, "input_note": self.input_note,
             "random_integers": self.random_integers,
+            "culprits": self.culprits, "culprit_search": self.culprit_search, "remainder": self.remainder,
             "max_abs_error": _finite(max((o.max_abs_error for o in self.outputs), default=None)),
             "max_rel_error": _finite(max((o.max_rel_error for o in self.outputs), default=None)),
             "outputs": [{k: _finite(v) if isinstance(v, float) else v for k, v in o.__dict__.items()}
