@@ -23,6 +23,7 @@ from onnxfuse import passes as passes_mod
 from onnxfuse import pipeline
 from onnxfuse.passes import driver
 from onnxfuse.records import Reason
+from onnxfuse.verification.layers import compare_layers
 from onnxfuse.verification.options import VerifyOptions
 from tests.builders import GraphBuilder
 from tests.conftest import assert_same_outputs, shared_model
@@ -264,4 +265,11 @@ def test_shared_model_with_one_wrong_site(monkeypatch, name):
     assert [c["nodes"] for c in v.culprits] == [[n for n, _, _ in culprit.replaced]], v.reason
     assert v.culprit_search["complete"] and v.remainder["status"] == "passed"
     assert v.culprit_search["sites"] == len(correct.fusions)  # one key per site, also for unnamed nodes
-    print(f"{name}: {v.culprit_search} total {seconds:.1f} s")
+    # verify --layers on the wrong model: the first diverging tensor is written by the culprit's node
+    wrong = pipeline.optimize(str(shared_model(name)), options, None).model
+    start = time.monotonic()
+    layers = compare_layers(str(shared_model(name)), wrong, verify)
+    layer_seconds = time.monotonic() - start
+    assert layers.first and layers.first[0].candidate_node[0] == culprit.node, layers.lines()
+    print(f"{name}: {v.culprit_search} total {seconds:.1f} s; layers: {len(layers.compared)} tensors, "
+          f"first {layers.first[0].diff.name}, {layer_seconds:.1f} s")
