@@ -88,6 +88,8 @@ class Options:
             and the model with them left unfused passes verification, that verification (``passed``, the
             culprits named) is the result's, not ``failed``. Either way, once the remainder verified, the result's
             model and report are the remainder's.
+        compare_layers: when verification fails, also compare the failing model with the original tensor by
+            tensor (``--layers``, :mod:`onnxfuse.verification.layers`) into ``verification.layers``.
     """
 
     target: str = DEFAULT_TARGET
@@ -103,6 +105,7 @@ class Options:
     materialize_weights_bytes: int = 0
     find_culprits: bool = True
     drop_culprits: bool = False
+    compare_layers: bool = False
 
 
 @dataclass
@@ -260,13 +263,10 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         loaded.model = None
 
     verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options, fusions)
-    if verified is not None and verified.status == "failed" and options.find_culprits:
-        from onnxfuse import culprits
-
-        found = culprits.search(loaded, rewriter, fusions, verified, verify_options, options.drop_culprits)
-        verified = found.verification
-        if found.remainder is not None:  # the culprits left unfused, the rest verified: the report is of that
-            out, fusions, skips = found.remainder
+    if verified is not None and verified.status == "failed":
+        verified, failure = _after_failure(loaded, out, options, verify_options, rewriter, fusions, verified)
+        if failure is not None:  # the culprits left unfused, the rest verified: the report is of that
+            out, fusions, skips = failure
             forms, min_release = _finish_model(out, options, selected)
             if runtime is not None and options.ort_level is not None:
                 from onnxfuse.ort import optimized_graph as ort_graph
@@ -289,6 +289,32 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
     report.verification = verified
     return Result(out, fusions, skips, bool(fusions), report, loaded)
+
+
+def _after_failure(loaded: model_io.LoadedModel, out: onnx.ModelProto, options: Options, verify_options,
+                   rewriter: _Rewriter, fusions: list[Fusion], verified):
+    """What :func:`analyse` does when the verification of ``out`` failed: the layer-by-layer comparison
+    (``options.compare_layers``) and the culprit search (``options.find_culprits``, :mod:`onnxfuse.culprits`).
+    Returns the verification to report and, when the culprits were found and the model without them verified,
+    that remainder's ``(model, fusions, skips)`` (else None).
+
+    Raises:
+        InputError: as :func:`optimize`.
+    """
+    layers = None
+    if options.compare_layers:
+        from onnxfuse.verification.layers import compare_layers
+
+        layers = compare_layers(loaded.ort_source(), out, verify_options).to_dict()  # the model that failed
+    remainder = None
+    if options.find_culprits:
+        from onnxfuse import culprits
+
+        found = culprits.search(loaded, rewriter, fusions, verified, verify_options, options.drop_culprits)
+        verified, remainder = found.verification, found.remainder
+    if layers is not None:
+        verified.layers = layers
+    return verified, remainder
 
 
 @dataclass

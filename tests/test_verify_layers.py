@@ -81,3 +81,21 @@ def test_layers_say_so_when_no_name_is_shared(tmp_path):
     result = CliRunner().invoke(main, ["verify", str(a), str(b), "--layers"])
     assert result.exit_code == 0
     assert "no intermediate tensor exists under the same name in both models" in result.stdout
+
+
+def test_a_failed_optimize_with_layers_prints_the_first_diverging_tensor(monkeypatch, tmp_path):
+    model = chain_model()
+    path, out, report = tmp_path / "m.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(model, str(path))
+    correct = pipeline.optimize(None, pipeline.Options(target="cpu"), None, loaded=_loaded(model))
+    pass_name, site = pick_site(correct.fusions, "drop_bias", correct.model)
+    culprit = next(f for f in correct.fusions if f.site == site)
+    inject(monkeypatch, Mutant("drop_bias", pass_name, site=site))
+    result = CliRunner().invoke(main, ["optimize", str(path), str(out), "--target", "cpu", "--layers",
+                                       "--report", str(report)])
+    assert result.exit_code == 1 and not out.exists()
+    lines = result.stderr.splitlines()
+    first = next(i for i, line in enumerate(lines) if "diverge; the first" in line) + 1
+    assert lines[first].strip().startswith(f"{culprit.output}:") and culprit.node in lines[first]
+    layers = json.loads(report.read_text())["verification"]["layers"]
+    assert layers["first"][0]["tensor"] == culprit.output and layers["first"][0]["candidate_node"][0] == culprit.node

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 @optimization_options
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison (the report says so).")
 @click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped or partial (strict CI).")
+@click.option("--layers", is_flag=True,
+              help="When verification fails, also compare the failing model with INPUT tensor by tensor and print "
+                   "the first tensors that diverge, with the node that writes each (as verify --layers).")
 @click.option("--drop-culprits", is_flag=True,
               help="When verification fails, write the model with the rewrites that broke it left unfused, once "
                    "that model verifies (a warning names them; exit 4). Default: exit 1, nothing written, the "
@@ -49,8 +52,8 @@ if TYPE_CHECKING:
 @fail_cleanly
 def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str, only: tuple[str, ...],
              skip: tuple[str, ...], input_shape: tuple[str, ...], ort_level: str | None, ort_version: str | None,
-             constant_initializer_inputs: bool, no_verify: bool, require_verify: bool, drop_culprits: bool,
-             input_data: str | None,
+             constant_initializer_inputs: bool, no_verify: bool, require_verify: bool, layers: bool,
+             drop_culprits: bool, input_data: str | None,
              input_value: tuple[str, ...], input_range: tuple[str, ...], input_sets: int, rtol: float | None,
              atol: float | None, verify_timeout: float | None, report_paths: tuple[Path, ...],
              report_format: str | None, bandwidth: float | None, overwrite: bool, materialize_weights: float) -> None:
@@ -78,6 +81,7 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
     options.expressions = bool(reports)
     options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
     options.drop_culprits = drop_culprits
+    options.compare_layers = layers
     checked = to_verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol,
                                 verify_timeout)
     log.debug("optimizing %s for target %s", input_path, target)
@@ -165,6 +169,11 @@ def _render_reports(result: pipeline.Result, input_path: Path, output_path: Path
         failed = verification.failed_outputs
         for o in failed:
             log.error("  %s", o.describe(verification.floor_multiple))
+        if verification.layers is not None:
+            from onnxfuse.verification.layers import text_lines
+
+            for line in text_lines(verification.layers):
+                log.error("  %s", line)
         for c in verification.culprits:
             log.error("  broke verification: %s", culprit_line(c))
         search = verification.culprit_search

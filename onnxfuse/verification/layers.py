@@ -65,32 +65,39 @@ class Layers:
     note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (``onnxfuse verify --layers --format json``, key ``layers``)."""
+        """JSON form (``onnxfuse verify --layers --format json``, key ``layers``; ``verification.layers`` of a
+        failed ``optimize --layers`` report)."""
+        v = self.verification
         return {"compared": len(self.compared), "original_tensors": self.original_tensors,
                 "candidate_tensors": self.candidate_tensors, "diverging": self.diverging,
                 "first": [d.to_dict() for d in self.first], "note": self.note,
-                "status": None if self.verification is None else str(self.verification.status)}
+                "status": None if v is None else str(v.status), "reason": None if v is None else v.reason}
 
     def lines(self) -> list[str]:
-        """The text ``onnxfuse verify --layers`` prints."""
-        head = (f"layers: {len(self.compared)} tensors compared (of {self.original_tensors} in ORIGINAL, "
-                f"{self.candidate_tensors} in CANDIDATE, same name and dtype in both)")
-        out = [head]
-        if self.note:
-            out.append(f"layers: {self.note}")
-        if self.verification is not None and self.verification.status == "skipped":
-            out.append(f"layers: not compared ({self.verification.reason})")
-        elif self.verification is not None and not self.diverging:
-            out.append("layers: no tensor diverges")
-        elif self.first:
-            out.append(f"layers: {self.diverging} tensor(s) diverge; the first, in ORIGINAL's topological order:")
-            for d in self.first:
-                o, c = d.original_node, d.candidate_node
-                tol = "" if d.diff.tolerance is None else f", tolerance {d.diff.tolerance:.3g}"
-                out.append(f"  {d.diff.name}: written by {o[0] or '(unnamed)'} ({o[1]}) in ORIGINAL, "
-                           f"{c[0] or '(unnamed)'} ({c[1]}) in CANDIDATE; max abs error {d.diff.max_abs_error:.3g}"
-                           f"{tol}")
-        return out
+        """The text ``onnxfuse verify --layers`` prints (:func:`text_lines`)."""
+        return text_lines(self.to_dict())
+
+
+def text_lines(doc: dict[str, Any]) -> list[str]:
+    """The lines that say what :meth:`Layers.to_dict`'s ``doc`` holds: how many tensors were compared, the note,
+    and the first diverging tensors with the node that writes each in either model."""
+    out = [f"layers: {doc['compared']} tensors compared (of {doc['original_tensors']} in ORIGINAL, "
+           f"{doc['candidate_tensors']} in CANDIDATE, same name and dtype in both)"]
+    if doc["note"]:
+        out.append(f"layers: {doc['note']}")
+    if doc["status"] == "skipped":
+        out.append(f"layers: not compared ({doc['reason']})")
+    elif doc["status"] is not None and not doc["diverging"]:
+        out.append("layers: no tensor diverges")
+    elif doc["first"]:
+        out.append(f"layers: {doc['diverging']} tensor(s) diverge; the first, in ORIGINAL's topological order:")
+        for d in doc["first"]:
+            o, c = d["original_node"], d["candidate_node"]
+            err = "-" if d["max_abs_error"] is None else f"{d['max_abs_error']:.3g}"
+            tol = "" if d["tolerance"] is None else f", tolerance {d['tolerance']:.3g}"
+            out.append(f"  {d['tensor']}: written by {o[0] or '(unnamed)'} ({o[1]}) in ORIGINAL, "
+                       f"{c[0] or '(unnamed)'} ({c[1]}) in CANDIDATE; max abs error {err}{tol}")
+    return out
 
 
 def _finite(x: float) -> float | None:

@@ -180,6 +180,8 @@ class Verification:
     ``culprits`` / ``culprit_search`` / ``remainder`` (``onnxfuse optimize`` after a failure, :mod:`onnxfuse.culprits`):
     each rewrite site that broke verification (``pass``, ``nodes``, ``ops``, ``output``, ``moved``: the outputs
     and errors it moved), what the search cost, and the verdict of the model with the culprits left unfused.
+    ``layers`` (``optimize --layers`` after a failure): the layer-by-layer comparison of the failing model
+    (:meth:`onnxfuse.verification.layers.Layers.to_dict`).
     """
 
     status: Status
@@ -198,6 +200,7 @@ class Verification:
     culprits: list[dict[str, Any]] = field(default_factory=list)
     culprit_search: dict[str, Any] | None = None
     remainder: dict[str, Any] | None = None
+    layers: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a plain "passed" given by a caller becomes Status.PASSED
@@ -297,6 +300,7 @@ class Verification:
             "second_input_shapes": self.second_input_shapes, "input_note": self.input_note,
             "random_integers": self.random_integers,
             "culprits": self.culprits, "culprit_search": self.culprit_search, "remainder": self.remainder,
+            "layers": self.layers,
             "max_abs_error": _finite(max((o.max_abs_error for o in self.outputs), default=None)),
             "max_rel_error": _finite(max((o.max_rel_error for o in self.outputs), default=None)),
             "outputs": [{k: _finite(v) if isinstance(v, float) else v for k, v in o.__dict__.items()}
