@@ -918,3 +918,15 @@ def test_status_and_cause_are_str_enums_written_as_their_values():
     assert Verification.unchanged().to_dict()["cause"] is None
     with pytest.raises(ValueError):
         Verification("maybe")
+
+
+def test_issue_32_a_sequence_output_is_not_compared_so_the_verdict_is_partial():
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    y = b.op("Relu", [b.bn(b.conv(x, 4, 4), 4)], name="y")
+    s = b.op("SequenceConstruct", [y, b.op("Abs", [y])], name="s")
+    model = b.build([y])
+    model.graph.output.append(onnx.helper.make_tensor_sequence_value_info(s, onnx.TensorProto.FLOAT, None))
+    result = verify.verify_models(model, model)
+    assert result.status == "partial" and "s_out" in result.reason and "sequence or map" in result.reason
+    assert result.outputs[0].passed and result.outputs[1].not_compared

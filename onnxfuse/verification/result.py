@@ -45,7 +45,7 @@ class Cause(_WrittenAsValue):
 
 
 #: How the summary and ``partial``'s reason say that outputs were not compared, and what to pass about it.
-NOT_COMPARED_TEXT = "not compared (NaN/inf or empty on both sides on every input set)"
+NOT_COMPARED_TEXT = "not compared (NaN/inf or empty on both sides on every input set, or a sequence or map)"
 PARTIAL_HINT = ("give the inputs values the model expects: --input-value NAME=V (e.g. --input-value sr=16000), "
                 "--input-range NAME=LOW,HIGH or --input-data FILE.npz")
 
