@@ -273,3 +273,27 @@ def test_shared_model_with_one_wrong_site(monkeypatch, name):
     assert layers.first and layers.first[0].candidate_node[0] == culprit.node, layers.lines()
     print(f"{name}: {v.culprit_search} total {seconds:.1f} s; layers: {len(layers.compared)} tensors, "
           f"first {layers.first[0].diff.name}, {layer_seconds:.1f} s")
+
+
+def test_a_rewrite_that_onnxruntime_cannot_load_is_found_too(monkeypatch):
+    """A wrong rewrite that makes the model unloadable (a FusedConv activation onnxruntime does not know): the
+    candidate fails as a whole, no output is compared, and the bisection still finds the site."""
+    model = chain_model()
+    options = pipeline.Options(target="cpu", ort_level="disable")
+    correct = run(model, options, VerifyOptions())
+    pass_name, site = pick_site(correct.fusions, "activation_alpha", correct.model)
+    cls = _pass_class(pass_name)
+    real = cls.rewrite
+
+    def unloadable(self, found, ctx):
+        key = driver.site_key(ctx.graph, self.name, found.nodes)
+        fusion = real(self, found, ctx)
+        if key == site:
+            _node(ctx.graph, fusion.node).attrs["activation"] = "NoSuchActivation"
+        return fusion
+
+    monkeypatch.setattr(cls, "rewrite", unloadable)
+    v = run(model, options, VerifyOptions()).verification
+    assert v.status == "failed" and "onnxruntime cannot" in v.reason
+    assert [c["nodes"][0] for c in v.culprits] == [site[2]] and v.culprits[0]["moved"] == []
+    assert v.remainder["status"] == "passed"
