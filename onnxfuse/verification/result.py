@@ -271,7 +271,15 @@ class Verification:
 
     @property
     def summary(self) -> str:
-        """One line: the worst output's error beside onnxruntime's noise floor and the tolerance."""
+        """One line: the worst output's error beside onnxruntime's noise floor and the tolerance; after a culprit
+        search whose remainder this is (``--drop-culprits``), how many rewrites were left unfused."""
+        text = self._summary()
+        if self.culprits and self.status != Status.FAILED:
+            text += f"; {len(self.culprits)} rewrite(s) that broke verification left unfused " \
+                    "(rewrite-broke-verification)"
+        return text
+
+    def _summary(self) -> str:
         if (self.reason and self.status != Status.PARTIAL) or not self.outputs:
             return self.reason or ""
         compared = [o for o in self.outputs if not o.not_compared]
