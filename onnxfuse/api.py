@@ -242,8 +242,9 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
     (:func:`onnxfuse.verification.verify.verify_models`).
 
     Returns:
-        An ``onnxfuse.verification.result.Verification``: ``status`` is ``passed``, ``failed`` or ``skipped`` (with
-        ``reason``); ``outputs`` has the error of each output, onnxruntime's noise floor and the tolerance
+        An ``onnxfuse.verification.result.Verification``: ``status`` is ``passed``, ``failed``, ``partial`` (every
+        output compared passed, but ``reason`` names one with nothing to compare on any input set) or ``skipped``
+        (with ``reason``); ``outputs`` has the error of each output, onnxruntime's noise floor and the tolerance
         applied. It does not raise on ``failed``: check ``status``.
 
     Raises:
