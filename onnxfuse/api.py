@@ -121,7 +121,7 @@ _KEYWORDS = {"--input-shape": "input_shapes", "--input-value": "input_values", "
              "--rtol": "rtol", "--atol": "atol", "--require-verify": "require_verify",
              "--verify-timeout": "verify_timeout", "--constant-initializer-inputs": "constant_initializer_inputs",
              "--no-verify": "verify=False", "--plugin": "plugins",
-             "--fix-input-shape": "fix_input_shapes"}
+             "--fix-input-shape": "fix_input_shapes", "--drop-culprits": "drop_culprits"}
 _OPTION = re.compile("|".join(re.escape(k) for k in sorted(_KEYWORDS, key=len, reverse=True)) + r"(?![\w-])")
 
 
@@ -194,7 +194,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
              ort_level: str = DEFAULT_ORT_LEVEL, verify_timeout: float | None = None,
              ort_version: str | None = None, name: str | None = None, plugins: Iterable = (),
-             fix_input_shapes: Mapping[str, Iterable[int]] | None = None) -> Result:
+             fix_input_shapes: Mapping[str, Iterable[int]] | None = None, drop_culprits: bool = False) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
     What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
@@ -208,7 +208,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
         verify: run the original and the optimized model in onnxruntime (graph optimizations disabled on both)
             and compare the outputs; False records verification as skipped.
         require_verify: raise :class:`VerificationError` when verification was skipped (say, onnxruntime
-            cannot run the original on generated inputs).
+            cannot run the original on generated inputs) or ``partial`` (an output had nothing to compare on any
+            input set: NaN/inf or empty on both sides).
         input_data: an ``.npz`` with one array per graph input name, used instead of random inputs.
         input_values / input_ranges / input_sets: a fill value or a ``(low, high)`` range per input name (say
             ``{"sr": 16000}``), and how many seeded input sets to compare on (see docs/reference.md, "Verification").
@@ -216,6 +217,11 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
         verify_timeout: seconds for every onnxruntime run of the verification together (None:
             ``onnxfuse.verification.options.DEFAULT_TIMEOUT_S``, 300; 0: no limit); when they run out verification is
             ``skipped`` with ``cause`` ``"time"`` (a :class:`VerificationError` with ``require_verify``).
+        drop_culprits: when verification fails, onnxfuse searches its rewrite sites for those that broke it
+            (within ``verify_timeout``; ``verification.culprits`` names them either way) and verifies the model
+            with them left unfused; True returns that model with its ``passed`` verification (culprits named)
+            instead of raising. False (default): :class:`VerificationError`, its ``.result`` holding the verified
+            remainder (docs/reference.md, "When verification fails").
 
     Returns:
         A :class:`onnxfuse.pipeline.Result`: ``model`` (the optimized ``ModelProto``), ``report`` (the
@@ -233,6 +239,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     options.plugins = _plugins(plugins)
     options.fix_input_shapes = _shapes(fix_input_shapes, "fix_input_shapes")
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
+    options.drop_culprits = bool(drop_culprits)
     timeout = timeout_seconds(verify_timeout)
     _check_inputs(input_values, input_ranges, input_sets, rtol, atol)
     loaded = _load(model, name)
@@ -244,9 +251,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     if verification.status == "failed":
         raise VerificationError(f"{loaded.label}: the optimized model does not match the original "
                                 f"({verification.reason})", result)
-    if verification.status == "skipped" and require_verify:
-        raise VerificationError(f"{loaded.label}: verification was skipped ({verification.reason}) and "
-                                "require_verify was set", result)
+    if verification.status in ("skipped", "partial") and require_verify:  # partial: an output not compared
+        raise VerificationError(f"{loaded.label}: verification was {verification.status} ({verification.reason}) "
+                                "and require_verify was set", result)
     return result
 
 
@@ -264,8 +271,9 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
     (:func:`onnxfuse.verification.verify.verify_models`).
 
     Returns:
-        An ``onnxfuse.verification.result.Verification``: ``status`` is ``passed``, ``failed`` or ``skipped`` (with
-        ``reason``); ``outputs`` has the error of each output, onnxruntime's noise floor and the tolerance
+        An ``onnxfuse.verification.result.Verification``: ``status`` is ``passed``, ``failed``, ``partial`` (every
+        output compared passed, but ``reason`` names one with nothing to compare on any input set) or ``skipped``
+        (with ``reason``); ``outputs`` has the error of each output, onnxruntime's noise floor and the tolerance
         applied. It does not raise on ``failed``: check ``status``.
 
     Raises:

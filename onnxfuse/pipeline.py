@@ -88,6 +88,14 @@ class Options:
         fix_input_shapes: graph input name -> dims written into the output's graph inputs (``--fix-input-shape``;
             ``onnxfuse.analysis.fix_inputs``): the passes see the static shapes, and analysis and verification use
             these sizes (with ``input_shapes``, which must agree).
+        find_culprits: when verification fails, search the rewrite sites for those that broke it
+            (:mod:`onnxfuse.culprits`, within the verification's timeout); the verification names them.
+        drop_culprits: ship the verified remainder (``--drop-culprits``): when the search found the culprits
+            and the model with them left unfused passes verification, that verification (``passed``, the
+            culprits named) is the result's, not ``failed``. Either way, once the remainder verified, the result's
+            model and report are the remainder's.
+        compare_layers: when verification fails, also compare the failing model with the original tensor by
+            tensor (``--layers``, :mod:`onnxfuse.verification.layers`) into ``verification.layers``.
     """
 
     target: str = DEFAULT_TARGET
@@ -103,6 +111,9 @@ class Options:
     materialize_weights_bytes: int = 0
     plugins: tuple = ()
     fix_input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    find_culprits: bool = True
+    drop_culprits: bool = False
+    compare_layers: bool = False
 
 
 @dataclass
@@ -254,16 +265,13 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     blocker = convert.rewrite_blocker(model)
     fusions: list[Fusion] = []
     skips: list[Skip] = []
+    rewriter = _Rewriter(options, overridable, dict(info), own_sym, loader, selected, loaded.label)
     if blocker is None:
-        try:
-            fusions, skips, out = _rewrite(model, selected, options, overridable, info, own_sym, loader)
-        except InputError as exc:
-            raise type(exc)(f"{loaded.label}: {exc}") from None
+        out, fusions, skips = rewriter.run(model)
+        log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
     else:
         out = model
-    forms = emitted_forms(out)
-    min_release = max((form_min_release(f) for f in forms), default=PROBED_ORT_RELEASES[0])
-    _set_metadata(out, options.target, selected, release_text(min_release))
+    forms, min_release = _finish_model(out, options, selected)
     if fusions:
         # Let the input's protobuf go once the result exists (peak memory: it is as large as the model).
         del model
@@ -271,6 +279,15 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
 
     verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options,
                                                    bool(fusions) or fixed)
+    if verified is not None and verified.status == "failed":
+        verified, failure = _after_failure(loaded, out, options, verify_options, rewriter, fusions, verified)
+        if failure is not None:  # the culprits left unfused, the rest verified: the report is of that
+            out, fusions, skips = failure
+            forms, min_release = _finish_model(out, options, selected)
+            if runtime is not None and options.ort_level is not None:
+                from onnxfuse.ort import optimized_graph as ort_graph
+
+                runtime = ort_graph.runtime_graphs(loaded.ort_source(), out, options.ort_level)
     after_sizes = before_sizes.with_model(out)
     if any(f.pass_name == "float16_body" for f in fusions):
         after_sizes = _float32_body_sizes(after_sizes, out)
@@ -345,53 +362,6 @@ def _own_symbolic(sym: symbolic.SymbolicShapes, skel: onnx.ModelProto, info: dic
     return None, lambda: symbolic.infer(skel, info)
 
 
-def _rewrite(model: onnx.ModelProto, selected: tuple[Pass, ...], options: Options, overridable: frozenset[str],
-             info: dict, own_symbolic: symbolic.SymbolicShapes | None,
-             loader: Callable[[], symbolic.SymbolicShapes] | None
-             ) -> tuple[list[Fusion], list[Skip], onnx.ModelProto]:
-    """Run ``selected`` on ``model`` and export the result: ``(fusions, skips, output)``; the output is ``model``
-    itself, rewritten in place, unless forms that need a newer onnxruntime were weighed (:func:`_keep_portable`)
-    and kept. ``info``: the passes' static shapes; ``own_symbolic``: the model's own symbolic shapes, or None and
-    ``loader`` that computes them on a pass's first need (:func:`_own_symbolic`; once for both runs).
-
-    Raises:
-        InputError: graphsurgeon cannot import or export the model.
-        PluginError: a plugin pass's rewrites leave a graph that cannot be exported or is invalid
-            (:func:`_plugin_checked`).
-    """
-    computed: list[symbolic.SymbolicShapes] = []
-
-    def shared() -> symbolic.SymbolicShapes:
-        if not computed and loader is not None:
-            computed.append(loader())
-        return computed[0]
-
-    def passes_on(graph: Any, portable: frozenset[str] = frozenset()) -> tuple[list[Fusion], list[Skip]]:
-        ctx = Context(get_target(options.target, options.ort_level, deployment_release(options)),
-                      overridable, dict(info), namer=constants.Namer(graph), symbolic=own_symbolic,
-                      symbolic_loader=None if loader is None else shared,
-                      materialize_bytes=options.materialize_weights_bytes, portable=portable)
-        return run_passes(graph, selected, ctx)
-
-    graph = convert.to_graph(model)
-    fusions, skips = passes_on(graph)
-    fused_out = None
-    raising = _raising_forms(model, graph, options)
-    if raising:  # again, keeping those chains portable (the input model is not changed until export)
-        fused_out = convert.to_model(graph, model)
-        graph = convert.to_graph(model)
-        portable_run = passes_on(graph, raising)
-        if _keep_portable(fused_out, convert.to_model(graph, model), options):
-            fused_out = None
-            fusions, skips = portable_run
-    log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
-    if fused_out is not None:
-        return fusions, skips, _plugin_checked(lambda: fused_out, fusions, selected)
-    out = _plugin_checked(lambda: convert.to_model(graph, model, reuse_original=True), fusions,
-                          selected) if fusions else model
-    return fusions, skips, out
-
-
 def _float32_body_sizes(sizes: traffic.Sizes, out: onnx.ModelProto) -> traffic.Sizes:
     """``sizes`` (the original's tensor sizes with ``out``'s constants) for an ``out`` whose body float16_body
     made float32: every float16 tensor but the graph inputs and outputs is float32 now (4 bytes an element, not 2),
@@ -433,6 +403,104 @@ def _keep_portable(fused: onnx.ModelProto, portable: onnx.ModelProto, options: O
     with_forms, without = ort_graph.kernels_at(fused, level), ort_graph.kernels_at(portable, level)
     log.debug("onnxruntime at %s runs %s kernels with the newer forms, %s without", level, with_forms, without)
     return with_forms is not None and without is not None and with_forms >= without
+
+
+def _after_failure(loaded: model_io.LoadedModel, out: onnx.ModelProto, options: Options, verify_options,
+                   rewriter: _Rewriter, fusions: list[Fusion], verified):
+    """What :func:`analyse` does when the verification of ``out`` failed: the layer-by-layer comparison
+    (``options.compare_layers``) and the culprit search (``options.find_culprits``, :mod:`onnxfuse.culprits`).
+    Returns the verification to report and, when the culprits were found and the model without them verified,
+    that remainder's ``(model, fusions, skips)`` (else None).
+
+    Raises:
+        InputError: as :func:`optimize`.
+    """
+    layers = None
+    if options.compare_layers:
+        from onnxfuse.verification.layers import compare_layers
+
+        layers = compare_layers(loaded.ort_source(), out, verify_options).to_dict()  # the model that failed
+    remainder = None
+    if options.find_culprits:
+        from onnxfuse import culprits
+
+        found = culprits.search(loaded, rewriter, fusions, verified, verify_options, options.drop_culprits)
+        verified, remainder = found.verification, found.remainder
+    if layers is not None:
+        verified.layers = layers
+    return verified, remainder
+
+
+@dataclass
+class _Rewriter:
+    """What :func:`analyse` runs the passes with, kept to run them again (the culprit search,
+    :mod:`onnxfuse.culprits`) with some sites left unfused.
+
+    ``own_shapes``: the model's own symbolic shapes, or None and ``loader``, which computes them on a pass's first
+    need (:func:`_own_symbolic`; once for every run)."""
+
+    options: Options
+    overridable: frozenset[str]
+    info: dict
+    own_shapes: symbolic.SymbolicShapes | None
+    loader: Callable[[], symbolic.SymbolicShapes] | None
+    selected: tuple[Pass, ...]
+    label: str
+    _computed: list[symbolic.SymbolicShapes] = field(default_factory=list)
+
+    def _shared_symbolic(self) -> symbolic.SymbolicShapes:
+        if not self._computed and self.loader is not None:
+            self._computed.append(self.loader())
+        return self._computed[0]
+
+    def _passes_on(self, graph: Any, portable: frozenset[str], excluded: dict[tuple[str, ...], str]
+                   ) -> tuple[list[Fusion], list[Skip]]:
+        o = self.options
+        ctx = Context(get_target(o.target, o.ort_level, deployment_release(o)), self.overridable, dict(self.info),
+                      namer=constants.Namer(graph), symbolic=self.own_shapes,
+                      symbolic_loader=None if self.loader is None else self._shared_symbolic,
+                      materialize_bytes=o.materialize_weights_bytes, portable=portable, excluded=dict(excluded))
+        return run_passes(graph, self.selected, ctx)
+
+    def run(self, model: onnx.ModelProto, excluded: dict[tuple[str, ...], str] | None = None
+            ) -> tuple[onnx.ModelProto, list[Fusion], list[Skip]]:
+        """The passes over ``model`` (rewritten in place when they change it; it must not be used afterwards):
+        the output model (``model`` itself when nothing changed), the fusions and the skips. ``excluded``: sites
+        left unfused (``Context.excluded``). Where forms that need a newer onnxruntime than ``model`` were made,
+        the passes run again with those chains kept portable and the portable output wins unless the fused one
+        leaves onnxruntime fewer kernels (:func:`_keep_portable`, issue 31).
+
+        Raises:
+            InputError: the graph cannot be converted or exported.
+            PluginError: a plugin pass's rewrites leave a graph that cannot be exported or is invalid
+                (:func:`_plugin_checked`).
+        """
+        excluded = excluded or {}
+        try:
+            graph = convert.to_graph(model)
+            fusions, skips = self._passes_on(graph, frozenset(), excluded)
+            raising = _raising_forms(model, graph, self.options)
+            if raising:  # again, keeping those chains portable (the input model is not changed until export)
+                fused_out = _plugin_checked(lambda: convert.to_model(graph, model), fusions, self.selected)
+                graph = convert.to_graph(model)
+                portable_run = self._passes_on(graph, raising, excluded)
+                if not _keep_portable(fused_out, convert.to_model(graph, model), self.options):
+                    return fused_out, fusions, skips
+                fusions, skips = portable_run
+            out = _plugin_checked(lambda: convert.to_model(graph, model, reuse_original=True), fusions,
+                                  self.selected) if fusions else model
+            return out, fusions, skips
+        except InputError as exc:
+            raise type(exc)(f"{self.label}: {exc}") from None
+
+
+def _finish_model(out: onnx.ModelProto, options: Options, selected: tuple[Pass, ...]) -> tuple[Counter, tuple]:
+    """The FusedConv/FusedGemm forms of ``out`` and the oldest onnxruntime release that loads them all; sets
+    onnxfuse's metadata in ``out``."""
+    forms = emitted_forms(out)
+    min_release = max((form_min_release(f) for f in forms), default=PROBED_ORT_RELEASES[0])
+    _set_metadata(out, options.target, selected, release_text(min_release))
+    return forms, min_release
 
 
 def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None
@@ -571,7 +639,9 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     result = analyse(path, options, loaded, verify_options)  # verifies a rewritten model
     if verify_options is None:
         result.report.verification = Verification.skipped_by_user()
-    elif not result.changed:  # the output computes exactly what the input does: nothing to run
+    elif not result.changed and not (result.report.verification and result.report.verification.culprits):
+        # the output computes exactly what the input does: nothing to run (after a culprit search that left every
+        # site unfused, the verification made stays: it names them)
         result.report.verification = Verification.unchanged()
     else:
         from onnxfuse.verification import verify  # not imported by a run that verifies nothing

@@ -168,6 +168,10 @@ class Reason(str, Enum):
     PLUGIN_DECLINED = (
         "declined-by-plugin",
         "none from onnxfuse: the detail says which condition of the plugin pass the pattern fails")
+    BROKE_VERIFICATION = (
+        "rewrite-broke-verification",
+        "none: this rewrite moved an output beyond verification's tolerance (a bug in onnxfuse; please report it "
+        "with the model); the culprit search left it unfused and verified the rest (--drop-culprits writes that)")
 
     def __str__(self) -> str:
         return self.value
@@ -210,6 +214,10 @@ class Fusion:
         output: name of the tensor the fused node writes.
         kind: the pass's :class:`RewriteKind` (not in the JSON report, which tells canonicalizations apart by
             pass name, :data:`CANONICALIZE_NAMES`).
+        site: the rewrite's key, set by the driver (``onnxfuse.passes.driver.site_key``): the graph's name, the
+            pass and the names of the nodes it matched, in order; the same in a run of the passes that leaves
+            other sites out, so the culprit search (:mod:`onnxfuse.verification.search`) can name one to leave
+            unfused (``Context.excluded``). Not in the JSON report.
     """
 
     pass_name: str
@@ -219,3 +227,4 @@ class Fusion:
     activation: str | None
     output: str
     kind: RewriteKind
+    site: tuple[str, ...] = ()

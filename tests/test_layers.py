@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("passes",),  # the pass contract, the driver and one module per pass
     ("verification",),  # the rule that compares original and output in onnxruntime
     ("report",),  # the report's data, presentation and renderers
+    ("culprits",),  # the culprit search's orchestration: the passes run again, each candidate verified
     ("pipeline",),  # orchestration
     ("api", "bench"),  # the library's public functions, the benchmark command's library
     ("batch",),  # many models, worker processes or Ray

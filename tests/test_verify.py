@@ -804,15 +804,49 @@ def test_an_empty_output_beside_a_good_one_is_not_compared(tmp_path):
     model = b.build([y, empty])
     path = save(tmp_path, model)
     result = verify.verify_models(model, model)
-    assert result.status == "passed"
+    assert result.status == "partial"  # issue 32: an output with nothing compared is not a pass
     good, z = result.outputs
     assert good.passed and good.compared == 256
     assert z.not_compared and not z.passed and z.compared == 0  # never counted as passed
     assert "not compared" in result.summary and "z_out" in result.summary
     assert result.failed_outputs == []
     cli = invoke("verify", path, path)
-    assert cli.exit_code == 0 and "not compared" in cli.stdout
+    assert cli.exit_code == 0 and "verification: partial" in cli.stdout and "not compared" in cli.stdout
     assert any(line.startswith("warning:") and "z_out" in line for line in cli.stderr.splitlines())
+
+
+def nan_beside_good_model() -> onnx.ModelProto:
+    """x -> Conv -> BatchNormalization -> y (a fold to verify), and z = Sqrt(-1 - |x|): NaN everywhere, on every
+    input, in every model (a scalar input left random can do that to a real model's output)."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    y = b.op("Relu", [b.bn(b.conv(x, 4, 4), 4)], name="y")
+    neg = b.op("Sub", [b.const(np.full((1,), -1.0, np.float32)), b.op("Abs", [x])])
+    return b.build([y, b.op("Sqrt", [neg], name="z")])
+
+
+def test_issue_32_an_output_nan_on_every_input_set_is_never_passed(tmp_path):
+    model = nan_beside_good_model()
+    result = verify.verify_models(model, model, VerifyOptions(input_sets=3))
+    assert result.status == "partial" and len(result.seeds) == 3
+    assert [o.not_compared for o in result.outputs] == [False, True]
+    assert "--input-value" in result.reason and "--input-data" in result.reason and "z_out" in result.reason
+    assert "--input-value" in result.summary and "z_out" in result.summary
+    assert result.to_dict()["status"] == "partial"
+    path = save(tmp_path, model)
+    out = tmp_path / "out.onnx"
+    ok = invoke("optimize", path, out, "--target", "cpu")
+    assert ok.exit_code == 0 and out.exists(), ok.stderr
+    assert "verification: partial" in ok.stdout and "NOT FULLY VERIFIED" in ok.stderr
+    out.unlink()
+    strict = invoke("optimize", path, out, "--target", "cpu", "--require-verify")
+    assert strict.exit_code == 1 and not out.exists()
+    assert "verification was partial" in strict.stderr
+    import onnxfuse
+
+    assert onnxfuse.optimize(model, target="cpu").verification.status == "partial"
+    with pytest.raises(onnxfuse.VerificationError, match="partial"):
+        onnxfuse.optimize(model, target="cpu", require_verify=True)
 
 
 # --- integer outputs (issue 26) ---------------------------------------------------------------------------------
@@ -884,3 +918,15 @@ def test_status_and_cause_are_str_enums_written_as_their_values():
     assert Verification.unchanged().to_dict()["cause"] is None
     with pytest.raises(ValueError):
         Verification("maybe")
+
+
+def test_issue_32_a_sequence_output_is_not_compared_so_the_verdict_is_partial():
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    y = b.op("Relu", [b.bn(b.conv(x, 4, 4), 4)], name="y")
+    s = b.op("SequenceConstruct", [y, b.op("Abs", [y])], name="s")
+    model = b.build([y])
+    model.graph.output.append(onnx.helper.make_tensor_sequence_value_info(s, onnx.TensorProto.FLOAT, None))
+    result = verify.verify_models(model, model)
+    assert result.status == "partial" and "s_out" in result.reason and "sequence or map" in result.reason
+    assert result.outputs[0].passed and result.outputs[1].not_compared

@@ -3,7 +3,8 @@
 Exit codes: 0 success; 1 the optimized model failed verification (or ``--require-verify`` and verification
 was skipped), no model written (a ``--report`` file is, with the verification result); 2 usage error, an input
 model that cannot be read or is invalid, or an output that cannot be written; 3 an internal error (a bug in
-onnxfuse: one line, ``ONNXFUSE_DEBUG=1`` for the traceback); 130 interrupted (Ctrl-C, SIGINT), 143 terminated
+onnxfuse: one line, ``ONNXFUSE_DEBUG=1`` for the traceback); 4 ``--drop-culprits`` wrote the verified model
+with the rewrites that broke verification left unfused; 130 interrupted (Ctrl-C, SIGINT), 143 terminated
 (SIGTERM), 129 hung up (SIGHUP): no partly written or temporary file left.
 """
 
@@ -32,12 +33,15 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0    success
   1    the optimized model failed verification, or --require-verify and
-       verification was skipped (no model written; a --report file is,
+       verification was skipped or partial (no model written; a --report file is,
        with the verification result)
   2    usage error, an input model that cannot be read or is invalid,
        or an OUTPUT that cannot be written
   3    internal error, a bug in onnxfuse (one line; ONNXFUSE_DEBUG=1
        shows the traceback)
+  4    --drop-culprits: verification failed, and the model with the
+       rewrites that broke it left unfused was verified and written
+       (a warning names them)
   130  interrupted (Ctrl-C); no partly written file is left
   143  terminated (SIGTERM: CI runners, timeout); the same"""
 
@@ -48,6 +52,10 @@ Exit codes:
   3    internal error, a bug in onnxfuse (ONNXFUSE_DEBUG=1: traceback)
   130  interrupted (Ctrl-C)
   143  terminated (SIGTERM)"""
+
+#: Exit code of ``optimize --drop-culprits`` when it wrote the verified remainder: the rewrites that broke
+#: verification (named in warnings) were left unfused. Distinct from 0 so that a CI step can tell.
+EXIT_CULPRITS_LEFT_UNFUSED = 4
 
 #: Exit code after SIGINT (Ctrl-C): 128 + signal number 2, the shell convention. Not 1, which means "verification
 #: failed". SIGTERM exits 143 and SIGHUP 129 (errors.Interrupted.exit_code).

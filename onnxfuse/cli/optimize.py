@@ -16,7 +16,7 @@ from onnxfuse.cli.args.plugins import plugin_option
 from onnxfuse.cli.args.report_output import bandwidth_option, check_bandwidth, report_file_options, report_files
 from onnxfuse.cli.args.verification import to_verify_options, verify_options
 from onnxfuse.cli.console import diagnostics, log, progress, verbosity, verbosity_options, warn_unverified
-from onnxfuse.cli.exits import EXIT_CODES_HELP, fail_cleanly
+from onnxfuse.cli.exits import EXIT_CODES_HELP, EXIT_CULPRITS_LEFT_UNFUSED, fail_cleanly
 from onnxfuse.errors import InputError, VerificationError
 
 if TYPE_CHECKING:
@@ -31,7 +31,14 @@ if TYPE_CHECKING:
 @plugin_option
 @fix_input_shape_option
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison (the report says so).")
-@click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped (strict CI).")
+@click.option("--require-verify", is_flag=True, help="Exit 1 when verification is skipped or partial (strict CI).")
+@click.option("--layers", is_flag=True,
+              help="When verification fails, also compare the failing model with INPUT tensor by tensor and print "
+                   "the first tensors that diverge, with the node that writes each (as verify --layers).")
+@click.option("--drop-culprits", is_flag=True,
+              help="When verification fails, write the model with the rewrites that broke it left unfused, once "
+                   "that model verifies (a warning names them; exit 4). Default: exit 1, nothing written, the "
+                   "culprits named.")
 @verify_options
 @report_file_options
 @bandwidth_option
@@ -48,7 +55,8 @@ if TYPE_CHECKING:
 @fail_cleanly
 def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str, only: tuple[str, ...],
              skip: tuple[str, ...], input_shape: tuple[str, ...], ort_level: str | None, ort_version: str | None,
-             constant_initializer_inputs: bool, no_verify: bool, require_verify: bool, input_data: str | None,
+             constant_initializer_inputs: bool, no_verify: bool, require_verify: bool, layers: bool,
+             drop_culprits: bool, input_data: str | None,
              input_value: tuple[str, ...], input_range: tuple[str, ...], input_sets: int, rtol: float | None,
              atol: float | None, verify_timeout: float | None, report_paths: tuple[Path, ...],
              report_format: str | None, bandwidth: float | None, overwrite: bool, materialize_weights: float,
@@ -77,6 +85,8 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
         raise InputError("--materialize-weights must be a finite number of MiB")
     options.materialize_weights_bytes = int(materialize_weights * 2**20)
     options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
+    options.drop_culprits = drop_culprits
+    options.compare_layers = layers
     checked = to_verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol,
                                 verify_timeout)
     log.debug("optimizing %s for target %s", input_path, target)
@@ -87,6 +97,22 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
     diagnostics(result.report)
     report_texts = _render_reports(result, input_path, output_path, reports, require_verify)
     _write_results(ctx, result, output_path, reports, report_texts)
+    if result.report.verification.culprits:  # --drop-culprits: the verified remainder was written
+        for c in result.report.verification.culprits:
+            log.warning("left unfused because it broke verification: %s", culprit_line(c))
+        ctx.exit(EXIT_CULPRITS_LEFT_UNFUSED)
+
+
+def culprit_line(c: dict) -> str:
+    """One culprit of ``Verification.culprits``: the pass, its original nodes and what it moved."""
+    moved = "; ".join(f"output {m['output']}: max abs error {_num(m['max_abs_error'])}, tolerance "
+                      f"{_num(m['tolerance'])}" for m in c["moved"]) or (c.get("reason") or "")
+    nodes = ", ".join(f"{n} ({op})" for n, op in zip(c["nodes"], c["ops"], strict=True))
+    return f"{c['pass']} of {nodes} ({moved})"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
 
 
 def _check_outputs(input_path: Path, output_path: Path, output_arg: str, report_paths: tuple[Path, ...],
@@ -134,25 +160,40 @@ def _render_reports(result: pipeline.Result, input_path: Path, output_path: Path
     verification = result.report.verification
     if any(model_io.same_file(output_path, f) for f in result.loaded.data_files):
         raise InputError(f"{output_path}: OUTPUT is an external data file of INPUT; choose another name")
-    refused = verification.status == "failed" or (verification.status == "skipped" and require_verify)
+    unverified = verification.status in ("skipped", "partial") and require_verify  # partial: not verified
+    refused = verification.status == "failed" or unverified
     report_texts = []
     for report_path, fmt in reports:
         files.check_not_data_file(report_path, "--report", result.loaded)
         report_texts.append((report_path, formats.render(result.report, fmt, show_all=True)))
         if refused:  # the report says why no model is written
             files.write_text(report_path, report_texts[-1][1])
-    if not (verification.status == "skipped" and require_verify):
+    if not unverified:
         warn_unverified(verification)
     if verification.status == "failed":
         failed = verification.failed_outputs
         for o in failed:
             log.error("  %s", o.describe(verification.floor_multiple))
+        if verification.layers is not None:
+            from onnxfuse.verification.layers import text_lines
+
+            for line in text_lines(verification.layers):
+                log.error("  %s", line)
+        for c in verification.culprits:
+            log.error("  broke verification: %s", culprit_line(c))
+        search = verification.culprit_search
+        if search is not None:
+            log.error("  culprit search: %d of %d sites, %d verifications, %.1f s%s", len(verification.culprits),
+                      search["sites"], search["verifications"], search["seconds"],
+                      "" if search["complete"] else f"; incomplete: {search['note']}")
         why = f"{len(failed)} of {len(verification.outputs)} outputs differ, above" if failed else verification.reason
+        remedy = ("; without the culprit(s) the rest verifies: --drop-culprits writes it (exit 4)"
+                  if (verification.remainder or {}).get("status") == "passed" else "")
         raise VerificationError(f"{input_path}: the optimized model does not match the original ({why}); "
-                                f"{output_path} was not written")
-    if verification.status == "skipped" and require_verify:
-        raise VerificationError(f"{input_path}: verification was skipped ({verification.reason}) and "
-                                f"--require-verify was given; {output_path} was not written")
+                                f"{output_path} was not written{remedy}")
+    if unverified:
+        raise VerificationError(f"{input_path}: verification was {verification.status} ({verification.reason}) "
+                                f"and --require-verify was given; {output_path} was not written")
     return report_texts
 
 

@@ -34,13 +34,17 @@ Exit codes:
 @input_shape_option
 @verify_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--layers", is_flag=True,
+              help="Also compare every tensor that exists under the same name in both models (each exposed as an "
+                   "output, judged by the same rule) and print the first that diverge, in ORIGINAL's topological "
+                   "order, with the node that writes each. Costs one more verification.")
 @verbosity_options
 @click.pass_context
 @fail_cleanly
 def verify_command(ctx: click.Context, original: Path, candidate: Path, input_shape: tuple[str, ...],
                    input_data: str | None, input_value: tuple[str, ...], input_range: tuple[str, ...],
                    input_sets: int, rtol: float | None, atol: float | None, verify_timeout: float | None,
-                   fmt: str) -> None:
+                   fmt: str, layers: bool) -> None:
     """Check that CANDIDATE computes what ORIGINAL does, in onnxruntime (any pair of models: onnxfuse's output,
     another optimizer's, a hand-edited graph). Both run with graph optimizations disabled on the same inputs; an
     output passes when it differs by no more than onnxruntime's own noise (how much its optimization levels change
@@ -51,6 +55,7 @@ def verify_command(ctx: click.Context, original: Path, candidate: Path, input_sh
       onnxfuse verify model.onnx model.fused.onnx
       onnxfuse verify vad.onnx vad.slim.onnx --input-value sr=16000 \\
           --input-shape input=1x512
+      onnxfuse verify model.onnx other-optimizer.onnx --layers
     """
     shapes = parse_input_shapes(input_shape)  # a malformed one is a usage error: answered before the libraries load
     from onnxfuse.model import io as model_io
@@ -61,12 +66,23 @@ def verify_command(ctx: click.Context, original: Path, candidate: Path, input_sh
         model_io.load_model(path)  # unreadable or invalid: an input error (exit 2)
     with progress(ctx, "running both models in onnxruntime"):
         result = verify_mod.verify_models(original, candidate, opts)
+    by_layer = None
+    if layers:
+        from onnxfuse.verification.layers import compare_layers
+
+        with progress(ctx, "running both models with every shared tensor exposed"):
+            by_layer = compare_layers(original, candidate, opts)
     if fmt == "json":
         import json
 
-        click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+        doc = result.to_dict()
+        if by_layer is not None:
+            doc["layers"] = by_layer.to_dict()
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
         click.echo(verification_text(result), nl=False)
+        if by_layer is not None:
+            click.echo("\n".join(escape.text(line) for line in by_layer.lines()))
     warn_unverified(result, strict_option=False)
     if result.status == "skipped":
         raise InputError(f"verification skipped: {result.reason}")

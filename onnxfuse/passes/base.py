@@ -61,6 +61,8 @@ class Context:
             each such fold spends its growth). 0: weights stay compact.
         portable: output tensor names of chains onnxruntime fuses itself at the target's level, where a form that
             needs a newer onnxruntime than the input model is not emitted (``onnxfuse.passes.portable``).
+        excluded: sites (``records.Fusion.site``) that the driver must leave unfused, each with the sentence of
+            the ``rewrite-broke-verification`` skip it records instead (the culprit search's reruns).
     """
 
     target: Target
@@ -82,6 +84,7 @@ class Context:
             loader, self.symbolic_loader = self.symbolic_loader, None
             self.symbolic = loader()
         return self.symbolic
+    excluded: dict[tuple[str, ...], str] = field(default_factory=dict)
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.

@@ -5,9 +5,12 @@ nothing, and keeps one skip per Conv chain.
 
 from __future__ import annotations
 
+import dataclasses
+
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
+from onnxfuse.passes._checks import replaced
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
@@ -33,7 +36,11 @@ def run_passes(graph: gs.Graph, selected: tuple[Pass, ...], ctx: Context) -> tup
     When constant_fold folded a ``Shape``/``Size`` in the main graph, ``ctx.shapes`` is refreshed by onnx shape
     inference before the fusion passes (``constant_fold.refresh_shapes``).
 
-    Returns the rewrites in the order applied and the skips seen in each stage's last (unchanged) round.
+    A match whose site (:func:`site_key`) is in ``ctx.excluded`` is not rewritten: a ``rewrite-broke-verification``
+    skip is recorded for it instead (the culprit search, :mod:`onnxfuse.verification.search`).
+
+    Returns the rewrites in the order applied (each with its ``site``) and the skips seen in each stage's last
+    (unchanged) round.
     """
     stages = [tuple(p for p in selected if p.kind is RewriteKind.CANONICALIZE),
               tuple(p for p in selected if p.kind is not RewriteKind.CANONICALIZE)]
@@ -56,7 +63,7 @@ def run_passes(graph: gs.Graph, selected: tuple[Pass, ...], ctx: Context) -> tup
 def _run_stage(sub: gs.Graph, stage: tuple[Pass, ...], ctx: Context, order: edit.NodeOrder, fusions: list[Fusion],
                skips: list[Skip]) -> None:
     for _ in range(MAX_ROUNDS if stage else 0):
-        changed, round_skips = False, []
+        changed, round_skips, left_out = False, [], []
         for p in stage:
             anchors = frozenset(p.anchors)
             for node in list(sub.nodes):
@@ -66,14 +73,35 @@ def _run_stage(sub: gs.Graph, stage: tuple[Pass, ...], ctx: Context, order: edit
                     continue  # removed by an earlier rewrite of this round
                 found = p.match(node, ctx)
                 if isinstance(found, Match):
-                    fusions.append(p.rewrite(found, ctx))
+                    site = site_key(sub, p.name, found.nodes)
+                    if site in ctx.excluded:  # the culprit search leaves this rewrite out
+                        left_out.append(Skip(Reason.BROKE_VERIFICATION, ctx.excluded[site], replaced(found.nodes),
+                                             _output(found.nodes), p.name))
+                        continue
+                    fusions.append(dataclasses.replace(p.rewrite(found, ctx), site=site))
                     changed = True
                 elif isinstance(found, Skip):
                     round_skips.append(_with_pass(found, p.name))
             order.compact()
         if not changed:
             skips.extend(longest_per_conv(round_skips))
+            skips.extend(left_out)
             break
+
+
+def site_key(graph: gs.Graph, pass_name: str, nodes: list[gs.Node]) -> tuple[str, ...]:
+    """The key of a rewrite (``records.Fusion.site``): ``graph``'s name, the pass and the names of the matched
+    ``nodes`` in order. Node names are unique in a graph (``onnxfuse.model.io.check_node_names``), and a fused
+    node keeps its first node's name, so a site keeps its key when other sites are left out. An unnamed node
+    (names are optional in ONNX; old exports leave them empty) is keyed by its first output instead, which is
+    unique too (each tensor has one producer)."""
+    return (graph.name or "", pass_name,
+            *(n.name or f"output:{n.outputs[0].name if n.outputs else ''}" for n in nodes))
+
+
+def _output(nodes: list[gs.Node]) -> str:
+    last = nodes[-1]
+    return last.outputs[0].name if last.outputs else ""
 
 
 def longest_per_conv(skips: list[Skip]) -> list[Skip]:

@@ -589,7 +589,7 @@ def verification_line(doc: Doc) -> str:
     detail = v.get("summary") or v.get("reason")
     if not detail and v.get("max_abs_error") is not None:
         detail = f"max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g}"
-    if v["status"] in ("passed", "failed") and v.get("input_shapes"):  # what was run: sizes may be generated
+    if v["status"] in ("passed", "failed", "partial") and v.get("input_shapes"):  # what was run: sizes may be generated
         shapes = shapes_text({"input_shapes": v["input_shapes"]})
         detail = f"{detail}; inputs {shapes}" if detail else f"inputs {shapes}"
     return f"verification: {v['status']}" + (f" ({detail})" if detail else "")

@@ -13,10 +13,14 @@ from onnxfuse.verification.run import Feeds, Outputs, run_all, session
 
 
 def measure_floors(original: Model, feeds_list: list[Feeds], refs: Outputs, accs: list[Accumulator],
-                   opts: VerifyOptions, floor_graph_to: str | None = None) -> str | None:
+                   opts: VerifyOptions, floor_graph_to: str | None = None,
+                   cache: dict[str, Outputs | str] | None = None) -> str | None:
     """Measure the floors that the verdict of ``accs`` (every input set compared) depends on, into ``accs``;
     the report's ``floor_note``: why a floor was not measured (None when both needed were).
-    ``floor_graph_to``: as in :func:`onnxfuse.verification.verify.verify_models`.
+    ``floor_graph_to``: as in :func:`onnxfuse.verification.verify.verify_models`. ``cache``: the original's floor
+    runs kept from an earlier call on the same original and inputs (``"floor"``, ``"rounding"``: its outputs, or
+    the note of why they could not be made), filled in here, so that several candidates judged against one
+    original (the culprit search, :mod:`onnxfuse.verification.search`) make each floor session once.
 
     No floor is measured under explicit rtol/atol, with no floating-point output, when every floating-point
     output is bit-identical to the original's, or when every output is within ``floor_multiple`` x its one-ulp
@@ -38,43 +42,59 @@ def measure_floors(original: Model, feeds_list: list[Feeds], refs: Outputs, accs
     if not any(over(a, opts) for a in accs):
         return (f"not measured: every floating-point output is within {opts.floor_multiple:g}x its "
                 "one-ulp minimum floor")
-    floor_note = measure_floor(original, feeds_list, refs, accs, floor_graph_to)
+    floor_note = measure_floor(original, feeds_list, refs, accs, floor_graph_to, cache)
     if any(over(a, opts) for a in accs):
-        note = measure_rounding_floor(original, feeds_list, refs, accs)
+        note = measure_rounding_floor(original, feeds_list, refs, accs, cache)
         floor_note = "; ".join(n for n in (floor_note, note) if n) or None
     return floor_note
 
 
 def measure_floor(original: Model, feeds_list: list[Feeds], refs: Outputs, accs: list[Accumulator],
-                  save_to: str | None = None) -> str | None:
+                  save_to: str | None = None, cache: dict[str, Outputs | str] | None = None) -> str | None:
     """Set each output's ``floor`` (and its slices', and an integer output's ``floor_differing``) from one
     ORT_ENABLE_ALL session of the original; a note when that session cannot be made or run (the floor then
     stays None and min_floor alone applies). ``save_to``: as ``floor_graph_to`` of
-    :func:`onnxfuse.verification.verify.verify_models`.
+    :func:`onnxfuse.verification.verify.verify_models`. ``cache``: as in :func:`measure_floors`.
 
     Raises:
         runtime.RunTimeout: the budget ran out.
     """
-    with runtime.loadable(original) as src:
-        try:
-            alls = run_all(session(src, "all", save_to), feeds_list)
-        except runtime.RunTimeout:
-            raise
-        except Exception as exc:
-            return f"not measured: onnxruntime cannot run the original at ORT_ENABLE_ALL: {runtime.short(exc)}"
-    _add_floors(accs, refs, alls, "floor")
+    cached = None if cache is None or save_to else cache.get("floor")
+    if isinstance(cached, str):
+        return cached
+    if cached is None:
+        with runtime.loadable(original) as src:
+            try:
+                cached = run_all(session(src, "all", save_to), feeds_list)
+            except runtime.RunTimeout:
+                raise
+            except Exception as exc:
+                note = f"not measured: onnxruntime cannot run the original at ORT_ENABLE_ALL: {runtime.short(exc)}"
+                if cache is not None:
+                    cache["floor"] = note
+                return note
+        if cache is not None:
+            cache["floor"] = cached
+    _add_floors(accs, refs, cached, "floor")
     return None
 
 
-def measure_rounding_floor(original: Model, feeds_list: list[Feeds], refs: Outputs, accs: list[Accumulator]
-                           ) -> str | None:
+def measure_rounding_floor(original: Model, feeds_list: list[Feeds], refs: Outputs, accs: list[Accumulator],
+                           cache: dict[str, Outputs | str] | None = None) -> str | None:
     """Set each output's ``rounding_floor`` (and its slices', and an integer output's floors, see
     :func:`onnxfuse.verification.compare.add_floor`) from one ORT_DISABLE_ALL session of the original with
-    :func:`onnxfuse.verification.models.weights_moved_by_one_ulp`; a note when that cannot be done.
+    :func:`onnxfuse.verification.models.weights_moved_by_one_ulp`; a note when that cannot be done. ``cache``: as
+    in :func:`measure_floors`.
 
     Raises:
         runtime.RunTimeout: the budget ran out.
     """
+    cached = None if cache is None else cache.get("rounding")
+    if isinstance(cached, str):
+        return cached
+    if cached is not None:
+        _add_floors(accs, refs, cached, "rounding")
+        return None
     try:
         model = proto(original)
         # a model proto() read from a path or bytes is this function's own: moved in place, not copied first
@@ -87,7 +107,12 @@ def measure_rounding_floor(original: Model, feeds_list: list[Feeds], refs: Outpu
     except runtime.RunTimeout:
         raise
     except Exception as exc:
-        return f"rounding floor not measured: {runtime.short(exc)}"
+        note = f"rounding floor not measured: {runtime.short(exc)}"
+        if cache is not None:
+            cache["rounding"] = note
+        return note
+    if cache is not None:
+        cache["rounding"] = outs
     _add_floors(accs, refs, outs, "rounding")
     return None
 

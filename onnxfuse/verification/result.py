@@ -29,6 +29,9 @@ class Status(_WrittenAsValue):
     FAILED = "failed"
     SKIPPED = "skipped"
     UNCHANGED = "unchanged"
+    #: every output compared passed, but at least one could not be compared on any input set (NaN/inf or empty
+    #: on both sides): no evidence about it, so not ``passed`` (``--require-verify`` refuses it)
+    PARTIAL = "partial"
 
 
 class Cause(_WrittenAsValue):
@@ -39,6 +42,18 @@ class Cause(_WrittenAsValue):
     LOAD = "load"
     USER = "user"
     RANDOM = "random"
+
+
+#: How the summary and ``partial``'s reason say that outputs were not compared, and what to pass about it.
+NOT_COMPARED_TEXT = "not compared (NaN/inf or empty on both sides on every input set, or a sequence or map)"
+PARTIAL_HINT = ("give the inputs values the model expects: --input-value NAME=V (e.g. --input-value sr=16000), "
+                "--input-range NAME=LOW,HIGH or --input-data FILE.npz")
+
+
+def partial_reason(outputs: list[OutputDiff]) -> str:
+    """The ``reason`` of a ``partial`` verification: which outputs had nothing to compare, and what to pass."""
+    return f"output(s) {', '.join(o.name for o in outputs)} {NOT_COMPARED_TEXT}, so nothing is known of them; " \
+           f"{PARTIAL_HINT}"
 
 
 @dataclass
@@ -149,8 +164,10 @@ def _num(x: float | None) -> str:
 class Verification:
     """Result of :func:`onnxfuse.verification.verify.verify_models`.
 
-    ``status``: ``passed``; ``failed`` (``reason`` names every differing output); ``skipped`` (``reason``:
-    why nothing could be compared); ``unchanged`` (nothing was rewritten, so nothing was run).
+    ``status``: ``passed``; ``failed`` (``reason`` names every differing output); ``partial`` (every output
+    compared passed, but ``reason`` names outputs that no input set gave a value to compare: NaN/inf or empty on
+    both sides; not a pass); ``skipped`` (``reason``: why nothing could be compared); ``unchanged`` (nothing was
+    rewritten, so nothing was run).
 
     ``cause`` (skipped only): ``time`` (the ``timeout`` ran out), ``inputs`` (onnxruntime cannot run the
     original on the generated inputs, or they leave nothing to compare), ``load`` (onnxruntime cannot load the
@@ -160,6 +177,11 @@ class Verification:
     was not run.
     ``random_integers``: integer and bool inputs fed random values (in [0, 4)) because nobody gave theirs: a sample
     rate, an index or a flag then takes values the model never sees in use, and may select other branches.
+    ``culprits`` / ``culprit_search`` / ``remainder`` (``onnxfuse optimize`` after a failure, :mod:`onnxfuse.culprits`):
+    each rewrite site that broke verification (``pass``, ``nodes``, ``ops``, ``output``, ``moved``: the outputs
+    and errors it moved), what the search cost, and the verdict of the model with the culprits left unfused.
+    ``layers`` (``optimize --layers`` after a failure): the layer-by-layer comparison of the failing model
+    (:meth:`onnxfuse.verification.layers.Layers.to_dict`).
     """
 
     status: Status
@@ -175,6 +197,10 @@ class Verification:
     second_input_shapes: dict[str, list[int]] = field(default_factory=dict)
     input_note: str | None = None
     random_integers: list[str] = field(default_factory=list)
+    culprits: list[dict[str, Any]] = field(default_factory=list)
+    culprit_search: dict[str, Any] | None = None
+    remainder: dict[str, Any] | None = None
+    layers: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a plain "passed" given by a caller becomes Status.PASSED
@@ -217,10 +243,13 @@ class Verification:
         if self.status == Status.SKIPPED and self.cause != Cause.USER:
             lines.append(f"NOT VERIFIED: {self.reason}" + (f"; {self.hint}" if self.hint else "")
                          + ("; --require-verify makes this an error (exit 1)" if require_option else ""))
-        if self.not_compared_outputs:
+        if self.status == Status.PARTIAL:
+            lines.append(f"NOT FULLY VERIFIED: {self.reason}"
+                         + ("; --require-verify makes this an error (exit 1)" if require_option else ""))
+        elif self.not_compared_outputs:
             lines.append(f"output(s) {', '.join(o.name for o in self.not_compared_outputs)} not compared: empty on "
                          "the inputs used (give other inputs: --input-value, --input-shape, --input-data)")
-        if self.invented and self.input_shapes and self.status in (Status.PASSED, Status.FAILED):
+        if self.invented and self.input_shapes and self.status in (Status.PASSED, Status.FAILED, Status.PARTIAL):
             def sizes(shapes: dict[str, list[int]]) -> str:
                 return ", ".join(f"{k}={'x'.join(map(str, shapes[k])) or 'scalar'}" for k in self.invented
                                  if k in shapes)
@@ -229,7 +258,7 @@ class Verification:
                                                if self.second_input_shapes else "")
             lines.append(f"no shape given for {', '.join(self.invented)}; verification ran at invented sizes "
                          f"({used}), not the model's real ones: pass --input-shape")
-        if self.random_integers and self.status in (Status.PASSED, Status.FAILED):
+        if self.random_integers and self.status in (Status.PASSED, Status.FAILED, Status.PARTIAL):
             lines.append(f"verification fed random integers in [0, 4) to {', '.join(self.random_integers)}, which "
                          "may take another branch than real values do: set them with --input-value NAME=V (e.g. "
                          "sr=16000), --input-range or --input-data")
@@ -242,8 +271,16 @@ class Verification:
 
     @property
     def summary(self) -> str:
-        """One line: the worst output's error beside onnxruntime's noise floor and the tolerance."""
-        if self.reason or not self.outputs:
+        """One line: the worst output's error beside onnxruntime's noise floor and the tolerance; after a culprit
+        search whose remainder this is (``--drop-culprits``), how many rewrites were left unfused."""
+        text = self._summary()
+        if self.culprits and self.status != Status.FAILED:
+            text += f"; {len(self.culprits)} rewrite(s) that broke verification left unfused " \
+                    "(rewrite-broke-verification)"
+        return text
+
+    def _summary(self) -> str:
+        if (self.reason and self.status != Status.PARTIAL) or not self.outputs:
             return self.reason or ""
         compared = [o for o in self.outputs if not o.not_compared]
         worst = max(compared or self.outputs,
@@ -251,7 +288,7 @@ class Verification:
         sets = f"{len(self.seeds)} input set" + ("" if len(self.seeds) == 1 else "s")
         missing = self.not_compared_outputs
         if missing:
-            sets += f"; not compared (empty on these inputs): {', '.join(o.name for o in missing)}"
+            sets += f"; {NOT_COMPARED_TEXT}: {', '.join(o.name for o in missing)} ({PARTIAL_HINT})"
         if worst.tolerance is None or exact(np.dtype(worst.dtype)):
             return f"max abs error {worst.max_abs_error:.3g} on {worst.name}, atol {worst.atol:g} rtol " \
                    f"{worst.rtol:g}; {sets}"
@@ -270,6 +307,8 @@ class Verification:
             "invented": self.invented,
             "second_input_shapes": self.second_input_shapes, "input_note": self.input_note,
             "random_integers": self.random_integers,
+            "culprits": self.culprits, "culprit_search": self.culprit_search, "remainder": self.remainder,
+            "layers": self.layers,
             "max_abs_error": _finite(max((o.max_abs_error for o in self.outputs), default=None)),
             "max_rel_error": _finite(max((o.max_rel_error for o in self.outputs), default=None)),
             "outputs": [{k: _finite(v) if isinstance(v, float) else v for k, v in o.__dict__.items()}

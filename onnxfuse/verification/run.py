@@ -59,11 +59,15 @@ def run_all(sess: Any, feeds_list: list[Feeds]) -> Outputs:
     Copies: the arrays onnxruntime returns wrap its own output buffers (their base is a PyCapsule), which keep
     the session's memory arena, activations and all, alive after the session is freed.
 
+    A sequence or map output (a list or dict, not an array) is kept as an empty float32 array: verification does
+    not compare those, so it counts as an output with nothing compared (the verdict is then ``partial``).
+
     Raises:
         runtime.RunTimeout: the verification's time budget (:data:`BUDGET`) ran out during a run.
     """
     budget = BUDGET.get()
-    return [[np.array(a) for a in runtime.run(sess, feeds, budget.left() if budget else None)]
+    return [[np.array(a) if isinstance(a, np.ndarray) else np.zeros((0,), np.float32)
+             for a in runtime.run(sess, feeds, budget.left() if budget else None)]
             for feeds in feeds_list]
 
 

@@ -19,7 +19,7 @@ from onnxfuse.verification.compare import Accumulator, accumulate, finish
 from onnxfuse.verification.floors import measure_floors
 from onnxfuse.verification.models import Model, graph_only, random_ops
 from onnxfuse.verification.options import VerifyOptions
-from onnxfuse.verification.result import Cause, Status, Verification
+from onnxfuse.verification.result import Cause, Status, Verification, partial_reason
 from onnxfuse.verification.run import (
     BUDGET,
     Budget,
@@ -118,7 +118,9 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
     of :func:`onnxfuse.ort.sessions.session`). A candidate given as a ModelProto is loaded from a temporary file
     (``as_file`` of :func:`onnxfuse.ort.sessions.loadable`), not from a second, serialized copy in memory.
 
-    Returns ``skipped`` (with the reason) when onnxruntime cannot load or run the *original*; ``failed`` when
+    Returns ``partial`` when every output compared passed but one had nothing to compare on any input set
+    (NaN/inf or empty on both sides; :attr:`OutputDiff.not_compared`), with a reason that names it and what to
+    pass; ``skipped`` (with the reason) when onnxruntime cannot load or run the *original*; ``failed`` when
     the candidate's output names, order or dtypes or its inputs differ, onnxruntime cannot load or run it while it
     can the original, or an output differs beyond tolerance.
 
@@ -134,6 +136,18 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
     ref = _run_original(original, spec, opts)
     if isinstance(ref, Verification):
         return ref
+    return judge(original, ref, candidate, opts, floor_graph_to, candidate_file)
+
+
+def judge(original: Model, ref: _Reference, candidate: Model, opts: VerifyOptions, floor_graph_to: str | None = None,
+          candidate_file: str | None = None, cache: dict | None = None) -> Verification:
+    """The candidate's side of :func:`_verify_models`: run ``candidate`` on ``ref``'s input sets and judge each
+    output against the original's. ``cache``: the original's floor runs kept between calls on the same ``ref``
+    (:func:`onnxfuse.verification.floors.measure_floors`). Within the budget that is set (:data:`BUDGET`).
+
+    Raises:
+        runtime.RunTimeout: the budget ran out.
+    """
     runtime.trim_heap()
     gots = run_candidate(candidate_file or candidate, ref.feeds_list, ref.inputs, ref.outputs)
     runtime.trim_heap()
@@ -147,14 +161,31 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
     nothing = _nothing_compared(ref, accs)
     if nothing is not None:
         return nothing
-    floor_note = measure_floors(original, ref.feeds_list, ref.refs, accs, opts, floor_graph_to)
+    floor_note = measure_floors(original, ref.feeds_list, ref.refs, accs, opts, floor_graph_to, cache)
     outputs = [finish(a, opts) for a in accs]
     failed = [o for o in outputs if not o.passed and not o.not_compared]
-    status = Status.FAILED if failed else Status.PASSED
-    reason = "; ".join(o.describe(opts.floor_multiple) for o in failed) or None
+    missing = [o for o in outputs if o.not_compared]
+    # an output with nothing compared on any input set is no evidence: the verdict is partial, never passed
+    status = Status.FAILED if failed else Status.PARTIAL if missing else Status.PASSED
+    reason = "; ".join(o.describe(opts.floor_multiple) for o in failed) or (partial_reason(missing) if missing
+                                                                              else None)
     return replace(ref.verification(status, reason), outputs=outputs,
                    rule="rtol-atol" if opts.explicit_tolerance else "noise-floor",
                    floor_multiple=opts.floor_multiple, floor_note=floor_note)
+
+
+def reference(original: Model, opts: VerifyOptions) -> _Reference | Verification:
+    """The input sets of ``opts`` and the original's outputs on them (:func:`_run_original`), for several
+    :func:`judge` calls; or the ``skipped`` result. Within the budget that is set (:data:`BUDGET`).
+
+    Raises:
+        InputError: as :func:`_verify_models`.
+        runtime.RunTimeout: the budget ran out.
+    """
+    spec = runtime.InputSpec(shapes=dict(opts.input_shapes), values=dict(opts.input_values),
+                             ranges=dict(opts.input_ranges),
+                             data=runtime.load_npz(opts.input_data) if opts.input_data else {})
+    return _run_original(original, spec, opts)
 
 
 def _run_original(original: Model, spec: runtime.InputSpec, opts: VerifyOptions) -> _Reference | Verification:
