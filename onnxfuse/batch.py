@@ -70,11 +70,13 @@ MAX_TASKS_PER_WORKER = 50
 WORKER_MEMORY_ESTIMATE = 1536 * 2**20
 #: Statuses of a model's row. ``ok``: optimized and verified (passed; unchanged: nothing rewritten; or
 #: ``--no-verify``), output written; ``unverified``: verification was requested and skipped (the reason says
-#: why), output written; ``mismatch``: verification failed, no model written; ``error``: onnxfuse refused the
+#: why; also a ``partial`` verdict: an output could not be compared), output written; ``mismatch``: verification
+#: failed, no model written; ``error``: onnxfuse refused the
 #: model (InputError) or raised;
 #: ``crashed``: the worker died; ``timeout``: past ``--timeout``; ``memory``: past ``--max-memory`` (also during
-#: verification).
-STATUSES = ("ok", "unverified", "mismatch", "error", "crashed", "timeout", "memory")
+#: verification); ``remainder``: verification failed, and with ``--drop-culprits`` the rewrites that broke it were
+#: found and left unfused and the rest verified: that remainder is written (the reason names the culprits).
+STATUSES = ("ok", "unverified", "mismatch", "error", "crashed", "timeout", "memory", "remainder")
 #: The hidden folder inside OUTDIR for the cache records and the staging folder.
 STATE_DIR = ".onnxfuse-batch"
 SUMMARY_FILES: tuple[str, str, str] = ("summary.json", "summary.md", "index.html")
@@ -122,6 +124,8 @@ class ModelOptions:
         verify: run the onnxruntime comparison.
         plugins: ``--plugin`` specs (``module:Name``) every model runs with; in the cache key as specs only (a
             changed plugin's code under the same spec reuses cached results: clear OUTDIR's cache after changing it).
+        drop_culprits: ``--drop-culprits``: when verification fails and the culprit search finds the rewrites
+            that broke it, write the verified remainder (row status ``remainder``) instead of nothing.
     """
 
     target: str = "cpu+cuda"
@@ -130,13 +134,16 @@ class ModelOptions:
     input_values: dict[str, float] = field(default_factory=dict)
     verify: bool = True
     plugins: tuple[str, ...] = ()
+    drop_culprits: bool = False
 
     def to_dict(self) -> dict:
-        """JSON-ready form (part of the cache key and of each summary row; ``plugins`` only when there are)."""
+        """JSON-ready form (part of the cache key and of each summary row; ``plugins`` only when there are,
+        ``drop_culprits`` only when set, so that the keys of runs without them stay as they were)."""
         return {"target": self.target, "ort_level": self.ort_level,
                 "input_shapes": {k: list(v) for k, v in sorted(self.input_shapes.items())},
                 "input_values": dict(sorted(self.input_values.items())), "verify": self.verify,
-                **({"plugins": list(self.plugins)} if self.plugins else {})}
+                **({"plugins": list(self.plugins)} if self.plugins else {}),
+                **({"drop_culprits": True} if self.drop_culprits else {})}
 
 
 @dataclass
@@ -595,7 +602,8 @@ def _optimize_into(job: dict, stage: Path) -> dict:
     o = job["options"]
     shapes = {k: tuple(v) for k, v in o["input_shapes"].items()}
     options = pipeline.Options(target=o["target"], input_shapes=shapes, ort_level=o["ort_level"],
-                               compare_with_onnxruntime=o["verify"], plugins=tuple(o.get("plugins", ())))
+                               compare_with_onnxruntime=o["verify"], plugins=tuple(o.get("plugins", ())),
+                               drop_culprits=bool(o.get("drop_culprits", False)))
     verify = VerifyOptions(input_shapes=shapes, input_values=dict(o["input_values"])) if o["verify"] else None
     name = job["name"]
     loaded = model_io.load_model(job["path"])
@@ -631,9 +639,18 @@ _MEMORY_REASON = re.compile(r"MemoryError|bad_alloc|[Ff]ailed to allocate|[Oo]ut
 
 def _status_of(verification: dict) -> tuple[str, str | None]:
     """A row's status and reason from its report's ``verification`` section: ``failed`` -> ``mismatch``;
-    ``skipped`` (not by ``--no-verify``, cause ``user``) -> ``memory`` when an allocation failed
-    (:data:`_MEMORY_REASON`), else ``unverified``; ``passed`` and ``unchanged`` -> ``ok``."""
+    ``passed`` with culprits (``--drop-culprits`` shipped the verified remainder) -> ``remainder``; ``partial``
+    (an output could not be compared on any input set) -> ``unverified``; ``skipped`` (not by ``--no-verify``,
+    cause ``user``) -> ``memory`` when an allocation failed (:data:`_MEMORY_REASON`), else ``unverified``;
+    ``passed`` and ``unchanged`` -> ``ok``."""
     why = verification.get("reason") or ""
+    if verification["status"] == "passed" and verification.get("culprits"):
+        names = "; ".join(f"{c.get('pass')} at {', '.join(map(str, c.get('nodes') or []))}"
+                          for c in verification["culprits"])
+        return "remainder", one_line(f"{len(verification['culprits'])} rewrite(s) broke verification and were left "
+                                     f"unfused ({names}); the verified remainder was written", 300)
+    if verification["status"] == "partial":
+        return "unverified", one_line(f"verification was partial: {why}", 300)
     if verification["status"] == "failed":
         return "mismatch", one_line(f"the optimized model does not match the original ({why}); no model written")
     if verification["status"] == "skipped" and verification.get("cause") != "user":
@@ -771,7 +788,7 @@ class Outdir:
         stage = row.pop("stage", None)
         if stage:
             shutil.rmtree(stage, ignore_errors=True)
-        if row["status"] in ("ok", "unverified", "mismatch", "error"):
+        if row["status"] in ("ok", "unverified", "mismatch", "error", "remainder"):
             record = {"kind": CACHE_RECORD_KIND, "key": row["key"], "files": digests, "row": row}
             _atomic_write_bytes(self.cache / f"{row['key']}.json", json.dumps(record, sort_keys=True).encode())
         return row
@@ -1106,12 +1123,13 @@ def run_ray(jobs: list[dict], outdir: Outdir, address: str | None = None, timeou
 def summarize(rows: list[dict], *, versions: dict[str, str], shard: tuple[int, int] | None, engine: str,
               wall_s: float, workers: int | None) -> dict:
     """The batch summary (``batch.schema.json``): rows sorted by name, counts per status, totals over the models
-    whose output was written (``ok`` and ``unverified``; a total is None when no such model has the figure)."""
+    whose output was written (``ok``, ``unverified`` and ``remainder``; a total is None when no such model has
+    the figure)."""
     models = sorted(rows, key=lambda r: r["name"])
     counts = {s: sum(1 for r in models if r["status"] == s) for s in STATUSES}
 
     def total(key):
-        values = [r[key] for r in models if r["status"] in ("ok", "unverified") and r[key] is not None]
+        values = [r[key] for r in models if r["status"] in ("ok", "unverified", "remainder") and r[key] is not None]
         return sum(values) if values else None
 
     return {"schema_version": SUMMARY_SCHEMA_VERSION, "kind": "onnxfuse-batch-summary", "versions": versions,

@@ -365,3 +365,35 @@ def test_batch_plugin_option(model_file, tmp_path):
     broken = CliRunner().invoke(main, ["batch", str(model_file), "-o", str(tmp_path / "b"), "--plugin", "nope_xyz:P"])
     assert broken.exit_code == 2 and len(broken.output.strip().splitlines()) == 1
     assert "plugin nope_xyz:P (--plugin): cannot import nope_xyz" in broken.output and not (tmp_path / "b").exists()
+
+
+def test_batch_drop_culprits_writes_the_verified_remainder(tmp_path):
+    """A wrong plugin rewrite in a batch: by default the row is ``mismatch`` and nothing is written (exit 1); with
+    ``--drop-culprits`` the culprit search leaves that rewrite unfused, the rest (the BatchNormalization fold)
+    verifies, and the row is ``remainder`` (exit 4) with the culprit named and the remainder written, which
+    computes what the original does (onnxruntime, optimizations disabled)."""
+    g = GraphBuilder()
+    x = g.input("x", [1, 3, 8, 8])
+    c = g.bn(g.conv(x, 3, 4), 4)
+    m = g.op("Max", [c, g.const(np.array(0.0, np.float32))])
+    model = g.build(g.op("Min", [m, g.const(np.array(0.1, np.float32))]))
+    path = tmp_path / "bn_relu6.onnx"
+    onnx.save(model, path)
+    spec = "onnxfuse_minmax_clip.wrong:ForgetsUpperBound"
+    plain = cli("batch", path, "-o", tmp_path / "plain", "-j", "1", "--target", "cpu", "--plugin", spec)
+    row = json.loads((tmp_path / "plain" / "summary.json").read_text())["models"][0]
+    assert plain.exit_code == 1 and row["status"] == "mismatch" and row["output"] is None
+    dropped = cli("batch", path, "-o", tmp_path / "dropped", "-j", "1", "--target", "cpu", "--plugin", spec,
+                  "--drop-culprits")
+    summary = json.loads((tmp_path / "dropped" / "summary.json").read_text())
+    row = summary["models"][0]
+    assert dropped.exit_code == 4, dropped.output
+    assert row["status"] == "remainder" and row["verification"] == "passed" and summary["counts"]["remainder"] == 1
+    assert "broke verification" in row["reason"] and "minmax" in row["reason"].lower()
+    assert row["options"]["drop_culprits"] is True
+    out = onnx.load(tmp_path / "dropped" / row["output"])
+    assert "BatchNormalization" not in ops(out) and "Clip" not in ops(out)  # the fold kept, the wrong rewrite not
+    assert_same_outputs(model, out)
+    refused = CliRunner().invoke(main, ["batch", str(path), "-o", str(tmp_path / "n"), "--no-verify",
+                                        "--drop-culprits"])
+    assert refused.exit_code == 2 and "--drop-culprits needs verification" in refused.output

@@ -28,6 +28,9 @@ Exit codes (the first that applies):
        regression
   2    a model failed otherwise (unreadable or refused, crashed, timed
        out, over --max-memory): its row says why
+  4    --drop-culprits wrote a verified remainder for a model whose
+       verification failed (remainder): the rewrites that broke it were
+       left unfused
   0    every model was optimized and verified (or taken from the cache)
   130  interrupted (Ctrl-C), 143 terminated (SIGTERM); OUTDIR holds only
        complete files"""
@@ -57,13 +60,17 @@ Exit codes (the first that applies):
 @ort_level_option("Default onnxruntime level of every model (a manifest can set it per model).",
                   default=DEFAULT_ORT_LEVEL)
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison for every model.")
+@click.option("--drop-culprits", is_flag=True,
+              help="When a model fails verification, write the verified remainder with the rewrites that broke it "
+                   "left unfused (row status remainder, exit 4) instead of nothing.")
 @plugin_option
 @verbosity_options
 @click.pass_context
 @fail_cleanly
 def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int | None, timeout: float | None,
           max_memory: str | None, shard: str | None, merge: bool, baseline: Path | None, ray_address: str | None,
-          target: str, ort_level: str, no_verify: bool, plugins: tuple[str, ...] = ()) -> None:
+          target: str, ort_level: str, no_verify: bool, drop_culprits: bool = False,
+          plugins: tuple[str, ...] = ()) -> None:
     """Optimize, verify and report every model of INPUTS into OUTDIR, each in a worker process of its own.
 
     INPUTS are .onnx files, folders (searched recursively) and manifests (.json or .csv: per-model input
@@ -105,7 +112,10 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
             from onnxfuse.passes.plugin import resolve
 
             resolve(plugins)
-        defaults = b.ModelOptions(target=target, ort_level=ort_level, verify=not no_verify, plugins=tuple(plugins))
+        if drop_culprits and no_verify:
+            raise InputError("--drop-culprits needs verification: it ships what verified; drop --no-verify")
+        defaults = b.ModelOptions(target=target, ort_level=ort_level, verify=not no_verify, plugins=tuple(plugins),
+                                  drop_culprits=drop_culprits)
         summary = _run(ctx, inputs, outdir, defaults, jobs, timeout, limit, shard, ray_address, versions, start)
     gate = b.compare_summaries(old, summary) if old is not None else None
     written = b.write_summary(outdir, summary, gate)
@@ -117,6 +127,8 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
         sys.exit(1)
     if any(c[s] for s in ("error", "crashed", "timeout", "memory")):
         sys.exit(2)
+    if c.get("remainder"):
+        sys.exit(4)
 
 
 def _run(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, defaults: ModelOptions, jobs: int | None,
