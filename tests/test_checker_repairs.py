@@ -114,3 +114,23 @@ def test_what_onnxruntime_refuses_is_still_refused(tmp_path):
     result = CliRunner().invoke(main, ["optimize", str(src), str(tmp_path / "o.onnx")], catch_exceptions=False)
     assert result.exit_code == 2 and "onnx.checker rejected" in result.output
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_a_graph_input_without_a_shape_is_analysed_with_unknown_sizes(tmp_path):
+    # onnxruntime takes an input of any shape; the checker refuses the missing field. Accepted with a warning,
+    # verified at the --input-shape given; the output keeps the input as it is
+    b = GraphBuilder(seed=5)
+    x = b.input("x", [1, 3, 8, 8])
+    model = b.build(b.op("Relu", [b.bn(b.conv(x, 3, 4), 4)]), opset=13)
+    model.graph.input[0].type.tensor_type.ClearField("shape")
+    assert rejected_by_checker(model)
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    result = CliRunner().invoke(main, ["optimize", str(src), str(dst), "--target", "cpu", "--input-shape",
+                                       "x=1x3x8x8"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "has no shape" in result.output and "verification: passed" in result.output
+    out = onnx.load(dst)
+    assert not out.graph.input[0].type.tensor_type.HasField("shape")
+    assert op_counts(out) == {"FusedConv": 1}

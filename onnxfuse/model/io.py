@@ -503,7 +503,23 @@ def repair_for_checker(model: onnx.ModelProto) -> tuple[Exception | None, list[s
     if typed:
         notes.append(f"graph output {_names(typed)} had no type or shape (onnx.checker refuses it; onnxruntime "
                      "infers it): the output declares the one onnx shape inference gives")
-    return _recheck(model), notes
+    verdict = _recheck(model)
+    shapeless = [vi.name for vi in model.graph.input if vi.type.WhichOneof("value") == "tensor_type"
+                 and vi.type.tensor_type.elem_type and not vi.type.tensor_type.HasField("shape")]
+    if verdict is not None and shapeless:
+        # onnxruntime takes an input of any shape there; the checker judges the rest on a copy that gives those
+        # inputs an empty shape field (the plain check reads no dims), the model itself is left as it is
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        for vi in probe.graph.input:
+            if vi.name in shapeless:
+                vi.type.tensor_type.shape.SetInParent()
+        verdict = _recheck(probe)
+        if verdict is None:
+            notes.append(f"graph input {_names(shapeless)} has no shape (onnx.checker refuses it; onnxruntime takes "
+                         "any shape): its sizes are unknown, give --input-shape; the output keeps the input as it "
+                         "is, so it fails onnx.checker as the input does")
+    return verdict, notes
 
 
 def _names(names: list[str]) -> str:

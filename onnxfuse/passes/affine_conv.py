@@ -17,7 +17,8 @@ same fold.)
 Skipped when:
     intermediate-has-other-consumers   an output of the Mul/Add/Sub is read by another node too
     intermediate-is-graph-output       an output of the Mul/Add/Sub is a graph output
-    constant-not-per-channel           s or o varies along an axis other than the channel axis
+    constant-not-per-channel           s or o varies along an axis other than the channel axis, or broadcasts the
+                                       input to a larger shape (or the shapes are unknown)
     conv-pads-not-zero                 the Conv pads its input (pads not all 0, or auto_pad SAME_*)
     weights-not-constant               W or B is computed at run time (or from compact constants)
     initializer-is-graph-input         W, B, s or o is an overridable initializer (a graph input, IR >= 4)
@@ -115,7 +116,12 @@ class AffineConv(Pass[ConvFoldMatch]):
         group = int(node.attrs.get("group", 1))
         channels = int(w.shape[1]) * group
         scale, offset = np.ones(channels), np.zeros(channels)
-        for op_node, _, c_tensor in chain:
+        for op_node, x_tensor, c_tensor in chain:
+            x_shape, y_shape = ctx.shape(x_tensor), ctx.shape(op_node.outputs[0])
+            if x_shape is None or y_shape is None or tuple(x_shape) != tuple(y_shape) or None in x_shape:
+                return skip(Reason.NOT_PER_CHANNEL, f"{op_node.name} does not keep its input's shape "
+                            f"({x_shape} -> {y_shape}, or unknown): the constant would broadcast the input", nodes,
+                            out)
             value = np.asarray(ctx.constant(c_tensor)[0])
             vec = per_channel(value, w.ndim, channels)
             if vec is None:

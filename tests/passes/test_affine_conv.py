@@ -160,3 +160,13 @@ def test_skip_fold_not_finite(fuse):
     w = b.const(np.full((6, C, 3, 3), 10.0, np.float32))
     model = b.build(b.op("Conv", [y, w], pads=[0, 0, 0, 0]))
     refused(fuse, model, Reason.FOLD_NOT_FINITE)
+
+
+def test_skip_constant_not_per_channel_when_it_broadcasts_the_input(fuse):
+    # x has 1 channel; x * s makes C of them: the Conv reads C channels that x does not have
+    b = GraphBuilder(seed=1)
+    x = b.input("x", [1, 1, 7, 7])
+    y = b.op("Mul", [b.op("Relu", [x]), b.const(np.full((1, C, 1, 1), 2.0, np.float32))])
+    model = b.build(b.conv(y, C, 6, 3, pads=[0, 0, 0, 0]))
+    s = refused(fuse, model, Reason.NOT_PER_CHANNEL)
+    assert "broadcast" in s.detail
