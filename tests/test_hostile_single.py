@@ -1,0 +1,103 @@
+"""Hostile inputs against the single-model paths (issue 36, round 4): each test names the attack it repeats and
+fails without its fix. Bounded: small synthetic models, in-process through click's CliRunner, fault injection by
+monkeypatching the one function that fails."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from onnxfuse.analysis import expressions
+from onnxfuse.cli.main import main
+from tests.builders import GraphBuilder
+
+
+def _one_line_error(result) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert "Traceback" not in result.output
+
+
+def _small_model(tmp_path, name: str = "m.onnx"):
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, "H", "W"])
+    y = b.op("Relu", [b.bn(b.conv(x, 3, 8, bias=False), 8)])
+    path = tmp_path / name
+    onnx.save(b.build(y), str(path))
+    return path
+
+
+def _json_report(path, out) -> dict:
+    result = CliRunner().invoke(main, ["report", str(path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text())
+
+
+# --- baseline expressions: bounded in work, not only in length ------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "(a+b+c+d+e+f+g+h)**16",  # 21 characters, 245,157 terms expanded: minutes of sympy.expand before the bound
+    "(a+b+c+d+e+f)*(g+h+i+j+k+l)*(m+n+o+p+q+r)*(s+t+u+v+w+x)*(y+z+A+B+C+D)*(E+F+G+H+I+J)",  # 6**6 terms
+    "floor((a+b+c+d+e+f+g+h)**10)",  # under a floor, which the report's leading terms drop before expanding
+])
+def test_expression_whose_expansion_grows_without_limit_is_refused(text):
+    with pytest.raises(expressions.ExpressionError, match="work budget"):
+        expressions.parse(text)
+    assert expressions.expanded_terms_bound(text) > expressions.MAX_TERMS + len(text)
+
+
+def test_like_terms_with_large_denominators_are_refused():
+    """H/n1 + H/n2 + ...: one coefficient whose denominator has the digits of all of them (38 s for 400 numbers of
+    430 digits before the bound)."""
+    numbers = [str(10**429 + 7 * i + 1) for i in range(400)]
+    with pytest.raises(expressions.ExpressionError, match="digits"):
+        expressions.parse("+".join(f"H/{n}" for n in numbers))
+    with pytest.raises(expressions.ExpressionError, match="digits"):
+        expressions.parse("H/" + "/".join(numbers[:40]))
+
+
+def test_expressions_inside_the_budget_still_read():
+    assert expressions.parse("(a+b)**16") == expressions.parse("(a+b)**16")
+    assert expressions.parse("H/" + "3" * 400 + " + 1") is not None
+    assert expressions.parse(" + ".join(f"x{i}" for i in range(2000))) is not None  # a long flat sum
+
+
+def _baseline_with(tmp_path, model, expr: str):
+    doc = _json_report(model, tmp_path / "old.json")
+    doc["totals"]["after"]["total_bytes_expr"] = expr
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_report_baseline_with_an_expression_over_budget_is_one_line_exit_2(tmp_path):
+    model = _small_model(tmp_path)
+    hostile = _baseline_with(tmp_path, model, "(a+b+c+d+e+f+g+h)**16")
+    result = CliRunner().invoke(main, ["report", str(model), "--baseline", str(hostile)])
+    _one_line_error(result)
+    assert "total_bytes_expr" in result.output and "work budget" in result.output
+
+
+def _stride2_chain(tmp_path, convs: int):
+    b = GraphBuilder()
+    x = b.input("x", ["N", 1, "H", "W"])
+    for _ in range(convs):
+        x = b.conv(x, 1, 1, k=3, strides=[2, 2])
+    path = tmp_path / f"chain{convs}.onnx"
+    onnx.save(b.build(x), str(path))
+    return path
+
+
+def test_own_report_of_a_long_stride_2_chain_is_accepted_as_baseline(tmp_path):
+    """A chain of k stride-2 convs writes floor(H/2**k - 1/2**k): numbers of 0.3 k digits. With 133 or more the
+    old 40-digit limit refused onnxfuse's own report."""
+    model = _stride2_chain(tmp_path, 150)
+    doc = _json_report(model, tmp_path / "own.json")
+    assert any(len(t) > 40 for t in doc["totals"]["after"]["total_bytes_expr"].split("/"))
+    result = CliRunner().invoke(main, ["report", str(model), "--baseline", str(tmp_path / "own.json")])
+    assert result.exit_code == 0, result.output
+    assert "result: no regression" in result.output
