@@ -101,3 +101,74 @@ def test_own_report_of_a_long_stride_2_chain_is_accepted_as_baseline(tmp_path):
     result = CliRunner().invoke(main, ["report", str(model), "--baseline", str(tmp_path / "own.json")])
     assert result.exit_code == 0, result.output
     assert "result: no regression" in result.output
+
+
+# --- OUTPUT never resolves to INPUT ----------------------------------------------------------------------------
+
+def _optimize(*args):
+    return CliRunner().invoke(main, ["optimize", *map(str, args), "--no-verify"])
+
+
+def test_output_made_a_symbolic_link_to_input_during_the_run_is_refused(tmp_path, monkeypatch):
+    """The attack: OUTPUT does not exist when optimize starts (the early check passes) and becomes a symbolic link
+    to INPUT while the passes run; optimize exited 0 and INPUT was overwritten."""
+    from onnxfuse import pipeline
+
+    model = _small_model(tmp_path)
+    before = model.read_bytes()
+    out = tmp_path / "out.onnx"
+    real = pipeline.optimize
+
+    def optimize_then_link(*args, **kwargs):
+        result = real(*args, **kwargs)
+        out.symlink_to(model)
+        return result
+
+    monkeypatch.setattr(pipeline, "optimize", optimize_then_link)
+    result = _optimize(model, out)
+    _one_line_error(result)
+    assert "input model" in result.output
+    assert model.read_bytes() == before
+    assert out.is_symlink() and not [p for p in tmp_path.iterdir() if p.name.startswith(".onnxfuse-")]
+
+
+def test_output_made_a_link_to_input_at_the_commit_point_is_refused(tmp_path, monkeypatch):
+    """The check on the file at the commit point: OUTPUT becomes a hard link to INPUT (the same st_dev/st_ino)
+    between the writing of the new model and its rename."""
+    import os
+
+    from onnxfuse.model import io as model_io
+
+    model = _small_model(tmp_path)
+    before = model.read_bytes()
+    out = tmp_path / "out.onnx"
+    monkeypatch.setattr(model_io, "_commit_hook", lambda: os.link(model, out))
+    result = _optimize(model, out)
+    _one_line_error(result)
+    assert model.read_bytes() == before and out.read_bytes() == before  # the link, untouched
+
+
+def test_in_place_still_replaces_the_input(tmp_path):
+    model = _small_model(tmp_path)
+    before = model.read_bytes()
+    result = CliRunner().invoke(main, ["optimize", str(model), str(model), "--in-place"])
+    assert result.exit_code == 0, result.output
+    assert model.read_bytes() != before
+    onnx.checker.check_model(str(model), full_check=True)
+
+
+def test_writer_refuses_a_path_that_leads_to_the_file_read(tmp_path):
+    """save_model's own check (the API's Result.save passes the input's file_id too): a link made after any early
+    check, when the writer starts."""
+    import onnxfuse
+    from onnxfuse.errors import InputError
+    from onnxfuse.model import io as model_io
+
+    model = _small_model(tmp_path)
+    before = model.read_bytes()
+    result = onnxfuse.optimize(str(model), verify=False)
+    link = tmp_path / "link.onnx"
+    link.symlink_to(model)
+    with pytest.raises(InputError, match="input model"):
+        model_io.save_model(result.model, link, never_replace=result.loaded.file_id)
+    assert model.read_bytes() == before

@@ -81,7 +81,7 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
         result.report.set_bandwidth(bandwidth)
     diagnostics(result.report)
     report_texts = _render_reports(result, input_path, output_path, reports, require_verify)
-    _write_results(ctx, result, output_path, reports, report_texts)
+    _write_results(ctx, result, output_path, reports, report_texts, overwrite)
 
 
 def _check_outputs(input_path: Path, output_path: Path, output_arg: str, report_paths: tuple[Path, ...],
@@ -152,7 +152,7 @@ def _render_reports(result: pipeline.Result, input_path: Path, output_path: Path
 
 
 def _write_results(ctx: click.Context, result: pipeline.Result, output_path: Path, reports: list[tuple[Path, str]],
-                   report_texts: list[tuple[Path, str]]) -> None:
+                   report_texts: list[tuple[Path, str]], overwrite: bool) -> None:
     """Write the model, then the reports; print the summary (not with -q) and the hints.
 
     Raises:
@@ -165,7 +165,8 @@ def _write_results(ctx: click.Context, result: pipeline.Result, output_path: Pat
     # the input's data files are never replaced or removed, also with --in-place: another copy of the model (or
     # another model of the same export) may read them
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
-                                  protected=result.loaded.data_files)
+                                  protected=result.loaded.data_files,
+                                  never_replace=None if overwrite else result.loaded.file_id)
     files.chart_note(report, [fmt for _, fmt in reports])
     for report_path, report_text in report_texts:  # after the model: a model not written leaves no report either
         try:

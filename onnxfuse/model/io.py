@@ -63,6 +63,9 @@ class LoadedModel:
             propagation, which ``pipeline.analyse`` uses instead of making and inferring a second skeleton; None
             when the check could not give it (external data, declared shapes that contradict inference).
             Weight-free.
+        file_id: ``(st_dev, st_ino)`` of the model file as it was opened and read (``os.fstat``); None for a
+            ModelProto input. :func:`save_model` refuses to replace that file (``never_replace``), whatever the
+            output path has come to name since.
     """
 
     model: onnx.ModelProto | None
@@ -76,6 +79,7 @@ class LoadedModel:
     warnings: list[str] = field(default_factory=list)
     name: str | None = None
     shape_inference: tuple[onnx.ModelProto, onnx.ModelProto] | None = field(default=None, repr=False)
+    file_id: tuple[int, int] | None = None
 
     @property
     def label(self) -> str:
@@ -123,7 +127,9 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     # anyway). It releases the GIL, but running it beside the parse would hold a third copy of the weights.
     fmt = onnx.serialization.registry.get_format_from_file_extension(p.suffix) or "protobuf"
     try:
-        data = p.read_bytes()
+        with open(p, "rb") as fh:
+            opened = os.fstat(fh.fileno())  # the file read, whatever the path names later
+            data = fh.read()
     except OSError as exc:
         raise InputError(f"{p}: cannot read the file ({exc.strerror or exc})") from None
     # hashlib releases the GIL on large buffers: the digest is computed on another thread while the checker and
@@ -175,7 +181,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     return LoadedModel(model, p, sha256, file_bytes, has_external, overridable,
                        tuple(base / loc for loc in sorted(locations)), warnings=[warning] if warning else [],
                        # the skeleton was made before the external data was read in: it would differ from one now
-                       shape_inference=None if has_external else inferred)
+                       shape_inference=None if has_external else inferred, file_id=(opened.st_dev, opened.st_ino))
 
 
 def _check_model_file(p: Path) -> None:
@@ -622,7 +628,7 @@ def referenced_data_files(path: Path) -> set[str]:
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False,
-               protected: tuple[Path, ...] = ()) -> list[Path]:
+               protected: tuple[Path, ...] = (), never_replace: tuple[int, int] | None = None) -> list[Path]:
     """Write ``model`` to ``path`` atomically and return the files written.
 
     Without external data the model is written to a temporary folder in the target folder and moved into place
@@ -644,14 +650,20 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
 
     Args:
         protected: files that must not be replaced or removed (the input model's external data files).
+        never_replace: ``(st_dev, st_ino)`` of a file that must not be replaced (the input model as it was read,
+            :attr:`LoadedModel.file_id`): checked where ``path`` leads before anything is written, and again on
+            the file at the commit point (``os.lstat``), so that an OUTPUT that has become a symbolic or hard link
+            to INPUT (or sits in a folder swapped for INPUT's) during the run never replaces it.
 
     Raises:
         InputError: the target is not a regular file, its folder does not exist or is not writable, the data
-            file would replace a protected file, or writing failed (disk full, I/O error); the temporary folder
-            and any moved data file are removed first, and nothing at ``path`` changed.
+            file would replace a protected file, ``path`` leads to the ``never_replace`` file, or writing failed
+            (disk full, I/O error); the temporary folder and any moved data file are removed first, and nothing at
+            ``path`` changed.
     """
     given = Path(path)
     target, folder = _output_place(given)
+    _check_not_replacing(given, target, never_replace, os.stat)
     parts = _inline_parts(model, external_data)
     if parts is None and given.is_symlink() and Path(os.path.abspath(given)).parent.resolve() != folder:
         raise InputError(f"{given}: is a symbolic link into another folder ({folder}), and the model has external "
@@ -675,6 +687,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
             written.append(given.parent / location)
         _fsync(tmp_model)
         _commit_hook()
+        _check_not_replacing(given, target, never_replace, os.lstat)
         os.replace(tmp_model, target)  # the commit point
         moved = None
         _fsync_folder(folder)
@@ -685,6 +698,24 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
         _discard(tmpdir, moved)
     _remove_stale_data(folder, target.name, old_locations - {location}, protected)
     return written
+
+
+def _check_not_replacing(given: Path, target: Path, never_replace: tuple[int, int] | None, stat_of) -> None:
+    """Refuse when ``target`` (``stat_of``: ``os.stat`` follows a symbolic link, ``os.lstat`` looks at the entry
+    that ``os.replace`` would replace) is the file ``never_replace`` identifies.
+
+    Raises:
+        InputError: it is; nothing has been written or moved yet.
+    """
+    if never_replace is None:
+        return
+    try:
+        found = stat_of(target)
+    except OSError:  # nothing there (yet): nothing to replace
+        return
+    if (found.st_dev, found.st_ino) == tuple(never_replace):
+        raise InputError(f"{given}: now leads to the input model (a link or a moved folder made since the run "
+                         "began); the input was not replaced and nothing was written")
 
 
 def _output_place(given: Path) -> tuple[Path, Path]:
