@@ -172,3 +172,60 @@ def test_writer_refuses_a_path_that_leads_to_the_file_read(tmp_path):
     with pytest.raises(InputError, match="input model"):
         model_io.save_model(result.model, link, never_replace=result.loaded.file_id)
     assert model.read_bytes() == before
+
+
+# --- --in-place: the input's permissions, and the data files only it referenced ------------------------------
+
+def _external_model(tmp_path, name: str = "m.onnx", location: str | None = None):
+    """A Conv -> BN -> Relu model whose weights (over onnx's 1 KiB threshold) are in an external data file."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 8, 8])
+    y = b.op("Relu", [b.bn(b.conv(x, 16, 16, bias=False), 16)])
+    path = tmp_path / name
+    onnx.save(b.build(y), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=location or f"{name}.data", size_threshold=1024)
+    return path
+
+
+def test_in_place_keeps_a_private_models_permissions(tmp_path):
+    """--in-place made a 0600 model world-readable (0644): the new file got 0666 less the umask."""
+    import os
+    import stat
+
+    model = _small_model(tmp_path)
+    os.chmod(model, 0o600)
+    result = CliRunner().invoke(main, ["optimize", str(model), str(model), "--in-place", "--no-verify"])
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE(model.stat().st_mode) == 0o600
+
+
+def test_in_place_with_external_data_keeps_permissions_and_removes_the_old_data_file(tmp_path):
+    """The old data file, referenced by no model once the input is replaced, was left beside it."""
+    import os
+    import stat
+
+    model = _external_model(tmp_path)
+    os.chmod(model, 0o600)
+    old_data = tmp_path / "m.onnx.data"
+    assert old_data.is_file()
+    result = CliRunner().invoke(main, ["optimize", str(model), str(model), "--in-place"])
+    assert result.exit_code == 0, result.output
+    new_data = [p for p in tmp_path.iterdir() if p.name.endswith(".data")]
+    assert not old_data.exists() and len(new_data) == 1
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (model, *new_data)} == {0o600}
+    onnx.checker.check_model(str(model), full_check=True)
+
+
+def test_in_place_keeps_a_data_file_another_model_references(tmp_path):
+    """A copy of the model in the same folder reads the same data file: it must keep working."""
+    import shutil
+
+    import onnxruntime as ort
+
+    model = _external_model(tmp_path, location="shared.bin")
+    copy = tmp_path / "copy.onnx"
+    shutil.copy(model, copy)
+    result = CliRunner().invoke(main, ["optimize", str(model), str(model), "--in-place"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "shared.bin").is_file()
+    ort.InferenceSession(str(copy), providers=["CPUExecutionProvider"])  # still loads its weights

@@ -162,11 +162,13 @@ def _write_results(ctx: click.Context, result: pipeline.Result, output_path: Pat
     from onnxfuse.report import present
 
     report, verification = result.report, result.report.verification
-    # the input's data files are never replaced or removed, also with --in-place: another copy of the model (or
-    # another model of the same export) may read them
+    # the input's data files are never replaced; with --in-place those only the replaced input referenced are
+    # removed after the commit, those another model in the folder references are kept (model_io.save_model)
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
                                   protected=result.loaded.data_files,
-                                  never_replace=None if overwrite else result.loaded.file_id)
+                                  never_replace=None if overwrite else result.loaded.file_id,
+                                  in_place=overwrite and result.loaded.path is not None
+                                  and model_io.same_file(output_path, result.loaded.path))
     files.chart_note(report, [fmt for _, fmt in reports])
     for report_path, report_text in report_texts:  # after the model: a model not written leaves no report either
         try:

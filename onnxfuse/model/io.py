@@ -628,7 +628,8 @@ def referenced_data_files(path: Path) -> set[str]:
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False,
-               protected: tuple[Path, ...] = (), never_replace: tuple[int, int] | None = None) -> list[Path]:
+               protected: tuple[Path, ...] = (), never_replace: tuple[int, int] | None = None,
+               in_place: bool = False) -> list[Path]:
     """Write ``model`` to ``path`` atomically and return the files written.
 
     Without external data the model is written to a temporary folder in the target folder and moved into place
@@ -641,7 +642,12 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
        reference (same name only for the same bytes);
     3. the model is moved onto ``path``: the commit point;
     4. the data files the old model referenced and the new one does not are removed, where they are onnxfuse's
-       own (``<name>.data`` or :func:`data_file_name`'s form) and not ``protected``.
+       own (``<name>.data`` or :func:`data_file_name`'s form; with ``in_place``, any the input referenced in its
+       folder), not ``protected`` (with ``in_place``, the input's own are not protected from removal, only from
+       being replaced) and no other model file in the folder references them (:func:`_used_elsewhere`).
+
+    A ``path`` that exists keeps its permission bits: the new model (and its data file) get the old file's mode,
+    so a private (0600) model stays private; a new file gets 0666 less the umask.
 
     A crash or failure at any point leaves the old model with its data, or the new model with its data, never a
     mix; a failure before step 3 removes what step 2 moved. A ``path`` that is a symbolic link is written through:
@@ -650,6 +656,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
 
     Args:
         protected: files that must not be replaced or removed (the input model's external data files).
+        in_place: ``path`` is the input model itself (``--in-place``): the data files only it referenced are
+            removed once it is replaced, ``protected`` or not, unless another model in the folder references them.
         never_replace: ``(st_dev, st_ino)`` of a file that must not be replaced (the input model as it was read,
             :attr:`LoadedModel.file_id`): checked where ``path`` leads before anything is written, and again on
             the file at the commit point (``os.lstat``), so that an OUTPUT that has become a symbolic or hard link
@@ -671,7 +679,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
     # the old OUTPUT is read (for the data files to clean up after it) only when such a file is there: reading a
     # large inline model just to find it references none cost its size in memory and 0.1 s on 57 MB
     ours = any(p.name.endswith(".data") and _own_data_name(target.name, p.name) for p in folder.iterdir())
-    old_locations = referenced_data_files(target) if ours else set()
+    old_locations = referenced_data_files(target) if ours or in_place else set()
+    old_mode = _mode_of(target)
     tmpdir = _temporary_folder(given, folder)
     written: list[Path] = []
     moved: Path | None = None
@@ -682,6 +691,10 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
             location = _stage_external(model, tmpdir, tmp_model, target.name, folder)
         else:
             write_parts(tmp_model, parts)  # streamed: the whole model is never one bytes object
+        if old_mode is not None:  # the replaced file's permissions, not the umask's
+            os.chmod(tmp_model, old_mode)
+            if location is not None:
+                os.chmod(tmpdir / _STAGED_DATA, old_mode)
         if location is not None:
             moved = _place_data_file(given, tmpdir, folder, location, protected)
             written.append(given.parent / location)
@@ -696,8 +709,17 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
         raise InputError(f"{given}: cannot write the output ({exc.strerror or exc}); nothing was written") from None
     finally:
         _discard(tmpdir, moved)
-    _remove_stale_data(folder, target.name, old_locations - {location}, protected)
+    _remove_stale_data(folder, target, old_locations - {location}, () if in_place else protected, in_place)
     return written
+
+
+def _mode_of(target: Path) -> int | None:
+    """The permission bits of the regular file ``target``; None when there is none."""
+    try:
+        found = os.stat(target)
+    except OSError:
+        return None
+    return stat.S_IMODE(found.st_mode) if stat.S_ISREG(found.st_mode) else None
 
 
 def _check_not_replacing(given: Path, target: Path, never_replace: tuple[int, int] | None, stat_of) -> None:
@@ -852,18 +874,36 @@ def _own_data_name(model_name: str, location: str) -> bool:
     return location == f"{model_name}.data" or (hashed is not None and model_name.startswith(hashed.group(1)))
 
 
-def _remove_stale_data(folder: Path, model_name: str, locations: set[str], protected: tuple[Path, ...]) -> None:
-    """Remove the data files that the replaced model referenced and the new one does not, where they are
-    onnxfuse's own names for ``model_name`` (``<name>.data``, :func:`data_file_name`) and not ``protected``. A
-    failure leaves the file: the new model is already complete."""
-    for location in sorted(locations):
+def _remove_stale_data(folder: Path, target: Path, locations: set[str], protected: tuple[Path, ...],
+                       any_name: bool = False) -> None:
+    """Remove the data files that the replaced model ``target`` referenced and the new one does not, where they are
+    onnxfuse's own names for it (``<name>.data``, :func:`data_file_name`; ``any_name``: any name in ``folder``
+    itself), not ``protected`` and not referenced by another model file in the folder (:func:`_used_elsewhere`).
+    A failure leaves the file: the new model is already complete."""
+    candidates = [loc for loc in sorted(locations) if "/" not in loc and "\\" not in loc
+                  and (any_name or _own_data_name(target.name, loc))
+                  and not any(same_file(folder / loc, p) for p in protected)]
+    if not candidates:
+        return
+    used = _used_elsewhere(folder, target)
+    for location in candidates:
         candidate = folder / location
-        if "/" in location or "\\" in location or not _own_data_name(model_name, location):
-            continue
-        if any(same_file(candidate, p) for p in protected):
+        if location in used or not candidate.is_file():
             continue
         with contextlib.suppress(OSError):
             candidate.unlink()
+
+
+def _used_elsewhere(folder: Path, target: Path) -> set[str]:
+    """The external data locations that the model files in ``folder`` other than ``target`` reference (names
+    ending ``.onnx``; :func:`referenced_data_files`, which reads none over 64 MiB: those hold their weights
+    inline). Another copy of a model, or another model of the same export, may read the same data file."""
+    used: set[str] = set()
+    with contextlib.suppress(OSError):
+        for entry in folder.iterdir():
+            if entry.name.endswith(".onnx") and entry.name != target.name and not entry.name.startswith("."):
+                used |= referenced_data_files(entry)
+    return used
 
 
 def _fsync_folder(folder: Path) -> None:
