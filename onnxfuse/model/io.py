@@ -646,8 +646,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
        folder), not ``protected`` (with ``in_place``, the input's own are not protected from removal, only from
        being replaced) and no other model file in the folder references them (:func:`_used_elsewhere`).
 
-    A ``path`` that exists keeps its permission bits: the new model (and its data file) get the old file's mode,
-    so a private (0600) model stays private; a new file gets 0666 less the umask.
+    A replaced ``path`` keeps its permission bits (a 0600 model stays 0600, its data file too); a new file gets
+    0666 less the umask.
 
     A crash or failure at any point leaves the old model with its data, or the new model with its data, never a
     mix; a failure before step 3 removes what step 2 moved. A ``path`` that is a symbolic link is written through:
@@ -678,9 +678,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
                          "data, which onnx and onnxruntime look for beside the path they open: give the real path")
     # the old OUTPUT is read (for the data files to clean up after it) only when such a file is there: reading a
     # large inline model just to find it references none cost its size in memory and 0.1 s on 57 MB
-    ours = any(p.name.endswith(".data") and _own_data_name(target.name, p.name) for p in folder.iterdir())
-    old_locations = referenced_data_files(target) if ours or in_place else set()
-    old_mode = _mode_of(target)
+    ours = in_place or any(p.name.endswith(".data") and _own_data_name(target.name, p.name) for p in folder.iterdir())
+    old_locations, old_mode = referenced_data_files(target) if ours else set(), _mode_of(target)
     tmpdir = _temporary_folder(given, folder)
     written: list[Path] = []
     moved: Path | None = None
@@ -691,10 +690,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
             location = _stage_external(model, tmpdir, tmp_model, target.name, folder)
         else:
             write_parts(tmp_model, parts)  # streamed: the whole model is never one bytes object
-        if old_mode is not None:  # the replaced file's permissions, not the umask's
-            os.chmod(tmp_model, old_mode)
-            if location is not None:
-                os.chmod(tmpdir / _STAGED_DATA, old_mode)
+        _give_mode(old_mode, tmp_model, None if location is None else tmpdir / _STAGED_DATA)
         if location is not None:
             moved = _place_data_file(given, tmpdir, folder, location, protected)
             written.append(given.parent / location)
@@ -711,6 +707,13 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
         _discard(tmpdir, moved)
     _remove_stale_data(folder, target, old_locations - {location}, () if in_place else protected, in_place)
     return written
+
+
+def _give_mode(mode: int | None, *paths: Path | None) -> None:
+    """Give ``paths`` (None: skipped) the permission bits ``mode`` of the file they replace (None: keep theirs)."""
+    for path in paths:
+        if mode is not None and path is not None:
+            os.chmod(path, mode)
 
 
 def _mode_of(target: Path) -> int | None:
