@@ -229,3 +229,33 @@ def test_in_place_keeps_a_data_file_another_model_references(tmp_path):
     assert result.exit_code == 0, result.output
     assert (tmp_path / "shared.bin").is_file()
     ort.InferenceSession(str(copy), providers=["CPUExecutionProvider"])  # still loads its weights
+
+
+# --- exit codes keep their meaning when the terminal streams fail ----------------------------------------------
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("streams", ["both", "stdout"])
+def test_full_stdout_and_stderr_exit_2_not_1_and_the_model_stays(tmp_path, streams):
+    """With stdout and stderr on /dev/full the exit code was 1 (the verification-failed code) although the model was
+    written and verified: the error line itself failed to write and escaped as an exception. Now exit 2 (an output
+    that cannot be written), the committed model complete."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    model = _small_model(tmp_path)
+    out = tmp_path / "out.onnx"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "onnxfuse", "optimize", str(model), str(out),
+                               "--input-shape", "x=1x3x8x8"], stdout=full,
+                              stderr=full if streams == "both" else subprocess.PIPE, env=env, cwd=tmp_path,
+                              timeout=300)
+    assert done.returncode == 2
+    onnx.checker.check_model(str(out), full_check=True)
+    if streams == "stdout":
+        lines = done.stderr.decode().strip().splitlines()
+        assert lines[-1].startswith("error: cannot write the summary to stdout") and "was written" in lines[-1]
+        assert "Traceback" not in done.stderr.decode()

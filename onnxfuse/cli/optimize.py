@@ -177,10 +177,14 @@ def _write_results(ctx: click.Context, result: pipeline.Result, output_path: Pat
             raise InputError(f"{exc}; {', '.join(str(p) for p in written)} was written") from None
         written.append(report_path)
     if verbosity(ctx) >= 0:  # the results; -q prints nothing on success
-        if verification.status == "skipped":
-            click.echo(f"NOT VERIFIED: {verification.reason}")
-        for line in present.summary_lines(report, hints=False):
-            click.echo(line)
+        try:
+            if verification.status == "skipped":
+                click.echo(f"NOT VERIFIED: {verification.reason}")
+            for line in present.summary_lines(report, hints=False):
+                click.echo(line)
+        except OSError as exc:  # stdout on a full disk or a closed pipe: exit 2, and the model stays (verified)
+            raise InputError(f"cannot write the summary to stdout ({exc.strerror or exc}); "
+                             f"{', '.join(str(p) for p in written)} was written") from None
     _hints(report)
     if not result.changed:
         log.info("no pattern was fused: %s is the input model with onnxfuse metadata added", output_path)
