@@ -259,3 +259,95 @@ def test_full_stdout_and_stderr_exit_2_not_1_and_the_model_stays(tmp_path, strea
         lines = done.stderr.decode().strip().splitlines()
         assert lines[-1].startswith("error: cannot write the summary to stdout") and "was written" in lines[-1]
         assert "Traceback" not in done.stderr.decode()
+
+
+# --- a full disk late in writing external data -----------------------------------------------------------------
+
+def _three_conv_model(tmp_path, scale: float, name: str = "src.onnx"):
+    """Conv -> Relu three times, weights (9 KiB each, over onnx's 1 KiB threshold) in an external data file:
+    three tensors go to the output's data file."""
+    import numpy as np
+
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 8, 8])
+    for _ in range(3):
+        x = b.op("Relu", [b.conv(x, 16, 16)])
+    model = b.build(x)
+    for t in model.graph.initializer:
+        arr = onnx.numpy_helper.to_array(t) * np.float32(scale)
+        t.CopyFrom(onnx.numpy_helper.from_array(arr.astype(np.float32), t.name))
+    path = tmp_path / name
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=f"{name}.data", size_threshold=1024)
+    return path
+
+
+def _enospc_at_the_last_tensor(monkeypatch, tensors: int = 3):
+    """onnx's external data writer fails with ENOSPC in the middle of the last tensor (half its bytes written)."""
+    import errno
+
+    import onnx.external_data_helper as helper
+
+    real, calls = helper.save_external_data, []
+
+    def save_external_data(tensor, base_path):
+        calls.append(tensor.name)
+        if len(calls) == tensors:
+            info = helper.ExternalDataInfo(tensor)
+            with open(f"{base_path}/{info.location}", "ab") as fh:
+                fh.write(tensor.raw_data[: len(tensor.raw_data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(tensor, base_path)
+
+    monkeypatch.setattr(helper, "save_external_data", save_external_data)
+    return calls
+
+
+def test_enospc_at_the_last_external_tensor_keeps_the_old_pair_and_exits_2(tmp_path, monkeypatch):
+    import onnxruntime as ort
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "out.onnx"
+    src = _three_conv_model(tmp_path, 1.0)
+    assert CliRunner().invoke(main, ["optimize", str(src), str(out)]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out_dir.iterdir()}
+    src = _three_conv_model(tmp_path, 2.0)  # new weights: a new data file name
+    calls = _enospc_at_the_last_tensor(monkeypatch)
+    result = CliRunner().invoke(main, ["optimize", str(src), str(out)])
+    assert len(calls) == 3
+    _one_line_error(result)
+    assert "No space left on device" in result.output and "nothing was written" in result.output
+    assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before  # the old pair, nothing beside it
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("where", ["last tensor", "commit"])
+def test_a_save_that_failed_late_leaves_the_model_in_memory_whole(tmp_path, monkeypatch, where):
+    """onnx clears each tensor's raw_data as it writes it: after ENOSPC at the last tensor (or at the commit, the
+    data file already moved beside OUTPUT), the result's model had lost the weights already written, and a retry
+    of Result.save (space freed) wrote a model without them."""
+    import errno
+
+    import onnxfuse
+    from onnxfuse.errors import InputError
+    from onnxfuse.model import io as model_io
+    from tests.conftest import assert_same_outputs
+
+    src = _three_conv_model(tmp_path, 1.0)
+    result = onnxfuse.optimize(str(src), verify=False)
+    if where == "commit":
+        def full():
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(model_io, "_commit_hook", full)
+    else:
+        _enospc_at_the_last_tensor(monkeypatch)
+    with pytest.raises(InputError, match="No space left on device"):
+        result.save(tmp_path / "out.onnx")
+    monkeypatch.undo()
+    assert not (tmp_path / "out.onnx").exists() and not list(tmp_path.glob("out.onnx*.data"))
+    result.save(tmp_path / "out.onnx")
+    written = onnx.load(str(tmp_path / "out.onnx"))
+    onnx.checker.check_model(written, full_check=True)
+    assert_same_outputs(onnx.load(str(src)), written)

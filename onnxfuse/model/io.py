@@ -676,10 +676,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
     if parts is None and given.is_symlink() and Path(os.path.abspath(given)).parent.resolve() != folder:
         raise InputError(f"{given}: is a symbolic link into another folder ({folder}), and the model has external "
                          "data, which onnx and onnxruntime look for beside the path they open: give the real path")
-    # the old OUTPUT is read (for the data files to clean up after it) only when such a file is there: reading a
-    # large inline model just to find it references none cost its size in memory and 0.1 s on 57 MB
-    ours = in_place or any(p.name.endswith(".data") and _own_data_name(target.name, p.name) for p in folder.iterdir())
-    old_locations, old_mode = referenced_data_files(target) if ours else set(), _mode_of(target)
+    old_locations, old_mode = _old_output(target, folder, in_place)
     tmpdir = _temporary_folder(given, folder)
     written: list[Path] = []
     moved: Path | None = None
@@ -698,15 +695,52 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
         _commit_hook()
         _check_not_replacing(given, target, never_replace, os.lstat)
         os.replace(tmp_model, target)  # the commit point
-        moved = None
+        moved, parts = None, []  # committed: the weights in memory are the data file's now (nothing to restore)
         _fsync_folder(folder)
         written.insert(0, given)
     except OSError as exc:
         raise InputError(f"{given}: cannot write the output ({exc.strerror or exc}); nothing was written") from None
     finally:
+        if parts is None and location is not None:  # not committed: the written weights come back into ``model``
+            _restore_weights(model, {location}, (tmpdir / _STAGED_DATA, moved))
         _discard(tmpdir, moved)
     _remove_stale_data(folder, target, old_locations - {location}, () if in_place else protected, in_place)
     return written
+
+
+def _old_output(target: Path, folder: Path, in_place: bool) -> tuple[set[str], int | None]:
+    """(the data files the file at ``target`` references, its permission bits): what :func:`save_model` cleans up
+    after it and keeps. The old file is read only when ``in_place`` or when a data file of onnxfuse's form for it
+    is in ``folder``: reading a large inline model just to find it references none cost its size in memory and
+    0.1 s on 57 MB."""
+    ours = in_place or any(p.name.endswith(".data") and _own_data_name(target.name, p.name) for p in folder.iterdir())
+    return referenced_data_files(target) if ours else set(), _mode_of(target)
+
+
+def _restore_weights(model: onnx.ModelProto, names: set[str], sources: tuple[Path | None, ...]) -> None:
+    """Undo a failed external-data write on ``model`` (in memory): onnx marks each tensor external and clears its
+    ``raw_data`` as it writes it, so a disk that fills at the last tensor left the caller's model without the
+    weights already written (a retry of the save wrote a broken model). Each tensor that onnxfuse's write made
+    external (its location one of ``names``: ``weights.data`` or the content name) gets its bytes back from the
+    first of ``sources`` that exists, the staged or moved data file, and is inline again.
+
+    Raises:
+        OSError: the data file cannot be read back (the save's own error is then the one reported).
+    """
+    staged = [t for t in onnx.external_data_helper._get_all_tensors(model)
+              if t.data_location == onnx.TensorProto.EXTERNAL
+              and any(e.key == "location" and e.value in names for e in t.external_data)]
+    source = next((p for p in sources if p is not None and p.is_file()), None)
+    for tensor in staged:
+        if not tensor.HasField("raw_data"):
+            if source is None:
+                continue
+            info = onnx.external_data_helper.ExternalDataInfo(tensor)
+            with open(source, "rb") as fh:
+                fh.seek(info.offset or 0)
+                tensor.raw_data = fh.read(info.length) if info.length is not None else fh.read()
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
 
 
 def _give_mode(mode: int | None, *paths: Path | None) -> None:
@@ -827,6 +861,19 @@ def _stage_external(model: onnx.ModelProto, tmpdir: Path, tmp_model: Path, model
     """Write ``model`` with its weights in ``tmpdir/weights.data``, give that file the model file's mode and its
     content name (:func:`data_file_name`) in the model, write the model to ``tmp_model``; return the data file's
     name, or None when no tensor went external (all under onnx's 1 KiB threshold)."""
+    staged = tmpdir / _STAGED_DATA
+    try:
+        return _write_external(model, tmpdir, tmp_model, model_name, folder)
+    except BaseException:
+        _restore_weights(model, {_STAGED_DATA} | {
+            e.value for t in onnx.external_data_helper._get_all_tensors(model) for e in t.external_data
+            if e.key == "location" and _own_data_name(model_name, e.value) and e.value.endswith(".data")}, (staged,))
+        raise
+
+
+def _write_external(model: onnx.ModelProto, tmpdir: Path, tmp_model: Path, model_name: str,
+                    folder: Path) -> str | None:
+    """:func:`_stage_external`'s work, which it undoes on ``model`` when this raises."""
     with _working_directory(tmpdir):
         onnx.save_model(model, tmp_model.name, save_as_external_data=True, all_tensors_to_one_file=True,
                         location=_STAGED_DATA, size_threshold=1024)
