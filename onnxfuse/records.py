@@ -130,6 +130,10 @@ class Reason(str, Enum):
     NEEDS_NEWER_ORT = (
         "form-needs-newer-onnxruntime",
         "deploy on the onnxruntime release the detail names (or newer) and give it as --ort-version")
+    SHARED_WEIGHT_GROWTH = (
+        "fold-copies-shared-weight",
+        "--materialize-weights MIB lets the model grow by a folded copy of a weight other nodes also read (the "
+        "first 1 MiB of such copies in all is free); or export one weight per node")
 
     def __str__(self) -> str:
         return self.value

@@ -351,3 +351,33 @@ def test_a_save_that_failed_late_leaves_the_model_in_memory_whole(tmp_path, monk
     written = onnx.load(str(tmp_path / "out.onnx"))
     onnx.checker.check_model(written, full_check=True)
     assert_same_outputs(onnx.load(str(src)), written)
+
+
+# --- the fold size limit applies to the sum over shared weights ------------------------------------------------
+
+def test_one_weight_shared_by_many_convs_grows_the_model_by_at_most_the_budget(tmp_path):
+    """One 3x3 weight of 64 channels (147 KB) read by 20 convs, each with its own BatchNormalization: each fold
+    gave its conv a folded copy and the original stayed for the others (a 9.9 MB model became 1.89 GB this way).
+    Now the copies in all stay within 1 MiB; the folds beyond it are declined with fold-copies-shared-weight, and
+    the written model computes what the original does."""
+    import onnxfuse
+    from tests.conftest import ATOL, RTOL, assert_same_outputs
+
+    c, convs = 64, 20
+    b = GraphBuilder()
+    x = b.input("x", [1, c, 6, 6])
+    w = b.const(b.rand(c, c, 3, 3))
+    model = b.build([b.bn(b.conv(x, c, c, weight=w, bias=False), c) for _ in range(convs)])
+    src = tmp_path / "shared.onnx"
+    onnx.save(model, str(src))
+    result = onnxfuse.optimize(str(src), only=["conv_batchnorm"], verify=False)
+    out = tmp_path / "out.onnx"
+    result.save(out)
+    copy = c * c * 9 * 4
+    assert out.stat().st_size - src.stat().st_size <= (1 << 20) + 64 * 1024  # metadata and per-conv biases aside
+    folded = len(result.fusions)
+    assert folded == (1 << 20) // copy and folded < convs
+    refused = [u for u in result.report.unfused if u["reason"] == "fold-copies-shared-weight"]
+    assert len(refused) == convs - folded
+    # 576 products per output (64 channels x 3 x 3): float32 reassociation of the fold stays within 10x ATOL
+    assert_same_outputs(model, onnx.load(str(out)), rtol=RTOL, atol=10 * ATOL)

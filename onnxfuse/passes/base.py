@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from onnxfuse.analysis.symbolic import SymbolicShapes
 
 
+#: Growth (bytes) that folds giving a Conv or Gemm its own copy of a shared weight may add to the whole model
+#: without ``--materialize-weights``: 1 MiB, the per-fold growth limit of ``constant_fold`` (FOLD_GROWTH_LIMIT_BYTES).
+SHARED_COPY_GROWTH_BYTES = 1 << 20
+
+
 @dataclass
 class Match:
     """A pattern that a pass will rewrite. Each pass subclasses it with typed fields for what ``match``
@@ -51,7 +56,12 @@ class Context:
             expression in the input dims, from onnxruntime's symbolic shape inference), or None when not computed.
         materialize_bytes: bytes the model may still grow by where ``constant_fold`` stores a conv/Gemm weight
             computed from compact constants (int8 x scale) as plain floats (``Options.materialize_weights_bytes``;
-            each such fold spends its growth). 0: weights stay compact.
+            each such fold spends its growth). 0: weights stay compact. A fold into a weight other nodes also
+            read spends from it too, once :attr:`shared_copy_bytes` is spent.
+        shared_copy_bytes: bytes the whole model may still grow by where a fold gives a Conv or Gemm its own
+            folded copy of a weight (or bias) that other nodes also read, which therefore stays
+            (``passes._growth``): without it one weight shared by many convs, each with its own
+            BatchNormalization, grew the model by one copy per conv (9.9 MB to 1.89 GB).
     """
 
     target: Target
@@ -63,6 +73,7 @@ class Context:
     order: edit.NodeOrder | None = None
     symbolic: SymbolicShapes | None = None
     materialize_bytes: int = 0
+    shared_copy_bytes: int = SHARED_COPY_GROWTH_BYTES
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.
