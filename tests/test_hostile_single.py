@@ -381,3 +381,76 @@ def test_one_weight_shared_by_many_convs_grows_the_model_by_at_most_the_budget(t
     assert len(refused) == convs - folded
     # 576 products per output (64 channels x 3 x 3): float32 reassociation of the fold stays within 10x ATOL
     assert_same_outputs(model, onnx.load(str(out)), rtol=RTOL, atol=10 * ATOL)
+
+
+# --- a time bound on report --profile ------------------------------------------------------------------------
+
+def _slow_model(tmp_path):
+    """Conv -> BN (something to fold, so that --profile runs) beside a Loop of 10^12 iterations: one run of it takes
+    hours, and --profile ran each model six times with no time bound."""
+    from onnx import TensorProto, helper
+
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    y = b.bn(b.conv(x, 3, 4), 4)
+    model = b.build(y)
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["v_in", "one"], ["v_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1])],
+        [helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])])
+    graph = model.graph
+    graph.initializer.extend([helper.make_tensor("trips", TensorProto.INT64, [], [10**12]),
+                              helper.make_tensor("go", TensorProto.BOOL, [], [True]),
+                              helper.make_tensor("v0", TensorProto.FLOAT, [1], [0.0])])
+    graph.node.append(helper.make_node("Loop", ["trips", "go", "v0"], ["v_final"], body=body))
+    graph.output.append(helper.make_tensor_value_info("v_final", TensorProto.FLOAT, [1]))
+    path = tmp_path / "slow.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_report_profile_has_a_time_bound(tmp_path):
+    model = _slow_model(tmp_path)
+    result = CliRunner().invoke(main, ["report", str(model), "--profile", "--profile-timeout", "1",
+                                       "--format", "json", "-o", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc.get("profile") is None
+    assert any("--profile-timeout" in w for w in doc["warnings"]), doc["warnings"]
+
+
+def test_bench_has_a_time_bound(tmp_path):
+    """bench ran --runs rounds (4 runs each) of a model at every level whatever one run took: hours for a Loop of
+    10^12 iterations. --timeout stops the run in progress: one line, exit 2."""
+    model = _slow_model(tmp_path)
+    result = CliRunner().invoke(main, ["bench", str(model), "--level", "disable", "--timeout", "2", "--runs", "1",
+                                       "--warmup", "0"])
+    _one_line_error(result)
+    assert "--timeout" in result.output and "did not finish within 2 s" in result.output
+
+
+def test_bench_time_bound_adds_no_timer_per_run(monkeypatch):
+    """The timed rounds share one RunOptions (one timer for the whole bench), so no per-run timer thread is added
+    to the times measured."""
+    import threading
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from onnxfuse.ort.sessions import TimeBound
+
+    b = GraphBuilder()
+    model = b.build(b.op("Relu", [b.input("x", [1, 4])]))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    started = []
+    real = threading.Timer.start
+    monkeypatch.setattr(threading.Timer, "start", lambda self: (started.append(self), real(self))[1])
+    with TimeBound(60) as bound:
+        for _ in range(5):
+            bound.run(sess, {"x": np.ones((1, 4), np.float32)})
+    assert len(started) == 1
