@@ -63,7 +63,13 @@ def test_like_terms_with_large_denominators_are_refused():
 def test_expressions_inside_the_budget_still_read():
     assert expressions.parse("(a+b)**16") == expressions.parse("(a+b)**16")
     assert expressions.parse("H/" + "3" * 400 + " + 1") is not None
-    assert expressions.parse(" + ".join(f"x{i}" for i in range(2000))) is not None  # a long flat sum
+    # a sum of more terms than Python's parser nests (about 2,500), as a large model's report can write
+    long_sum = expressions.parse(" + ".join(f"{i + 1}*x{i}" for i in range(10_000)) + " - 7")
+    assert len(long_sum.args) == 10_001
+    assert long_sum.xreplace({s: 1 for s in long_sum.free_symbols}) == 10_000 * 10_001 // 2 - 7
+    for text, expected in [("-a + b", "-a + b"), ("1.5e-5*H - 2", "1.5e-5*H - 2"), ("H*(W - 1) - 3", "H*(W - 1) - 3"),
+                           ("-(a + b) - c", "-a - b - c"), ("H**-1 - 1", "-1 + 1/H")]:
+        assert str(expressions.parse(text)) == expected
 
 
 def _baseline_with(tmp_path, model, expr: str):

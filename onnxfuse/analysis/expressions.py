@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -70,14 +71,47 @@ def parse(text: str, symbols: dict[str, sympy.Symbol] | None = None) -> sympy.Ex
         raise ExpressionError(f"expected an expression string, got {type(text).__name__}")
     if len(text) > MAX_CHARS:
         raise ExpressionError(f"expression of {len(text)} characters (at most {MAX_CHARS})")
+    terms = _top_level_terms(text)
+    builder = _Builder(symbols or {}, MAX_TERMS + len(text))
     try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        raise ExpressionError(f"not an expression ({type(exc).__name__})") from None
-    try:
-        return _Builder(symbols or {}, MAX_TERMS + len(text)).build(tree.body)[0]
+        return builder.add(terms)[0] if len(terms) > 1 else builder.build(terms[0][0])[0]
     except RecursionError:
         raise ExpressionError("expression nested too deeply") from None
+
+
+def _top_level_terms(text: str) -> list[tuple[ast.AST, bool]]:
+    """The terms of ``text``'s outermost sum, each parsed on its own (``ast.parse``), with True for a subtracted
+    one. Python's parser nests ``a + b + ...`` one level per term and gives up (RecursionError) past about 2,500
+    of them, a sum onnxfuse can write for a large model; split at the ``+``/``-`` outside parentheses that
+    follow an operand (not a sign, not the ``e-5`` of a number), it reads any number of terms.
+
+    Raises:
+        ExpressionError: a term is not Python expression syntax (the whole is not an expression).
+    """
+    pieces: list[tuple[str, bool]] = []
+    depth, start, negative = 0, 0, False
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch in "+-" and depth == 0:
+            before = text[start:i].rstrip()
+            if before and (before[-1].isalnum() or before[-1] in "_).") and not _EXPONENT_MARK.search(before):
+                pieces.append((text[start:i], negative))
+                start, negative = i + 1, ch == "-"
+    pieces.append((text[start:], negative))
+    out: list[tuple[ast.AST, bool]] = []
+    for piece, minus in pieces:
+        try:
+            out.append((ast.parse(piece.strip(), mode="eval").body, minus))
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            raise ExpressionError(f"not an expression ({type(exc).__name__})") from None
+    return out
+
+
+#: The end of a number's mantissa before its exponent sign (``1.5e`` of ``1.5e-5``): a ``-`` there is no term's.
+_EXPONENT_MARK = re.compile(r"(?:^|[^A-Za-z0-9_.])(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE]$")
 
 
 def expanded_terms_bound(text: str) -> int:
@@ -90,13 +124,10 @@ def expanded_terms_bound(text: str) -> int:
     """
     if not isinstance(text, str) or len(text) > MAX_CHARS:
         parse(text)  # raises the same one-line error as parse
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        raise ExpressionError(f"not an expression ({type(exc).__name__})") from None
+    parts = _top_level_terms(text)
     builder = _Builder({}, None)
     try:
-        terms = builder.build(tree.body)[1]
+        terms = builder.add(parts)[1] if len(parts) > 1 else builder.build(parts[0][0])[1]
     except RecursionError:
         raise ExpressionError("expression nested too deeply") from None
     return terms + builder.work
@@ -201,9 +232,13 @@ class _Builder:
         while isinstance(spine, ast.BinOp) and isinstance(spine.op, (ast.Add, ast.Sub)):
             right.append((spine.right, isinstance(spine.op, ast.Sub)))
             spine = spine.left
-        first, terms = self.build(spine)
-        parts = [first]
-        for operand, negative in reversed(right):
+        return self.add([(spine, False), *reversed(right)])
+
+    def add(self, operands: list[tuple[ast.AST, bool]]) -> tuple[sympy.Expr, int]:
+        """The sum of ``operands`` (each subtracted when its flag is True) as one sympy ``Add``, and its terms."""
+        parts = []
+        terms = 0
+        for operand, negative in operands:
             value, t = self.build(operand)
             parts.append(-value if negative else value)
             terms = self._check(terms + t)
