@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 @click.option("--materialize-weights", type=click.FloatRange(min=0), default=0, metavar="MIB",
               help="Let the output grow by up to this many MiB (2^20 bytes) to store conv/Gemm weights that the model "
                    "computes from compact constants (int8 x scale, ConstantOfShape) as plain floats. Default 0: "
-                   "they stay compact and folds go into their scale; onnxruntime computes them at load.")
+                   "they stay compact and folds go into their scale; onnxruntime computes them at load. Folds "
+                   "that give a node its own copy of a weight other nodes share spend it too, after a free 1 MiB "
+                   "for the whole model (fold-copies-shared-weight).")
 @verbosity_options
 @click.pass_context
 @fail_cleanly
