@@ -108,7 +108,9 @@ def run() -> None:
     except Exception as exc:
         if debug_requested():
             raise
-        sys.stderr.write(internal_error_line(exc) + "\n")
+        from onnxfuse.cli.exits import say
+
+        say(internal_error_line(exc))
         sys.exit(EXIT_INTERNAL)
     finally:
         _leave_objects_to_exit()

@@ -45,7 +45,7 @@ import onnx
 from onnxfuse.ort.levels import ORT_LEVELS
 
 if TYPE_CHECKING:
-    from onnxfuse.ort.sessions import InputSpec
+    from onnxfuse.ort.sessions import InputSpec, TimeBound
 
 #: Family-wise confidence of the verdict: over all the looks of :func:`measure`, a model exactly as fast as the
 #: original is called faster or slower with probability at most 1 - this (Bonferroni over the looks).
@@ -53,6 +53,12 @@ CONFIDENCE = 0.999
 #: Rounds stop here even when the time budget is not spent.
 MAX_ROUNDS = 1000
 VERDICTS = ("faster", "slower", "same", "inconclusive")
+
+
+#: Default of :attr:`BenchOptions.timeout` (``bench --timeout``), seconds: 10 minutes for the whole bench. The
+#: timed rounds of one level stop after ``max_time`` (20 s) once ``runs`` are done; this bounds the rest (a model
+#: whose one run takes minutes, ``runs`` 16 x 4 runs of it per level).
+DEFAULT_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -75,6 +81,9 @@ class BenchOptions:
         profile_runs: profiled runs per model and level (their median time per kernel).
         fusions: level -> the ``fusions[]`` rows of the report of the model optimized for that level (None when
             OPTIMIZED was given): the profile's per-fusion rows follow them.
+        timeout: seconds for every run of the bench together (first runs, warm-up, timed rounds, profiles, at
+            every level; ``bench --timeout``, :data:`DEFAULT_TIMEOUT_S`); None: no limit. A run in progress is
+            stopped when it runs out (``onnxfuse.ort.sessions.TimeBound``); session loads are not interrupted.
     """
 
     runs: int = 16
@@ -90,6 +99,7 @@ class BenchOptions:
     profile: bool = False
     profile_runs: int = 10
     fusions: dict[str, list[dict]] | None = None
+    timeout: float | None = DEFAULT_TIMEOUT_S
 
 
 def order_ranks(n: int, confidence: float = CONFIDENCE) -> int | None:
@@ -151,6 +161,10 @@ def compare(original_s, optimized_s, margin: float = 0.02, confidence: float = C
     return {"ratio": ratio, "ci_low": lo, "ci_high": hi, "confidence": confidence, "verdict": verdict, "rounds": int(n),
             "original_ms": original_ms, "optimized_ms": original_ms * ratio,
             "optimized_median_ms": float(np.median(b) * 1e3)}
+
+
+class BenchTimeout(RuntimeError):
+    """The bench did not finish within :attr:`BenchOptions.timeout` seconds (the message says so)."""
 
 
 def measure(run_a: Callable[[], Any], run_b: Callable[[], Any], min_rounds: int, max_time: float,
@@ -261,8 +275,21 @@ def bench(original: str, optimized: str | dict[str, str], opts: BenchOptions) ->
     ``interval_verdict``; ``kernels`` is the node count when the kernels are the same, else None.
 
     Raises:
+        BenchTimeout: ``opts.timeout`` ran out.
         RuntimeError: onnxruntime cannot load or run one of the models (the message says which).
     """
+    from onnxfuse.ort.sessions import RunTimeout, TimeBound
+
+    try:
+        with TimeBound(opts.timeout) as bound:
+            return _bench(original, optimized, opts, bound)
+    except RunTimeout:
+        raise BenchTimeout(f"the bench did not finish within {opts.timeout:g} s (--timeout SECONDS, 0: no limit); "
+                           "nothing was measured") from None
+
+
+def _bench(original: str, optimized: str | dict[str, str], opts: BenchOptions, bound: TimeBound) -> dict[str, Any]:
+    """:func:`bench`'s work, every run through ``bound``."""
     from onnxfuse.ort.sessions import InputSpec, check_names, load_npz, make_inputs, session
 
     spec = InputSpec(shapes=dict(opts.input_shapes), data=load_npz(opts.input_data) if opts.input_data else {},
@@ -287,14 +314,15 @@ def bench(original: str, optimized: str | dict[str, str], opts: BenchOptions) ->
                 except ValueError as exc:  # an input type onnxfuse cannot generate (optional, sequence)
                     raise RuntimeError(f"{exc}; give it with --input-data") from None
                 invented = invented_inputs(sessions["original"], spec.shapes, spec.data)
-            _first_runs(sessions, feeds, spec, opts.warmup)
+            _first_runs(sessions, feeds, spec, opts.warmup, bound)
             same = graphs["original"] is not None and graphs["original"] == graphs["optimized"]
-            m = measure(partial(sessions["original"].run, None, feeds), partial(sessions["optimized"].run, None, feeds),
+            m = measure(partial(bound.run, sessions["original"], feeds),
+                        partial(bound.run, sessions["optimized"], feeds),
                         opts.runs, opts.max_time, opts.margin, stop_at_min=same)
             sides["original"]["ms"], sides["optimized"]["ms"] = m["original_ms"], m["optimized_ms"]
             sides["optimized"]["median_ms"] = m["optimized_median_ms"]
             if opts.profile:
-                profiles[level] = _profile(models, feeds, level, opts)
+                profiles[level] = _profile(models, feeds, level, opts, bound)
             results.append({"level": level, **sides, "ratio": m["ratio"], "ci_low": m["ci_low"],
                             "ci_high": m["ci_high"], "ci_confidence": m["confidence"], "rounds": m["rounds"],
                             "stopped": m["stopped"], "interval_verdict": m["verdict"],
@@ -335,35 +363,43 @@ def _load_sessions(models: dict[str, str], level: str, threads: int, tmp: Path
     return sessions, sides, graphs
 
 
-def _first_runs(sessions: dict[str, Any], feeds: dict[str, Any], spec: InputSpec, warmup: int) -> None:
+def _first_runs(sessions: dict[str, Any], feeds: dict[str, Any], spec: InputSpec, warmup: int,
+                bound: TimeBound) -> None:
     """Run each session once (a run that fails says why, before any timing), then ``warmup`` untimed runs.
 
     Raises:
         RuntimeError: onnxruntime cannot run a model on ``feeds`` (the message says which, and the shapes fed).
     """
-    from onnxfuse.ort.sessions import random_inputs_hint, short
+    from onnxfuse.ort.sessions import RunTimeout, random_inputs_hint, short
 
     for key, sess in sessions.items():
         try:
-            sess.run(None, feeds)  # a first run that fails says why, before any timing
+            bound.run(sess, feeds)  # a first run that fails says why, before any timing
+        except RunTimeout:
+            raise
         except Exception as exc:
             shapes = {k: list(v.shape) for k, v in feeds.items()}
             raise RuntimeError(f"onnxruntime cannot run the {key} model on inputs {shapes}: "
                                f"{short(exc)}{random_inputs_hint(sess, spec)}") from None
         for _ in range(warmup):
-            sess.run(None, feeds)
+            bound.run(sess, feeds)
 
 
-def _profile(models: dict[str, str], feeds: dict, level: str, opts: BenchOptions) -> dict[str, Any]:
+def _profile(models: dict[str, str], feeds: dict, level: str, opts: BenchOptions, bound: TimeBound
+             ) -> dict[str, Any]:
     """Both models under onnxruntime's profiler at ``level`` (``ort_profile.profile``): per side ``kernels``
     (every kernel: ms, bytes), ``by_op``, totals; ``by_fusion`` when the fusions are known."""
     from onnxfuse.ort import profile as ort_profile
+    from onnxfuse.ort.sessions import RunTimeout
 
     out: dict[str, Any] = {"runs": opts.profile_runs}
     measured = {}
     for key, path in models.items():
-        kernels_ = ort_profile.profile(path, feeds, level=level, threads=opts.threads, runs=opts.profile_runs,
-                                       warmup=1)
+        try:
+            kernels_ = ort_profile.profile(path, feeds, level=level, threads=opts.threads, runs=opts.profile_runs,
+                                           warmup=1, deadline=bound.deadline)
+        except ort_profile.ProfileTimeout:
+            raise RunTimeout("the profile ran out of time") from None
         measured[key] = kernels_
         out[key] = {"kernels": [k.to_dict() for k in kernels_], "by_op": ort_profile.by_op(kernels_),
                     "total_ms": sum(k.ms for k in kernels_), "total_bytes": sum(k.total_bytes for k in kernels_)}

@@ -159,7 +159,7 @@ class Result:
                 if other is not None and model_io.same_file(path, other):
                     raise InputError(f"{path}: is {what}; save to another path")
             return model_io.save_model(self.model, path, external_data=self.loaded.external_data,
-                                       protected=self.loaded.data_files)
+                                       protected=self.loaded.data_files, never_replace=self.loaded.file_id)
         except OSError as exc:
             raise InputError(f"{path}: cannot write the model ({exc.strerror or exc})") from None
 

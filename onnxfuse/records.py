@@ -172,6 +172,10 @@ class Reason(str, Enum):
         "rewrite-broke-verification",
         "none: this rewrite moved an output beyond verification's tolerance (a bug in onnxfuse; please report it "
         "with the model); the culprit search left it unfused and verified the rest (--drop-culprits writes that)")
+    SHARED_WEIGHT_GROWTH = (
+        "fold-copies-shared-weight",
+        "--materialize-weights MIB lets the model grow by a folded copy of a weight other nodes also read (the "
+        "first 1 MiB of such copies in all is free); or export one weight per node")
 
     def __str__(self) -> str:
         return self.value

@@ -37,6 +37,9 @@ OPTIMIZATION_ONLY = ("target", "only", "skip", "ort_level", "ort_version", "cons
 @click.option("--margin", type=click.FloatRange(0, 50, max_open=True), default=2.0, show_default=True,
               metavar="PERCENT", help="Equivalence margin: 'same' needs the ratio's interval within 1 +- this.")
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, metavar="SECONDS",
+              help="Time for every run of the bench together, at every level (0: no limit); when it runs out, a "
+                   "run in progress is stopped and bench exits 2 with nothing measured.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="onnxruntime intra-op threads.")
 @click.option("--level", "levels", multiple=True, type=click.Choice(list(ORT_LEVELS)),
               help="Graph optimization level to time (repeatable; default all four).")
@@ -51,7 +54,8 @@ OPTIMIZATION_ONLY = ("target", "only", "skip", "ort_level", "ort_version", "cons
 @fail_cleanly
 def bench(ctx: click.Context, original: Path, optimized: Path | None, target: str, only: tuple[str, ...],
           skip: tuple[str, ...], input_shape: tuple[str, ...], ort_level: str | None, ort_version: str | None,
-          constant_initializer_inputs: bool, runs: int, max_time: float, margin: float, warmup: int, threads: int,
+          constant_initializer_inputs: bool, runs: int, max_time: float, margin: float, warmup: int, timeout: float,
+          threads: int,
           levels: tuple[str, ...], input_data: str | None, input_value: tuple[str, ...], input_range: tuple[str, ...],
           profile: bool, fmt: str) -> None:
     """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
@@ -76,7 +80,7 @@ def bench(ctx: click.Context, original: Path, optimized: Path | None, target: st
     levels = tuple(levels) or ORT_LEVELS
     bench_options = bench_mod.BenchOptions(runs=runs, max_time=max_time, margin=margin / 100, warmup=warmup,
                                            threads=threads, levels=levels, input_shapes=options.input_shapes,
-                                           input_data=input_data, profile=profile)
+                                           input_data=input_data, profile=profile, timeout=timeout or None)
     options.compare_with_onnxruntime = False  # bench measures onnxruntime itself
     feeds = parse_input_feeds(input_data, input_value, input_range)
     bench_options.input_values, bench_options.input_ranges = feeds.values, feeds.ranges

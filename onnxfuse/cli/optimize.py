@@ -49,7 +49,9 @@ if TYPE_CHECKING:
 @click.option("--materialize-weights", type=click.FloatRange(min=0), default=0, metavar="MIB",
               help="Let the output grow by up to this many MiB (2^20 bytes) to store conv/Gemm weights that the model "
                    "computes from compact constants (int8 x scale, ConstantOfShape) as plain floats. Default 0: "
-                   "they stay compact and folds go into their scale; onnxruntime computes them at load.")
+                   "they stay compact and folds go into their scale; onnxruntime computes them at load. Folds "
+                   "that give a node its own copy of a weight other nodes share spend it too, after a free 1 MiB "
+                   "for the whole model (fold-copies-shared-weight).")
 @verbosity_options
 @click.pass_context
 @fail_cleanly
@@ -96,7 +98,7 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
         result.report.set_bandwidth(bandwidth)
     diagnostics(result.report)
     report_texts = _render_reports(result, input_path, output_path, reports, require_verify)
-    _write_results(ctx, result, output_path, reports, report_texts)
+    _write_results(ctx, result, output_path, reports, report_texts, overwrite)
     if result.report.verification.culprits:  # --drop-culprits: the verified remainder was written
         for c in result.report.verification.culprits:
             log.warning("left unfused because it broke verification: %s", culprit_line(c))
@@ -198,7 +200,7 @@ def _render_reports(result: pipeline.Result, input_path: Path, output_path: Path
 
 
 def _write_results(ctx: click.Context, result: pipeline.Result, output_path: Path, reports: list[tuple[Path, str]],
-                   report_texts: list[tuple[Path, str]]) -> None:
+                   report_texts: list[tuple[Path, str]], overwrite: bool) -> None:
     """Write the model, then the reports; print the summary (not with -q) and the hints.
 
     Raises:
@@ -208,10 +210,13 @@ def _write_results(ctx: click.Context, result: pipeline.Result, output_path: Pat
     from onnxfuse.report import present
 
     report, verification = result.report, result.report.verification
-    # the input's data files are never replaced or removed, also with --in-place: another copy of the model (or
-    # another model of the same export) may read them
+    # the input's data files are never replaced; with --in-place those only the replaced input referenced are
+    # removed after the commit, those another model in the folder references are kept (model_io.save_model)
     written = model_io.save_model(result.model, output_path, external_data=result.loaded.external_data,
-                                  protected=result.loaded.data_files)
+                                  protected=result.loaded.data_files,
+                                  never_replace=None if overwrite else result.loaded.file_id,
+                                  in_place=overwrite and result.loaded.path is not None
+                                  and model_io.same_file(output_path, result.loaded.path))
     files.chart_note(report, [fmt for _, fmt in reports])
     for report_path, report_text in report_texts:  # after the model: a model not written leaves no report either
         try:
@@ -220,10 +225,14 @@ def _write_results(ctx: click.Context, result: pipeline.Result, output_path: Pat
             raise InputError(f"{exc}; {', '.join(str(p) for p in written)} was written") from None
         written.append(report_path)
     if verbosity(ctx) >= 0:  # the results; -q prints nothing on success
-        if verification.status == "skipped":
-            click.echo(f"NOT VERIFIED: {verification.reason}")
-        for line in present.summary_lines(report, hints=False):
-            click.echo(line)
+        try:
+            if verification.status == "skipped":
+                click.echo(f"NOT VERIFIED: {verification.reason}")
+            for line in present.summary_lines(report, hints=False):
+                click.echo(line)
+        except OSError as exc:  # stdout on a full disk or a closed pipe: exit 2, and the model stays (verified)
+            raise InputError(f"cannot write the summary to stdout ({exc.strerror or exc}); "
+                             f"{', '.join(str(p) for p in written)} was written") from None
     _hints(report)
     if not result.changed:
         log.info("no pattern was fused: %s is the input model with onnxfuse metadata added", output_path)

@@ -51,6 +51,9 @@ Exit codes:
 @click.option("--profile", is_flag=True,
               help="Also run the original and the optimized model under onnxruntime's profiler at --ort-level "
                    "(one thread): measured time and bytes per op and per fusion beside the counted ones.")
+@click.option("--profile-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              metavar="SECONDS", help="Time for --profile's runs of both models together (0: no limit); when it "
+                                      "runs out the report says so and has no profile.")
 @verbosity_options
 @click.pass_context
 @fail_cleanly
@@ -58,7 +61,7 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
            input_shape: tuple[str, ...], ort_level: str | None, ort_version: str | None,
            constant_initializer_inputs: bool, input_data: str | None, fmt: str | None, outputs: tuple[Path, ...],
            show_all: bool, bandwidth: float | None, baseline: Path | None, profile: bool,
-           plugins: tuple[str, ...] = (), fix_input_shape: tuple[str, ...] = ()) -> None:
+           profile_timeout: float, plugins: tuple[str, ...] = (), fix_input_shape: tuple[str, ...] = ()) -> None:
     """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
 
     Bytes are expressions in the model's symbolic input dims; --input-shape also gives the numbers at one size.
@@ -99,7 +102,7 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     if bandwidth:
         result.report.set_bandwidth(bandwidth)
     if profile and result.changed:
-        _profile(ctx, result, ort_level or DEFAULT_ORT_LEVEL)
+        _profile(ctx, result, ort_level or DEFAULT_ORT_LEVEL, profile_timeout or None)
     diagnostics(result.report)
     for path, _ in found:
         files.check_not_data_file(path, "-o", result.loaded)
@@ -117,9 +120,10 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
         _compare(baseline, old, new, fmt, output)
 
 
-def _profile(ctx: click.Context, result: pipeline.Result, ort_level: str) -> None:
+def _profile(ctx: click.Context, result: pipeline.Result, ort_level: str, timeout: float | None) -> None:
     """``--profile``: the original and the optimized model under onnxruntime's profiler, into the report; a model
-    onnxruntime cannot run on generated inputs adds a warning instead. ``ort_level``: the level both run at."""
+    onnxruntime cannot run on generated inputs, or runs that do not end within ``timeout`` seconds
+    (``--profile-timeout``; None: no limit), add a warning instead. ``ort_level``: the level both run at."""
     from onnxfuse.errors import one_line
     from onnxfuse.ort import profile as ort_profile
 
@@ -127,7 +131,11 @@ def _profile(ctx: click.Context, result: pipeline.Result, ort_level: str) -> Non
         try:
             result.report.profile = ort_profile.profile_models(
                 result.loaded.ort_source(), result.model, result.report.to_dict()["fusions"], ort_level,
-                {k: tuple(v) for k, v in result.report.input_shapes.items()})
+                {k: tuple(v) for k, v in result.report.input_shapes.items()}, timeout=timeout)
+        except ort_profile.ProfileTimeout:
+            result.report.warnings = [*(result.report.warnings or []),
+                                      f"--profile: the runs did not finish within {timeout:g} s "
+                                      "(--profile-timeout); no profile"]
         except Exception as exc:  # onnxruntime cannot run a model on generated inputs: the report says so
             result.report.warnings = [*(result.report.warnings or []),
                                       f"--profile: onnxruntime could not run the models ({one_line(exc)})"]

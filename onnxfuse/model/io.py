@@ -63,6 +63,9 @@ class LoadedModel:
             propagation, which ``pipeline.analyse`` uses instead of making and inferring a second skeleton; None
             when the check could not give it (external data, declared shapes that contradict inference).
             Weight-free.
+        file_id: ``(st_dev, st_ino)`` of the model file as it was opened and read (``os.fstat``); None for a
+            ModelProto input. :func:`save_model` refuses to replace that file (``never_replace``), whatever the
+            output path has come to name since.
     """
 
     model: onnx.ModelProto | None
@@ -76,6 +79,7 @@ class LoadedModel:
     warnings: list[str] = field(default_factory=list)
     name: str | None = None
     shape_inference: tuple[onnx.ModelProto, onnx.ModelProto] | None = field(default=None, repr=False)
+    file_id: tuple[int, int] | None = None
 
     @property
     def label(self) -> str:
@@ -123,7 +127,9 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     # anyway). It releases the GIL, but running it beside the parse would hold a third copy of the weights.
     fmt = onnx.serialization.registry.get_format_from_file_extension(p.suffix) or "protobuf"
     try:
-        data = p.read_bytes()
+        with open(p, "rb") as fh:
+            opened = os.fstat(fh.fileno())  # the file read, whatever the path names later
+            data = fh.read()
     except OSError as exc:
         raise InputError(f"{p}: cannot read the file ({exc.strerror or exc})") from None
     # hashlib releases the GIL on large buffers: the digest is computed on another thread while the checker and
@@ -175,7 +181,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
                        tuple(base / loc for loc in sorted(locations)),
                        warnings=notes + ([warning] if warning else []),
                        # the skeleton was made before the external data was read in: it would differ from one now
-                       shape_inference=None if has_external else inferred)
+                       shape_inference=None if has_external else inferred, file_id=(opened.st_dev, opened.st_ino))
 
 
 def _check_model_file(p: Path) -> None:
@@ -695,7 +701,8 @@ def referenced_data_files(path: Path) -> set[str]:
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False,
-               protected: tuple[Path, ...] = ()) -> list[Path]:
+               protected: tuple[Path, ...] = (), never_replace: tuple[int, int] | None = None,
+               in_place: bool = False) -> list[Path]:
     """Write ``model`` to ``path`` atomically and return the files written.
 
     Without external data the model is written to a temporary folder in the target folder and moved into place
@@ -708,7 +715,12 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
        reference (same name only for the same bytes);
     3. the model is moved onto ``path``: the commit point;
     4. the data files the old model referenced and the new one does not are removed, where they are onnxfuse's
-       own (``<name>.data`` or :func:`data_file_name`'s form) and not ``protected``.
+       own (``<name>.data`` or :func:`data_file_name`'s form; with ``in_place``, any the input referenced in its
+       folder), not ``protected`` (with ``in_place``, the input's own are not protected from removal, only from
+       being replaced) and no other model file in the folder references them (:func:`_used_elsewhere`).
+
+    A replaced ``path`` keeps its permission bits (a 0600 model stays 0600, its data file too); a new file gets
+    0666 less the umask.
 
     A crash or failure at any point leaves the old model with its data, or the new model with its data, never a
     mix; a failure before step 3 removes what step 2 moved. A ``path`` that is a symbolic link is written through:
@@ -717,22 +729,27 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
 
     Args:
         protected: files that must not be replaced or removed (the input model's external data files).
+        in_place: ``path`` is the input model itself (``--in-place``): the data files only it referenced are
+            removed once it is replaced, ``protected`` or not, unless another model in the folder references them.
+        never_replace: ``(st_dev, st_ino)`` of a file that must not be replaced (the input model as it was read,
+            :attr:`LoadedModel.file_id`): checked where ``path`` leads before anything is written, and again on
+            the file at the commit point (``os.lstat``), so that an OUTPUT that has become a symbolic or hard link
+            to INPUT (or sits in a folder swapped for INPUT's) during the run never replaces it.
 
     Raises:
         InputError: the target is not a regular file, its folder does not exist or is not writable, the data
-            file would replace a protected file, or writing failed (disk full, I/O error); the temporary folder
-            and any moved data file are removed first, and nothing at ``path`` changed.
+            file would replace a protected file, ``path`` leads to the ``never_replace`` file, or writing failed
+            (disk full, I/O error); the temporary folder and any moved data file are removed first, and nothing at
+            ``path`` changed.
     """
     given = Path(path)
     target, folder = _output_place(given)
+    _check_not_replacing(given, target, never_replace, os.stat)
     parts = _inline_parts(model, external_data)
     if parts is None and given.is_symlink() and Path(os.path.abspath(given)).parent.resolve() != folder:
         raise InputError(f"{given}: is a symbolic link into another folder ({folder}), and the model has external "
                          "data, which onnx and onnxruntime look for beside the path they open: give the real path")
-    # the old OUTPUT is read (for the data files to clean up after it) only when such a file is there: reading a
-    # large inline model just to find it references none cost its size in memory and 0.1 s on 57 MB
-    ours = any(p.name.endswith(".data") and _own_data_name(target.name, p.name) for p in folder.iterdir())
-    old_locations = referenced_data_files(target) if ours else set()
+    old_locations, old_mode = _old_output(target, folder, in_place)
     tmpdir = _temporary_folder(given, folder)
     written: list[Path] = []
     moved: Path | None = None
@@ -743,21 +760,94 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
             location = _stage_external(model, tmpdir, tmp_model, target.name, folder)
         else:
             write_parts(tmp_model, parts)  # streamed: the whole model is never one bytes object
+        _give_mode(old_mode, tmp_model, None if location is None else tmpdir / _STAGED_DATA)
         if location is not None:
             moved = _place_data_file(given, tmpdir, folder, location, protected)
             written.append(given.parent / location)
         _fsync(tmp_model)
         _commit_hook()
+        _check_not_replacing(given, target, never_replace, os.lstat)
         os.replace(tmp_model, target)  # the commit point
-        moved = None
+        moved, parts = None, []  # committed: the weights in memory are the data file's now (nothing to restore)
         _fsync_folder(folder)
         written.insert(0, given)
     except OSError as exc:
         raise InputError(f"{given}: cannot write the output ({exc.strerror or exc}); nothing was written") from None
     finally:
+        if parts is None and location is not None:  # not committed: the written weights come back into ``model``
+            _restore_weights(model, {location}, (tmpdir / _STAGED_DATA, moved))
         _discard(tmpdir, moved)
-    _remove_stale_data(folder, target.name, old_locations - {location}, protected)
+    _remove_stale_data(folder, target, old_locations - {location}, () if in_place else protected, in_place)
     return written
+
+
+def _old_output(target: Path, folder: Path, in_place: bool) -> tuple[set[str], int | None]:
+    """(the data files the file at ``target`` references, its permission bits): what :func:`save_model` cleans up
+    after it and keeps. The old file is read only when ``in_place`` or when a data file of onnxfuse's form for it
+    is in ``folder``: reading a large inline model just to find it references none cost its size in memory and
+    0.1 s on 57 MB."""
+    ours = in_place or any(p.name.endswith(".data") and _own_data_name(target.name, p.name) for p in folder.iterdir())
+    return referenced_data_files(target) if ours else set(), _mode_of(target)
+
+
+def _restore_weights(model: onnx.ModelProto, names: set[str], sources: tuple[Path | None, ...]) -> None:
+    """Undo a failed external-data write on ``model`` (in memory): onnx marks each tensor external and clears its
+    ``raw_data`` as it writes it, so a disk that fills at the last tensor left the caller's model without the
+    weights already written (a retry of the save wrote a broken model). Each tensor that onnxfuse's write made
+    external (its location one of ``names``: ``weights.data`` or the content name) gets its bytes back from the
+    first of ``sources`` that exists, the staged or moved data file, and is inline again.
+
+    Raises:
+        OSError: the data file cannot be read back (the save's own error is then the one reported).
+    """
+    staged = [t for t in onnx.external_data_helper._get_all_tensors(model)
+              if t.data_location == onnx.TensorProto.EXTERNAL
+              and any(e.key == "location" and e.value in names for e in t.external_data)]
+    source = next((p for p in sources if p is not None and p.is_file()), None)
+    for tensor in staged:
+        if not tensor.HasField("raw_data"):
+            if source is None:
+                continue
+            info = onnx.external_data_helper.ExternalDataInfo(tensor)
+            with open(source, "rb") as fh:
+                fh.seek(info.offset or 0)
+                tensor.raw_data = fh.read(info.length) if info.length is not None else fh.read()
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def _give_mode(mode: int | None, *paths: Path | None) -> None:
+    """Give ``paths`` (None: skipped) the permission bits ``mode`` of the file they replace (None: keep theirs)."""
+    for path in paths:
+        if mode is not None and path is not None:
+            os.chmod(path, mode)
+
+
+def _mode_of(target: Path) -> int | None:
+    """The permission bits of the regular file ``target``; None when there is none."""
+    try:
+        found = os.stat(target)
+    except OSError:
+        return None
+    return stat.S_IMODE(found.st_mode) if stat.S_ISREG(found.st_mode) else None
+
+
+def _check_not_replacing(given: Path, target: Path, never_replace: tuple[int, int] | None, stat_of) -> None:
+    """Refuse when ``target`` (``stat_of``: ``os.stat`` follows a symbolic link, ``os.lstat`` looks at the entry
+    that ``os.replace`` would replace) is the file ``never_replace`` identifies.
+
+    Raises:
+        InputError: it is; nothing has been written or moved yet.
+    """
+    if never_replace is None:
+        return
+    try:
+        found = stat_of(target)
+    except OSError:  # nothing there (yet): nothing to replace
+        return
+    if (found.st_dev, found.st_ino) == tuple(never_replace):
+        raise InputError(f"{given}: now leads to the input model (a link or a moved folder made since the run "
+                         "began); the input was not replaced and nothing was written")
 
 
 def _output_place(given: Path) -> tuple[Path, Path]:
@@ -844,6 +934,19 @@ def _stage_external(model: onnx.ModelProto, tmpdir: Path, tmp_model: Path, model
     """Write ``model`` with its weights in ``tmpdir/weights.data``, give that file the model file's mode and its
     content name (:func:`data_file_name`) in the model, write the model to ``tmp_model``; return the data file's
     name, or None when no tensor went external (all under onnx's 1 KiB threshold)."""
+    staged = tmpdir / _STAGED_DATA
+    try:
+        return _write_external(model, tmpdir, tmp_model, model_name, folder)
+    except BaseException:
+        _restore_weights(model, {_STAGED_DATA} | {
+            e.value for t in onnx.external_data_helper._get_all_tensors(model) for e in t.external_data
+            if e.key == "location" and _own_data_name(model_name, e.value) and e.value.endswith(".data")}, (staged,))
+        raise
+
+
+def _write_external(model: onnx.ModelProto, tmpdir: Path, tmp_model: Path, model_name: str,
+                    folder: Path) -> str | None:
+    """:func:`_stage_external`'s work, which it undoes on ``model`` when this raises."""
     with _working_directory(tmpdir):
         onnx.save_model(model, tmp_model.name, save_as_external_data=True, all_tensors_to_one_file=True,
                         location=_STAGED_DATA, size_threshold=1024)
@@ -894,18 +997,36 @@ def _own_data_name(model_name: str, location: str) -> bool:
     return location == f"{model_name}.data" or (hashed is not None and model_name.startswith(hashed.group(1)))
 
 
-def _remove_stale_data(folder: Path, model_name: str, locations: set[str], protected: tuple[Path, ...]) -> None:
-    """Remove the data files that the replaced model referenced and the new one does not, where they are
-    onnxfuse's own names for ``model_name`` (``<name>.data``, :func:`data_file_name`) and not ``protected``. A
-    failure leaves the file: the new model is already complete."""
-    for location in sorted(locations):
+def _remove_stale_data(folder: Path, target: Path, locations: set[str], protected: tuple[Path, ...],
+                       any_name: bool = False) -> None:
+    """Remove the data files that the replaced model ``target`` referenced and the new one does not, where they are
+    onnxfuse's own names for it (``<name>.data``, :func:`data_file_name`; ``any_name``: any name in ``folder``
+    itself), not ``protected`` and not referenced by another model file in the folder (:func:`_used_elsewhere`).
+    A failure leaves the file: the new model is already complete."""
+    candidates = [loc for loc in sorted(locations) if "/" not in loc and "\\" not in loc
+                  and (any_name or _own_data_name(target.name, loc))
+                  and not any(same_file(folder / loc, p) for p in protected)]
+    if not candidates:
+        return
+    used = _used_elsewhere(folder, target)
+    for location in candidates:
         candidate = folder / location
-        if "/" in location or "\\" in location or not _own_data_name(model_name, location):
-            continue
-        if any(same_file(candidate, p) for p in protected):
+        if location in used or not candidate.is_file():
             continue
         with contextlib.suppress(OSError):
             candidate.unlink()
+
+
+def _used_elsewhere(folder: Path, target: Path) -> set[str]:
+    """The external data locations that the model files in ``folder`` other than ``target`` reference (names
+    ending ``.onnx``; :func:`referenced_data_files`, which reads none over 64 MiB: those hold their weights
+    inline). Another copy of a model, or another model of the same export, may read the same data file."""
+    used: set[str] = set()
+    with contextlib.suppress(OSError):
+        for entry in folder.iterdir():
+            if entry.name.endswith(".onnx") and entry.name != target.name and not entry.name.startswith("."):
+                used |= referenced_data_files(entry)
+    return used
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -16,6 +16,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
@@ -112,14 +113,39 @@ def _outputs_by_node(model: onnx.ModelProto) -> dict[str, tuple[str, ...]]:
     return out
 
 
+#: Default time budget of ``report --profile`` in seconds (``--profile-timeout``): every session and run of both
+#: models together. A model whose one run takes minutes would otherwise hold the report for 12 of them.
+DEFAULT_PROFILE_TIMEOUT_S = 120.0
+
+
+class ProfileTimeout(Exception):
+    """The profile's time budget ran out (:func:`profile_models`' ``timeout``); nothing was measured."""
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (``time.monotonic``; None: no limit).
+
+    Raises:
+        ProfileTimeout: none are left.
+    """
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise ProfileTimeout("no time left")
+    return left
+
+
 def profile(source: str | bytes, feeds: dict, level: str = "all", threads: int | None = 1, runs: int = 10,
-            warmup: int = 2) -> list[KernelTime]:
+            warmup: int = 2, deadline: float | None = None) -> list[KernelTime]:
     """Run ``source`` (a model path or serialized bytes) ``runs`` times on ``feeds`` in onnxruntime at ``level``
     with ``threads`` intra-op threads and the profiler on, after ``warmup`` runs that are not counted (onnxruntime
     profiles every run of a session, so the warm-up runs are dropped from the trace by count); return
-    :func:`summarize`.
+    :func:`summarize`. ``deadline`` (``time.monotonic()`` seconds; None: no limit): each run is stopped when it
+    is reached (onnxruntime's ``RunOptions.terminate``, ``sessions.run``).
 
     Raises:
+        ProfileTimeout: the deadline was reached.
         whatever onnxruntime raises for a model it cannot load or run.
     """
     from onnxfuse.ort import sessions as runtime
@@ -131,7 +157,10 @@ def profile(source: str | bytes, feeds: dict, level: str = "all", threads: int |
                                    "session.optimized_model_external_initializers_file_name": "weights.bin",
                                    "session.optimized_model_external_initializers_min_size_in_bytes": "0"})
         for _ in range(warmup + runs):
-            sess.run(None, feeds)
+            try:
+                runtime.run(sess, feeds, timeout=_left(deadline))
+            except runtime.RunTimeout:
+                raise ProfileTimeout("a run was stopped") from None
         trace_path = sess.end_profiling()
         with open(trace_path, encoding="utf-8") as fh:
             trace = json.load(fh)
@@ -176,15 +205,19 @@ def by_fusion(kernels: list[KernelTime], fusions: list[dict]) -> list[dict]:
 
 
 def profile_models(original: str | bytes, optimized: onnx.ModelProto, fusions: list[dict], level: str,
-                   input_shapes: dict[str, tuple[int, ...]], threads: int | None = 1, runs: int = 5) -> dict:
+                   input_shapes: dict[str, tuple[int, ...]], threads: int | None = 1, runs: int = 5,
+                   timeout: float | None = DEFAULT_PROFILE_TIMEOUT_S) -> dict:
     """The report's ``profile`` section: ``original`` (a path or serialized bytes) and ``optimized`` run under
     onnxruntime's profiler at ``level`` on the same seeded inputs (``input_shapes`` where given; symbolic dims
     otherwise at ``analysis.shapes.REPRESENTATIVE_BATCH`` / ``REPRESENTATIVE_SIZE``), per side ``by_op``, ``kernels``
-    (count), ``total_ms`` and ``total_bytes``, and ``by_fusion`` for the report's ``fusions`` rows.
+    (count), ``total_ms`` and ``total_bytes``, and ``by_fusion`` for the report's ``fusions`` rows. ``timeout``:
+    seconds for all of it (both models' runs; None: no limit); a session's load is not interrupted, its runs are.
 
     Raises:
+        ProfileTimeout: ``timeout`` ran out before both models were measured.
         whatever onnxruntime raises for a model it cannot load or run (the caller reports it).
     """
+    deadline = None if timeout is None else time.monotonic() + timeout
     from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
     from onnxfuse.ort import sessions as runtime
 
@@ -196,7 +229,7 @@ def profile_models(original: str | bytes, optimized: onnx.ModelProto, fusions: l
     measured = {}
     with runtime.loadable(optimized, as_file=True) as source:
         for key, model in (("original", original), ("optimized", source)):
-            kernels = profile(model, feeds, level=level, threads=threads, runs=runs, warmup=1)
+            kernels = profile(model, feeds, level=level, threads=threads, runs=runs, warmup=1, deadline=deadline)
             measured[key] = kernels
             out[key] = {"kernels": len(kernels), "by_op": by_op(kernels), "total_ms": sum(k.ms for k in kernels),
                         "total_bytes": sum(k.total_bytes for k in kernels)}

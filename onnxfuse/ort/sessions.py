@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -517,3 +518,56 @@ def short(exc: BaseException) -> str:
     """An exception's message on one line, at most 300 characters."""
     text = " ".join(str(exc).split())
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+class TimeBound:
+    """One time budget for many onnxruntime runs (``bench --timeout``): one ``RunOptions`` whose ``terminate`` one
+    timer thread sets when ``timeout`` seconds have passed, given to every run, so that a run in progress stops
+    then (onnxruntime checks it before each node, ``sequential_executor.cc``) and no run starts after it. Unlike
+    :func:`run`, no timer is started per run: nothing is added to the time of the runs it bounds. A session's
+    load is not interrupted.
+
+    Use as a context manager (the timer is cancelled on exit); ``timeout`` None: no limit.
+    """
+
+    def __init__(self, timeout: float | None):
+        import threading
+
+        import onnxruntime as ort
+
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.options = ort.RunOptions()
+        self.options.log_severity_level = ORT_LOG_FATAL
+        self.fired = threading.Event()
+        self.timer = None if timeout is None else threading.Timer(timeout, self._stop)
+        if self.timer is not None:
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _stop(self) -> None:
+        self.fired.set()
+        self.options.terminate = True
+
+    def run(self, sess, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """``sess.run(None, feeds)`` within the budget.
+
+        Raises:
+            RunTimeout: the budget ran out (before or during the run).
+            whatever onnxruntime raises when it cannot run the model.
+        """
+        if self.fired.is_set():
+            raise RunTimeout(f"stopped after {self.timeout:.3g} s")
+        try:
+            return sess.run(None, feeds, self.options)
+        except Exception:
+            if self.fired.is_set():
+                raise RunTimeout(f"stopped after {self.timeout:.3g} s") from None
+            raise
+
+    def __enter__(self) -> TimeBound:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.timer is not None:
+            self.timer.cancel()

@@ -12,6 +12,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
+from onnxfuse.passes import _growth
 from onnxfuse.passes._checks import computed_from_constants, is_op, private_check, qdq_check, skip
 from onnxfuse.passes.base import Context, Match
 from onnxfuse.records import Reason, Skip
@@ -97,7 +98,10 @@ def fold_inputs(conv: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[gs.Nod
     bad = private_check([conv.outputs[0]], [anchor], ctx, nodes, output) or qdq_check(conv, output, nodes)
     if bad:
         return None, None, bad
-    return conv_parts(conv, ctx, nodes, output)
+    w, b, bad = conv_parts(conv, ctx, nodes, output)
+    # a compact weight folds into its scale (small); an array gets a folded copy: the model's growth is bounded
+    grows = bad or _growth.check(conv, ctx, {1: w if isinstance(w, np.ndarray) else None, 2: b}, nodes, output)
+    return (None, None, grows) if grows else (w, b, None)
 
 
 def conv_parts(conv: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor):
@@ -152,6 +156,7 @@ def set_weights(conv: gs.Node, ctx: Context, weight: np.ndarray | None, bias: np
     Never edits a tensor in place, so a weight shared with another node stays as it was.
     """
     base = conv.name or conv.outputs[0].name
+    _growth.spend(conv, ctx, {1: weight, 2: None if bias is None else np.asarray(bias).astype(dtype)})
     if weight is not None:
         conv.inputs[1] = constants.new_constant(ctx.namer, f"{base}.weight_folded", weight.astype(dtype, copy=False))
     if bias is None:

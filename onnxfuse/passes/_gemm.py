@@ -14,6 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
+from onnxfuse.passes import _growth
 from onnxfuse.passes._checks import is_op, private_check, skip
 from onnxfuse.passes._fold import FOLDABLE_DTYPES, CompactScale, CompactWeight, compact_weight
 from onnxfuse.passes.base import Context, Match
@@ -140,7 +141,10 @@ def gemm_fold_inputs(gemm: gs.Node, anchor: gs.Node, ctx: Context, nodes: list[g
     bad = private_check([gemm.outputs[0]], [anchor], ctx, nodes, output) or gemm_qdq_check(gemm, output, nodes)
     if bad:
         return None, None, bad
-    return gemm_parts(gemm, ctx, nodes, output, compact)
+    b, c, bad = gemm_parts(gemm, ctx, nodes, output, compact)
+    # a compact B folds into its scale (small); an array gets a folded copy: the model's growth is bounded
+    grows = bad or _growth.check(gemm, ctx, {1: b if isinstance(b, np.ndarray) else None, 2: c}, nodes, output)
+    return (None, None, grows) if grows else (b, c, None)
 
 
 def gemm_qdq_check(gemm: gs.Node, output: gs.Tensor, nodes: list[gs.Node]) -> Skip | None:
@@ -160,6 +164,7 @@ def set_gemm_weights(gemm: gs.Node, ctx: Context, b: np.ndarray | None, c: np.nd
     """Give ``gemm`` fresh initializers for B and C (None leaves that input as it is); a new C already holds
     ``beta * C``, so beta becomes 1. A [1, N] C is stored as [N]. Never edits a tensor in place."""
     base = gemm.name or gemm.outputs[0].name
+    _growth.spend(gemm, ctx, {1: b, 2: c})
     if b is not None:
         gemm.inputs[1] = constants.new_constant(ctx.namer, f"{base}.weight_folded", b.astype(dtype))
     if c is None:

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from onnxfuse.analysis.symbolic import SymbolicShapes
 
 
+#: Growth (bytes) that folds giving a Conv or Gemm its own copy of a shared weight may add to the whole model
+#: without ``--materialize-weights``: 1 MiB, the per-fold growth limit of ``constant_fold`` (FOLD_GROWTH_LIMIT_BYTES).
+SHARED_COPY_GROWTH_BYTES = 1 << 20
+
+
 @dataclass
 class Match:
     """A pattern that a pass will rewrite. Each pass subclasses it with typed fields for what ``match``
@@ -63,6 +68,12 @@ class Context:
             needs a newer onnxruntime than the input model is not emitted (``onnxfuse.passes.portable``).
         excluded: sites (``records.Fusion.site``) that the driver must leave unfused, each with the sentence of
             the ``rewrite-broke-verification`` skip it records instead (the culprit search's reruns).
+            each such fold spends its growth). 0: weights stay compact. A fold into a weight other nodes also
+            read spends from it too, once :attr:`shared_copy_bytes` is spent.
+        shared_copy_bytes: bytes the whole model may still grow by where a fold gives a Conv or Gemm its own
+            folded copy of a weight (or bias) that other nodes also read, which therefore stays
+            (``passes._growth``): without it one weight shared by many convs, each with its own
+            BatchNormalization, grew the model by one copy per conv (9.9 MB to 1.89 GB).
     """
 
     target: Target
@@ -77,6 +88,8 @@ class Context:
     symbolic_loader: Callable[[], SymbolicShapes] | None = None
     materialize_bytes: int = 0
     portable: frozenset[str] = frozenset()
+    excluded: dict[tuple[str, ...], str] = field(default_factory=dict)
+    shared_copy_bytes: int = SHARED_COPY_GROWTH_BYTES
 
     def own_symbolic(self) -> SymbolicShapes | None:
         """:attr:`symbolic`, computed by :attr:`symbolic_loader` on the first call where it is None."""
@@ -84,7 +97,6 @@ class Context:
             loader, self.symbolic_loader = self.symbolic_loader, None
             self.symbolic = loader()
         return self.symbolic
-    excluded: dict[tuple[str, ...], str] = field(default_factory=dict)
 
     def constant(self, tensor: gs.Tensor) -> tuple[np.ndarray | None, Reason | None]:
         """``(value, None)`` for a constant tensor, else ``(None, reason)``.

@@ -33,6 +33,8 @@ Skipped when:
     fold-not-finite                    W' or B' would hold inf/NaN or overflow W's dtype (c holds inf, 1/c
                                        overflows)
     quantized-conv                     the conv is part of a QDQ pattern
+    fold-copies-shared-weight          W is also read by other nodes (so it stays) and its folded copy would
+                                       grow the whole model past 1 MiB plus --materialize-weights (passes/_growth.py)
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class ConvAffine(Pass[ConvFoldMatch]):
     summary = "fold Add/Sub (bias) and Mul/Div (scale) by per-channel constants into the preceding Conv"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.NOT_PER_CHANNEL, Reason.CONV_IS_DIVISOR, Reason.ZERO_DIVISOR, Reason.DTYPE_NOT_FOLDABLE,
-               Reason.FOLD_NOT_FINITE, Reason.QDQ)
+               Reason.FOLD_NOT_FINITE, Reason.QDQ, Reason.SHARED_WEIGHT_GROWTH)
     anchors = ("Add", "Sub", "Mul", "Div")
 
     def match(self, node: gs.Node, ctx: Context) -> ConvFoldMatch | Skip | None:

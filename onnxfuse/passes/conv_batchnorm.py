@@ -30,6 +30,8 @@ Skipped when:
     dtype-not-foldable                 W is not float16/float32/float64
     fold-not-finite                    W' or B' would hold inf/NaN or overflow W's dtype (var + epsilon = 0)
     quantized-conv                     the conv is part of a QDQ pattern
+    fold-copies-shared-weight          W is also read by other nodes (so it stays) and its folded copy would
+                                       grow the whole model past 1 MiB plus --materialize-weights (passes/_growth.py)
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class ConvBatchNorm(Pass[ConvFoldMatch]):
     summary = "fold BatchNormalization (inference mode) into the preceding Conv or ConvTranspose"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
-               Reason.FOLD_NOT_FINITE, Reason.QDQ, Reason.BN_SPATIAL)
+               Reason.FOLD_NOT_FINITE, Reason.QDQ, Reason.BN_SPATIAL, Reason.SHARED_WEIGHT_GROWTH)
     anchors = ("BatchNormalization",)
 
     def match(self, node: gs.Node, ctx: Context) -> ConvFoldMatch | Skip | None:

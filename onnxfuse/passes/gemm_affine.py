@@ -29,6 +29,8 @@ Skipped when:
     dtype-not-foldable                 B is not float16/float32/float64
     fold-not-finite                    B' or C' would hold inf/NaN or overflow B's dtype
     quantized-gemm                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
+    fold-copies-shared-weight          B is also read by other nodes (so it stays) and its folded copy would
+                                       grow the whole model past 1 MiB plus --materialize-weights (passes/_growth.py)
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class GemmAffine(Pass[GemmFoldMatch]):
     summary = "fold Add/Sub (bias) and Mul/Div (scale) by per-feature constants into the preceding Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.NOT_PER_FEATURE, Reason.GEMM_IS_DIVISOR, Reason.ZERO_DIVISOR, Reason.PARAM_SHAPE,
-               Reason.DTYPE_NOT_FOLDABLE, Reason.FOLD_NOT_FINITE, Reason.QDQ_GEMM)
+               Reason.DTYPE_NOT_FOLDABLE, Reason.FOLD_NOT_FINITE, Reason.QDQ_GEMM, Reason.SHARED_WEIGHT_GROWTH)
     anchors = ("Add", "Sub", "Mul", "Div")
 
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:

@@ -31,6 +31,8 @@ Skipped when:
     dtype-not-foldable                 B is not float16/float32/float64
     fold-not-finite                    B' or C' would hold inf/NaN or overflow B's dtype (var + epsilon = 0)
     quantized-gemm                     the Gemm is part of a QuantizeLinear/DequantizeLinear pattern
+    fold-copies-shared-weight          B is also read by other nodes (so it stays) and its folded copy would
+                                       grow the whole model past 1 MiB plus --materialize-weights (passes/_growth.py)
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class GemmBatchNorm(Pass[GemmFoldMatch]):
     summary = "fold BatchNormalization (inference mode) into the preceding Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.WEIGHTS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT,
                Reason.PARAMS_NOT_CONSTANT, Reason.TRAINING_MODE, Reason.PARAM_SHAPE, Reason.DTYPE_NOT_FOLDABLE,
-               Reason.FOLD_NOT_FINITE, Reason.QDQ_GEMM, Reason.BN_SPATIAL)
+               Reason.FOLD_NOT_FINITE, Reason.QDQ_GEMM, Reason.BN_SPATIAL, Reason.SHARED_WEIGHT_GROWTH)
     anchors = ("BatchNormalization",)
 
     def match(self, node: gs.Node, ctx: Context) -> GemmFoldMatch | Skip | None:

@@ -262,3 +262,15 @@ def test_folds_into_compact_weight_which_stays_compact(fuse, form, op, conv_firs
     assert ints == {t.name: t.raw_data for t in model.graph.initializer if t.data_type == TensorProto.INT8 and t.dims}
     assert result.model.ByteSize() < model.ByteSize() + 512  # names and a [16] scale; no float weight
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_skip_fold_copies_shared_weight(fuse):
+    """Conv -> Mul by a per-channel constant and a second Conv reading the same 1.3 MB weight: the folded copy is
+    over the 1 MiB a whole model may grow by for copies of shared weights."""
+    b = GraphBuilder()
+    c = 192
+    x = b.input("x", [1, c, 4, 4])
+    w = b.const(b.rand(c, c, 3, 3))
+    scaled = b.op("Mul", [b.conv(x, c, c, weight=w), b.const(b.rand(1, c, 1, 1))])
+    model = b.build([scaled, b.conv(x, c, c, weight=w)])
+    check_skipped(fuse(model), model, Reason.SHARED_WEIGHT_GROWTH, PASS)

@@ -471,3 +471,28 @@ def test_compact_weight_of_conv_transpose_is_scaled_along_axis_1(fuse):
     assert "BatchNormalization" not in op_counts(result.model)
     assert int8_initializers(result.model) == int8_initializers(model)
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def _shared_weight_model(channels: int = 192):
+    """Conv -> BN and a second Conv reading the same 3x3 weight (192 channels: 1.3 MB, over the 1 MiB a whole model
+    may grow by for copies of shared weights)."""
+    b = GraphBuilder()
+    x = b.input("x", [1, channels, 4, 4])
+    w = b.const(b.rand(channels, channels, 3, 3))
+    return b.build([b.bn(b.conv(x, channels, channels, weight=w), channels),
+                    b.conv(x, channels, channels, weight=w)])
+
+
+def test_skip_fold_copies_shared_weight(fuse):
+    model = _shared_weight_model()
+    s = check_skipped(fuse(model), model, Reason.SHARED_WEIGHT_GROWTH, PASS)
+    assert "--materialize-weights" in s.detail
+
+
+def test_shared_weight_folds_within_materialize_weights(fuse):
+    model = _shared_weight_model()
+    result = fuse(model, materialize_weights_bytes=2 << 20)
+    assert [f.pass_name for f in result.fusions] == [PASS]
+    # each output sums 1728 products (192 channels x 3 x 3): float32 reassociation by the fold moves them by up to
+    # ~2e-5, so atol is 10x conftest.ATOL here
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=10 * ATOL)

@@ -236,3 +236,13 @@ def test_folds_into_compact_weight_which_stays_compact(fuse, form, trans_b):
     ints = {t.name: t.raw_data for t in result.model.graph.initializer if t.data_type == TensorProto.INT8}
     assert ints == {t.name: t.raw_data for t in model.graph.initializer if t.data_type == TensorProto.INT8}
     assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
+
+
+def test_skip_fold_copies_shared_weight(fuse):
+    """Gemm -> BN and a second Gemm reading the same 600x600 B (1.4 MB, over the 1 MiB a whole model may grow by
+    for copies of shared weights)."""
+    b = GraphBuilder()
+    x = b.input("x", [M, 600])
+    w = b.const(b.rand(600, 600))
+    model = b.build([b.bn(b.gemm(x, 600, 600, weight=w), 600), b.gemm(x, 600, 600, weight=w)])
+    assert_skipped(fuse(model), model, Reason.SHARED_WEIGHT_GROWTH)
