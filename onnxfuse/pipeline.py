@@ -243,8 +243,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     loaded, model = _model_of(path, loaded)
     if verify_options is not None and not verify_options.index_inputs:  # float ids: drawn as valid indices
         verify_options.index_inputs = indices.float_index_inputs(model)
-    fixed = bool(options.fix_input_shapes)
-    options = _fix_inputs(model, options, loaded) if fixed else options
+    options, fixed = _fix_inputs(model, options, loaded)
     # the load's strict shape check already made the skeleton and inferred it (model.io.checked_shapes)
     skel, inferred = loaded.shape_inference or (proto.skeleton(model), None)
     loaded.shape_inference = None
@@ -288,9 +287,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
                 from onnxfuse.ort import optimized_graph as ort_graph
 
                 runtime = ort_graph.runtime_graphs(loaded.ort_source(), out, options.ort_level)
-    after_sizes = before_sizes.with_model(out)
-    if any(f.pass_name == "float16_body" for f in fusions):
-        after_sizes = _float32_body_sizes(after_sizes, out)
+    after_sizes = _float32_body_sizes(before_sizes.with_model(out), out, fusions)
     after_rows = traffic.node_traffic(out, after_sizes)
     report = rep.build(
         loaded=loaded, target=options.target, passes=[p.name for p in selected], input_shapes=input_shapes,
@@ -302,32 +299,32 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     report.deployment = rep.deployment_section(release, forms, min_release)
     report.model["optimized_bytes"] = _serialized_bytes(out)
     mismatches = [*mismatches, *_release_warnings(release, forms, min_release)]
-    report.warnings = loaded.warnings + _target_warnings(out, options.target) + mismatches
+    report.warnings = loaded.warnings + _target_warnings(out, options.target) + mismatches + _precision(fusions)
     if blocker is not None:
         report.warnings.insert(0, f"the model was not rewritten: {blocker}")
-    if any(f.pass_name == "float16_body" for f in fusions):
-        report.warnings.append("precision: the body runs in float32 between Casts at the float16 graph inputs and "
-                               "outputs (float16_body; its weights are stored as float32, twice their bytes)")
     report.verification = verified
     return Result(out, fusions, skips, bool(fusions) or fixed, report, loaded)
 
 
-def _fix_inputs(model: onnx.ModelProto, options: Options, loaded: model_io.LoadedModel) -> Options:
+def _fix_inputs(model: onnx.ModelProto, options: Options, loaded: model_io.LoadedModel) -> tuple[Options, bool]:
     """``options.fix_input_shapes`` written into ``model`` (loaded's own copy, which the passes rewrite; the
     original stays what ``loaded.ort_source()`` gives to verification), with the inputs whose named dims they bind
     (silero's ``state [2, batch, 128]`` with ``input=1x512``); returns ``options`` with those sizes in
-    ``input_shapes`` (``onnxfuse.analysis.fix_inputs``).
+    ``input_shapes`` (``onnxfuse.analysis.fix_inputs``) and whether any were given (``(options, False)``, nothing
+    changed, when none were).
 
     Raises:
         InputError: as ``fix_inputs.fix_input_shapes`` and ``fix_inputs.merged_shapes``.
     """
+    if not options.fix_input_shapes:
+        return options, False
     from onnxfuse.analysis import fix_inputs
 
     given = dict(options.fix_input_shapes)
     options = replace(options, input_shapes=fix_inputs.merged_shapes(dict(options.input_shapes), given))
     fix_inputs.fix_input_shapes(model, {**shapes.complete_input_shapes(model, given), **given})
     loaded.shape_inference = None  # inferred for the old inputs
-    return options
+    return options, True
 
 
 def _plugin_checked(make, fusions: list[Fusion], selected: tuple[Pass, ...]) -> onnx.ModelProto:
@@ -362,10 +359,21 @@ def _own_symbolic(sym: symbolic.SymbolicShapes, skel: onnx.ModelProto, info: dic
     return None, lambda: symbolic.infer(skel, info)
 
 
-def _float32_body_sizes(sizes: traffic.Sizes, out: onnx.ModelProto) -> traffic.Sizes:
-    """``sizes`` (the original's tensor sizes with ``out``'s constants) for an ``out`` whose body float16_body
-    made float32: every float16 tensor but the graph inputs and outputs is float32 now (4 bytes an element, not 2),
-    and each Cast at an input or output writes a tensor of its input's shape."""
+def _precision(fusions: list[Fusion]) -> list[str]:
+    """The report's warning that the body runs in float32, where float16_body rewrote the model."""
+    if not any(f.pass_name == "float16_body" for f in fusions):
+        return []
+    return ["precision: the body runs in float32 between Casts at the float16 graph inputs and outputs "
+            "(float16_body; its weights are stored as float32, twice their bytes)"]
+
+
+def _float32_body_sizes(sizes: traffic.Sizes, out: onnx.ModelProto, fusions: list[Fusion]) -> traffic.Sizes:
+    """``sizes`` (the original's tensor sizes with ``out``'s constants), for an ``out`` whose body float16_body
+    made float32 (one of ``fusions`` is its; else ``sizes`` as they are): every float16 tensor but the graph
+    inputs and outputs is float32 now (4 bytes an element, not 2), and each Cast at an input or output writes a
+    tensor of its input's shape."""
+    if not any(f.pass_name == "float16_body" for f in fusions):
+        return sizes
     ends = {v.name for v in (*out.graph.input, *out.graph.output)}
     f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
     elem = {k: (f32 if v == f16 and k not in ends else v) for k, v in sizes.elem_types.items()}

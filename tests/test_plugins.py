@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -341,8 +342,11 @@ def test_example_package_declares_its_entry_point():
 
 
 def test_example_package_own_tests_pass():
+    # this checkout's onnxfuse first (not whichever one an editable install elsewhere points at)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLE / "tests")],
-                          cwd=EXAMPLE, capture_output=True, text=True, timeout=300)
+                          cwd=EXAMPLE, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
