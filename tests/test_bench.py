@@ -191,13 +191,16 @@ def test_bench_a_model_against_itself_is_never_faster_or_slower(tmp_path):
                                        "--format", "json"])
     assert result.exit_code == 0, result.output
     assert "same graph as ORIGINAL" in result.stderr
-    for lv in json.loads(result.stdout)["levels"]:
+    levels = {lv["level"]: lv for lv in json.loads(result.stdout)["levels"]}
+    for lv in levels.values():
         assert lv["same_kernels"] is True and lv["verdict"] == "same" and lv["rounds"] == 2
-        assert lv["kernels"] == lv["original"]["nodes_after_ort"] == lv["optimized"]["nodes_after_ort"]
+        assert lv["kernels"] == lv["original"]["nodes_after_ort"] == lv["optimized"]["nodes_after_ort"] >= 1
         assert lv["optimized"]["ms"] / lv["original"]["ms"] == pytest.approx(lv["ratio"], rel=1e-9)
     text = CliRunner().invoke(main, ["bench", sample, sample, "--runs", "2", "--max-time", "0", "--level", "all"])
     assert text.exit_code == 0, text.output
-    assert "all: onnxruntime runs the same 2 kernels for both files" in text.stdout
+    # how many kernels onnxruntime runs at `all` depends on the CPU (its NCHWc layout adds reorder nodes where the
+    # instruction set has NCHWc kernels): the text says the count the JSON measured on this machine
+    assert f"all: onnxruntime runs the same {levels['all']['kernels']} kernels for both files" in text.stdout
     row = next(line for line in text.stdout.splitlines() if line.strip().startswith("all "))
     assert "same kernels" in row and "faster" not in row and "slower" not in row
 
