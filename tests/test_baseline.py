@@ -262,3 +262,27 @@ def test_deeply_nested_or_non_utf8_baseline_is_one_line_exit_2(model_path, tmp_p
     huge.write_text('{"totals": ' + "9" * 5000 + ', "fusions": []}')
     result = gate(model_path, str(huge), "cpu")
     assert result.exit_code == 2 and "not a JSON report" in result.output and "Traceback" not in result.output
+
+
+def _doc(fusions: list[tuple[str, str]]) -> dict:
+    """A minimal report dict: fusions (node, output) of one kind, Conv -> Relu into FusedConv(Relu)."""
+    totals = {"saved_bytes_expr": "0", "after": {"total_bytes_expr": "100", "unknown_nodes": 0}}
+    chain = [{"op": "Conv"}, {"op": "Relu"}]
+    return {"fusions": [{"op": "FusedConv", "activation": "Relu", "replaced": chain, "node": node, "output": out}
+                        for node, out in fusions], "unfused": [], "totals": totals, "symbols": {}}
+
+
+def test_one_lost_fusion_is_listed_at_the_one_place_it_was_lost():
+    """Three Conv -> Relu fusions in the baseline, two in the new report at the same tensors: the lost one is at
+    the third place only, not at "the three places the baseline had that kind"."""
+    old = _doc([("a", "ya"), ("b", "yb"), ("c", "yc")])
+    c = baseline.compare(old, _doc([("a", "ya"), ("c", "yc")]))
+    [(kind, n)] = c.lost.items()
+    assert n == 1 and c.lost_where[kind] == ["b (yb)"] and not c.lost_candidates
+    [line] = [ln for ln in c.lines() if ln.startswith("fusion lost:")]
+    assert line.endswith("(x1) at b (yb)")
+    # every tensor renamed by the exporter: which one lost it is unknown, and the line says so
+    renamed = baseline.compare(old, _doc([("p", "yp"), ("q", "yq")]))
+    assert renamed.lost_candidates == {kind: 3} and renamed.to_dict()["fusions_lost_candidates"] == {kind: 3}
+    [line] = [ln for ln in renamed.lines() if ln.startswith("fusion lost:")]
+    assert line.endswith("(x1) at one of 3 places: a (ya), b (yb), c (yc)")

@@ -828,7 +828,8 @@ def test_default_target_says_when_cpu_would_fuse_more(tmp_path):
     result = invoke("optimize", tmp_path / "m.onnx", tmp_path / "o.onnx", "--no-verify")
     assert result.exit_code == 0
     assert "hint: 1 pattern(s) left unfused because target cpu+cuda" in result.output
-    assert "--target cpu fuses those" in result.output
+    assert "--target cpu accepts 1 of them" in result.output
+    assert "left unfused: 1 activation-not-supported-by-target (what would fuse it: --target cpu)" in result.output
     for extra in (("--target", "cpu"), ("-q",)):
         result = invoke("optimize", tmp_path / "m.onnx", tmp_path / "o.onnx", "--no-verify", "--overwrite", *extra)
         assert result.exit_code == 0 and "hint:" not in result.output

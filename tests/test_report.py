@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from onnxfuse import pipeline
 from onnxfuse.cli.main import main
+from onnxfuse.model import io as model_io
 from onnxfuse.report import markdown as report_markdown
 from onnxfuse.report import model as report_model
 from onnxfuse.report import present
@@ -487,3 +488,33 @@ def report_model_bytes(monkeypatch) -> int:
     monkeypatch.chdir(REPO)
     return len(pipeline.analyse(Path("sample_models") / "resnet_block.onnx", pipeline.Options(target="cpu"))
                .model.SerializeToString())
+
+
+def test_unfused_line_gives_each_pattern_its_own_remedy():
+    """One refusal reason whose patterns different targets would fuse: the summary's ``left unfused:`` line gives
+    each remedy with its count, not the first pattern's for all (which said "no target" above a hint that
+    ``--target cpu`` fuses most of them)."""
+    from tests.builders import GraphBuilder
+
+    def row(*ops):
+        return {"reason": "activation-not-supported-by-target", "nodes": [{"op": op} for op in ops]}
+
+    # Softsign: no FusedConv of any target accepts it (providers.TARGETS); cpu's accepts Sigmoid
+    doc = {"target": "cuda", "unfused": [row("Conv", "Softsign"), row("Conv", "Sigmoid"), row("Conv", "Sigmoid")]}
+    [(reason, n, fix)] = present.unfused_groups(doc)
+    assert (reason, n) == ("activation-not-supported-by-target", 3)
+    assert fix == "--target cpu (2 of them), no target: onnxruntime's FusedConv has no such activation (1 of them)"
+    # a Conv -> Add (residual) that cuda refuses is one cpu emits without an activation
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8, 8])
+    model = b.build([b.op("Add", [b.conv(x, 4, 4), x]), b.op("Sigmoid", [b.conv(x, 4, 4)])])
+    report = pipeline.analyse(None, pipeline.Options(target="cuda", ort_level="extended"),
+                              loaded=_loaded(model)).report
+    refused = [u for u in report.to_dict()["unfused"] if u["reason"] == "activation-not-supported-by-target"]
+    assert sorted(tuple(n["op"] for n in u["nodes"]) for u in refused) == [("Conv", "Add"), ("Conv", "Sigmoid")]
+    [line] = [ln for ln in present.summary_lines(report) if ln.startswith("left unfused:")]
+    assert "2 activation-not-supported-by-target (what would fuse them: --target cpu)" in line
+
+
+def _loaded(model):
+    return model_io.load_proto(model)

@@ -124,7 +124,7 @@ def _render_reports(result: pipeline.Result, input_path: Path, output_path: Path
         VerificationError: the model is refused (exit 1).
     """
     from onnxfuse.model import io as model_io
-    from onnxfuse.report import formats
+    from onnxfuse.report import formats, present
 
     verification = result.report.verification
     if any(model_io.same_file(output_path, f) for f in result.loaded.data_files):
@@ -133,11 +133,11 @@ def _render_reports(result: pipeline.Result, input_path: Path, output_path: Path
     report_texts = []
     for report_path, fmt in reports:
         files.check_not_data_file(report_path, "--report", result.loaded)
-        report_texts.append((report_path, formats.render(result.report, fmt, show_all=True)))
+        report_texts.append((report_path, formats.render(result.report, fmt, show_all=present.show_every_row(False))))
         if refused:  # the report says why no model is written
             files.write_text(report_path, report_texts[-1][1])
     if not (verification.status == "skipped" and require_verify):
-        warn_unverified(verification)
+        warn_unverified(verification, reason_shown=verbosity(click.get_current_context()) >= 0)
     if verification.status == "failed":
         failed = verification.failed_outputs
         for o in failed:
@@ -175,7 +175,8 @@ def _write_results(ctx: click.Context, result: pipeline.Result, output_path: Pat
         written.append(report_path)
     if verbosity(ctx) >= 0:  # the results; -q prints nothing on success
         if verification.status == "skipped":
-            click.echo(f"NOT VERIFIED: {verification.reason}")
+            click.echo("NOT VERIFIED: the model was written without being compared with the original (why: the "
+                       "verification line below)")
         for line in present.summary_lines(report, hints=False):
             click.echo(line)
     _hints(report)
@@ -191,8 +192,11 @@ def _hints(report: report_model.Report) -> None:
     hint = present.unknown_shapes_hint(report)
     if hint:
         log.info("%s", hint)
-    refused = sum(1 for u in report.unfused if u["reason"] == "activation-not-supported-by-target")
-    if refused and report.target == "cpu+cuda":
+    from onnxfuse.report.remedies import remedy
+
+    refused = [u for u in report.unfused if u["reason"] == "activation-not-supported-by-target"]
+    cpu = sum(1 for u in refused if "--target cpu" in remedy(u, report.target).split(" or "))
+    if cpu and report.target == "cpu+cuda":
         log.info("hint: %d pattern(s) left unfused because target cpu+cuda needs a kernel on both providers "
-                 "(CUDA's FusedConv has Relu only); for a model that runs on CPU only, --target cpu fuses those "
-                 "the CPU kernel accepts", refused)
+                 "(CUDA's FusedConv has Relu only); for a model that runs on CPU only, --target cpu accepts %d of "
+                 "them", len(refused), cpu)

@@ -35,7 +35,8 @@ Exit codes:
 @input_data_option("Real inputs: their array shapes fix the input shapes of the report.")
 @report_output_options
 @click.option("--all", "show_all", is_flag=True,
-              help="Show every row (text and Markdown show the top 20; JSON and HTML always show all).")
+              help="Show every row on the terminal (text and Markdown printed there show the top 20 per table; report "
+                   "files, JSON and HTML always have every row).")
 @bandwidth_option
 @click.option("--baseline", type=click.Path(dir_okay=False, path_type=Path), metavar="OLD.json",
               help="Compare with an earlier JSON report: print what changed, exit 1 if a fusion was lost or the "
@@ -66,7 +67,7 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     parse_input_shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
     from onnxfuse import pipeline
     from onnxfuse.model import io as model_io
-    from onnxfuse.report import formats
+    from onnxfuse.report import formats, present
 
     if baseline is not None:
         from onnxfuse.report import baseline as baseline_mod  # it imports sympy: only --baseline needs it
@@ -95,12 +96,14 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     if old is not None and new is not None and baseline is not None:
         _check_same_options(baseline, old, new)  # before any -o file is written: exit 2 writes nothing
     for path, path_fmt in found:
-        files.write_text(path, formats.render(result.report, path_fmt, show_all, width=files.text_width(path)))
+        files.write_text(path, formats.render(result.report, path_fmt, present.show_every_row(False, show_all),
+                                              width=files.text_width(path)))
     if found:
         files.chart_note(result.report, [f for _, f in found])
         log.info("wrote %s", ", ".join(str(p) for p, _ in found))
     elif old is None:
-        click.echo(formats.render(result.report, fmt, show_all, width=files.text_width(None)), nl=False)
+        click.echo(formats.render(result.report, fmt, present.show_every_row(True, show_all),
+                                  width=files.text_width(None)), nl=False)
     if old is not None and new is not None and baseline is not None:
         _compare(baseline, old, new, fmt, output)
 

@@ -154,8 +154,11 @@ class Comparison:
     Attributes:
         gained / lost: fusion kind -> how many more / fewer times it occurs.
         extended: ``"old kind -> new kind"`` -> count: fusions now part of a longer one (not a loss).
-        lost_where: lost fusion kind -> where the baseline had it: ``"node (output tensor)"`` strings, at most
-            :data:`WHERE_LIMIT` (exporters may rename nodes; the output tensor usually keeps its name).
+        lost_where: lost fusion kind -> where the baseline had it and the new report has no fusion of that kind
+            at the same output tensor: ``"node (output tensor)"`` strings, at most :data:`WHERE_LIMIT` (exporters
+            may rename nodes; the output tensor usually keeps its name).
+        lost_candidates: lost fusion kind -> how many such places there are, where they outnumber the fusions
+            lost (the tensors were renamed, so which of them lost it is unknown: the lines say "one of").
         new_unfused: unfused kind -> ``{"count": more occurrences, "detail": one detail sentence}``.
         saved_before / saved_after: ``totals.saved_bytes_expr`` of the old and the new report.
         after_before / after_after: ``totals.after.total_bytes_expr`` (optimized traffic) of old and new.
@@ -172,6 +175,7 @@ class Comparison:
     lost: dict[str, int] = field(default_factory=dict)
     extended: dict[str, int] = field(default_factory=dict)
     lost_where: dict[str, list[str]] = field(default_factory=dict)
+    lost_candidates: dict[str, int] = field(default_factory=dict)
     new_unfused: dict[str, dict] = field(default_factory=dict)
     saved_before: str = "0"
     saved_after: str = "0"
@@ -191,7 +195,8 @@ class Comparison:
     def to_dict(self) -> dict:
         """JSON-ready form."""
         return {"regressed": self.regressed, "fusions_gained": self.gained, "fusions_lost": self.lost,
-                "fusions_lost_where": self.lost_where, "fusions_extended": self.extended,
+                "fusions_lost_where": self.lost_where, "fusions_lost_candidates": self.lost_candidates,
+                "fusions_extended": self.extended,
                 "new_unfused": self.new_unfused, "saved_bytes_expr": {"baseline": self.saved_before,
                                                                        "new": self.saved_after},
                 "optimized_bytes_expr": {"baseline": self.after_before, "new": self.after_after},
@@ -216,9 +221,11 @@ class Comparison:
         out += [f"fusion extended: {name(kind)} (x{n})" for kind, n in sorted(self.extended.items())]
         for kind, n in sorted(self.lost.items()):
             where = self.lost_where.get(kind, [])
-            more = n - len(where)
-            at = (" at " + ", ".join(code(w) for w in where) + (f" and {more} more" if more > 0 else "")
-                  if where else "")
+            places = self.lost_candidates.get(kind, n)
+            more = places - len(where)
+            listed = ", ".join(code(w) for w in where) + (f" and {more} more" if more > 0 else "")
+            at = "" if not where else (f" at one of {places} places: {listed}" if kind in self.lost_candidates
+                                       else f" at {listed}")
             out.append(f"fusion lost: {name(kind)} (x{n}){at}")
         out += [f"new unfused pattern: {name(kind)} (x{v['count']}): {name(v['detail'])}" for kind, v in
                 sorted(self.new_unfused.items())]
@@ -290,13 +297,20 @@ def compare(old: dict, new: dict) -> Comparison:
     gained, lost = new_f - old_f, old_f - new_f
     extended = _match_extended(lost, gained)
     where: dict[str, list[str]] = {}
-    for r in old["fusions"]:
-        kind = _fusion_kind(r)
-        if kind in lost and r.get("output") and len(where.setdefault(kind, [])) < WHERE_LIMIT:
+    # a place is where the baseline had the lost kind and the new report has no fusion of that kind at the same
+    # output tensor: the places the kind is still fused are not where it was lost
+    kept = {(_fusion_kind(r), r.get("output")) for r in new["fusions"]}
+    places = [(kind, r) for r in old["fusions"] if (kind := _fusion_kind(r)) in lost and r.get("output")
+              and (kind, r["output"]) not in kept]
+    for kind, r in places:
+        where.setdefault(kind, [])
+        if len(where[kind]) < WHERE_LIMIT:
             where[kind].append(f"{r.get('node') or r['output']} ({r['output']})")
+    candidates = Counter(kind for kind, _ in places)
     symbols = {**old.get("symbols", {}), **new.get("symbols", {})}
     c = Comparison(
         gained=dict(gained), lost=dict(lost), extended=extended, lost_where=where,
+        lost_candidates={k: n for k, n in candidates.items() if n > lost[k]},
         new_unfused={k: {"count": n, "detail": details[k]} for k, n in (new_u - old_u).items()},
         saved_before=old["totals"]["saved_bytes_expr"], saved_after=new["totals"]["saved_bytes_expr"],
         after_before=old["totals"]["after"]["total_bytes_expr"], after_after=new["totals"]["after"]["total_bytes_expr"],

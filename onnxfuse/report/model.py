@@ -110,14 +110,16 @@ class Report:
         """The JSON form (see ``report.schema.json``): sorted keys, 2-space indent, trailing newline."""
         return to_json(self)
 
-    def to_markdown(self, show_all: bool = False) -> str:
-        """Markdown for pull-request comments and CI job summaries (top rows unless ``show_all``)."""
+    def to_markdown(self, show_all: bool = True) -> str:
+        """Markdown for pull-request comments and CI job summaries: every row, as in a report file
+        (``present.show_every_row``); ``show_all=False``: the top rows per table, as on the terminal."""
         from onnxfuse.report.markdown import to_markdown
 
         return to_markdown(self, show_all)
 
-    def to_text(self, show_all: bool = False, width: int = 120) -> str:
-        """Terminal tables without colour codes, ``width`` columns wide (top rows unless ``show_all``)."""
+    def to_text(self, show_all: bool = True, width: int = 120) -> str:
+        """Terminal tables without colour codes, ``width`` columns wide: every row, as in a report file
+        (``present.show_every_row``); ``show_all=False``: the top rows per table, as on the terminal."""
         from onnxfuse.report.text import to_text
 
         return to_text(self, show_all, width)

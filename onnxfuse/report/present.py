@@ -351,6 +351,14 @@ def display_name(doc: Doc, symbol: str) -> str:
 DEFAULT_TOP_ROWS = 20
 
 
+def show_every_row(to_terminal: bool, show_all: bool = False) -> bool:
+    """The one rule for how many rows a text or Markdown report has: every row in a report written to a file
+    (``optimize --report``, ``report -o``) or returned by the API (``Report.to_markdown``, ``to_text``), so that the
+    same report has the same rows wherever it is kept; the top :data:`DEFAULT_TOP_ROWS` per table on the terminal
+    unless ``--all``. JSON and HTML always have every row."""
+    return show_all or not to_terminal
+
+
 def _sort_value(row: dict, key: str) -> float:
     """Rows largest first: by the number, else by the expression with every symbol at 64 (a mid-size dim)."""
     if row.get(key) is not None:
@@ -403,14 +411,22 @@ def grouped_unfused(rows: list[dict]) -> list[dict]:
 
 def unfused_groups(doc: Doc) -> list[tuple[str, int, str]]:
     """The unfused patterns of a report dict grouped by reason: ``(reason, count, what would fuse them)``, most
-    frequent first (``onnxfuse.report.remedies.remedy``; for a target-dependent reason, the first pattern's)."""
-    counts: dict[str, int] = {}
-    first: dict[str, dict] = {}
+    frequent first (``onnxfuse.report.remedies.remedy`` of each pattern; where a target-dependent reason's patterns
+    have different remedies, each with its count: ``--target cpu (16 of them), --target cpu ... (9 of them)``)."""
+    fixes: dict[str, dict[str, int]] = {}
     for row in doc["unfused"]:
-        counts[row["reason"]] = counts.get(row["reason"], 0) + 1
-        first.setdefault(row["reason"], row)
+        by_fix = fixes.setdefault(row["reason"], {})
+        fix = remedy(row, doc["target"])
+        by_fix[fix] = by_fix.get(fix, 0) + 1
+    counts = {r: sum(f.values()) for r, f in fixes.items()}
     order = sorted(counts, key=lambda r: (-counts[r], r))
-    return [(r, counts[r], remedy(first[r], doc["target"])) for r in order]
+
+    def fix_text(by_fix: dict[str, int]) -> str:
+        if len(by_fix) == 1:
+            return next(iter(by_fix))
+        return ", ".join(f"{fix} ({n} of them)" for fix, n in sorted(by_fix.items(), key=lambda fn: (-fn[1], fn[0])))
+
+    return [(r, counts[r], fix_text(fixes[r])) for r in order]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -531,6 +547,17 @@ def headline(doc: Doc, code: bool = False, hints: bool = True, plain=str) -> lis
     return lines
 
 
+def _other_release(doc: Doc) -> str:
+    """``; measured with it, not the 1.20 the model is for`` when the report is for another onnxruntime release
+    (``--ort-version``, the ``deployment`` section) than the installed one, which made the runtime comparison
+    (only the installed release can load a model here); else empty."""
+    wanted = (doc.get("deployment") or {}).get("ort_version")
+    installed = (doc.get("onnxruntime") or {}).get("installed") or ""
+    if not wanted or installed.split(".")[:2] == wanted.split(".")[:2]:
+        return ""
+    return f"; measured with it, not the {wanted} the model is for"
+
+
 def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
     """The summary's first line: what onnxfuse saves beyond what onnxruntime already makes of the original at
     load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared.
@@ -538,7 +565,7 @@ def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
     rt = doc.get("onnxruntime")
     if not rt or not doc["fusions"]:
         return None
-    head = f"vs onnxruntime {rt['installed']} (installed, CPU provider) at level {rt['level']}"
+    head = f"vs onnxruntime {rt['installed']} (installed, CPU provider{_other_release(doc)}) at level {rt['level']}"
     if rt["status"] != "compared":
         return f"{head}: not compared ({plain(rt['reason'])})"
     made, total = rt["fusions_made_by_onnxruntime"], rt["fusions"]
