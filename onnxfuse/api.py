@@ -9,7 +9,7 @@ caller's ``ModelProto`` or file, and raise :class:`~onnxfuse.errors.InputError` 
     model = onnx.load("model.onnx")
     result = onnxfuse.optimize(model, target="cpu", input_shapes={"x": (1, 3, 640, 640)}, name="detector")
     result.save("model.fused.onnx")  # atomic, external data kept (onnx.save would inline weights over 2 GB)
-    print(result.report.saved_bytes, result.report.to_markdown())
+    print(result.report.saved_bytes_beyond_onnxruntime, result.report.to_markdown())
 """
 
 from __future__ import annotations

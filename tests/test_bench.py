@@ -274,7 +274,7 @@ def test_bench_prints_shapes_and_warns_when_it_invents_them(tmp_path):
     args = ["bench", path, "--runs", "1", "--max-time", "0", "--warmup", "0", "--level", "disable"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert "input shapes: x=1x4x32x32 (invented for x" in result.stdout
+    assert "input shapes: x=1x4x224x224 (invented for x" in result.stdout  # the representative sizes
     assert "warning: no shape given for x" in result.stderr and "--input-shape" in result.stderr
     given = CliRunner().invoke(main, [*args, "--input-shape", "x=1x4x8x8"])
     assert given.exit_code == 0, given.output

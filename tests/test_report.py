@@ -257,7 +257,7 @@ def test_long_expressions_are_shown_by_their_leading_terms():
     assert present.leading_terms("12*N_*p2o_D_1*p2o_D_2", doc) == "~12*N*x[2]*x[3] bytes"
     assert present.leading_terms("3072", doc) == "3.0 KiB"
     # short expressions stay exact in the headline; long ones are approximated
-    assert present.expr_text("12*N_", doc, code=False) == "12*N_ B"
+    assert present.expr_text("12*N_", doc, code=False) == "12*N B"  # exact, by the dim's one name
     assert present.expr_text(expr, doc, code=True).startswith("`~16*N*x[2]*x[3] bytes")
 
 

@@ -734,7 +734,7 @@ def test_invented_input_sizes_are_printed(tmp_path):
     assert result.exit_code == 0, result.output
     line = next(line for line in result.stderr.splitlines() if "invented sizes" in line)
     assert result.stderr.count("invented sizes") == 1
-    assert line.startswith("warning:") and "x=1x4x32x32" in line and "x=2x4x64x64" in line
+    assert line.startswith("warning:") and "x=1x4x224x224" in line and "x=2x4x64x64" in line
     assert "--input-shape" in line
     given = invoke("optimize", path, tmp_path / "o.onnx", "--target", "cpu", "--input-shape", "x=1x4x16x16")
     assert "invented sizes" not in given.output

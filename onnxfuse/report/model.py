@@ -97,6 +97,31 @@ class Report:
         return self.totals["saved_bytes"]
 
     @property
+    def saved_bytes_beyond_onnxruntime(self) -> int | None:
+        """The figure the command's summary, the HTML page and the Markdown report lead with: bytes of memory
+        traffic onnxfuse saves beyond what onnxruntime (the installed release, at ``ort_level``, CPU execution
+        provider) already makes of the original when a session loads it. At the input shapes used, or, for
+        symbolic dims without values, at the stated representative sizes (:attr:`figure_sizes`). 0 when nothing
+        was fused; None when onnxruntime could not load a model for the comparison or a size is unknown. Source:
+        ``present.saved_beyond_onnxruntime`` over the ``onnxruntime`` section (``ort/optimized_graph.py``)."""
+        from onnxfuse.report.present import saved_beyond_onnxruntime
+
+        return saved_beyond_onnxruntime(self.to_dict())
+
+    @property
+    def figure_sizes(self) -> dict[str, int] | None:
+        """Symbol -> size at which :attr:`saved_bytes_beyond_onnxruntime` and the other figures are given when the
+        model has symbolic dims and no input shapes fixed them (batch 1, 224 for the other dims: the sizes
+        verification's first input set runs at too), each dim by the name every view gives it (the model's dim name
+        when short and plain, else ``input[axis]``: ``present.display_names``); None when the figures are at the
+        input shapes used."""
+        from onnxfuse.report.present import display_names, figure_sizes
+
+        doc = self.to_dict()
+        sizes, names = figure_sizes(doc), display_names(doc)
+        return None if sizes is None else {names.get(k, k): v for k, v in sizes.items()}
+
+    @property
     def before_bytes(self) -> int | None:
         """Bytes read plus written by every node of the input model (nodes of unknown size left out)."""
         return self.totals["before"]["total_bytes"]
