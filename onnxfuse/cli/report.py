@@ -111,12 +111,12 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
 def _profile(ctx: click.Context, result: pipeline.Result, ort_level: str) -> None:
     """``--profile``: the original and the optimized model under onnxruntime's profiler, into the report; a model
     onnxruntime cannot run on generated inputs adds a warning instead. ``ort_level``: the level both run at."""
+    from onnxfuse.bench import report_profile
     from onnxfuse.errors import one_line
-    from onnxfuse.ort import profile as ort_profile
 
-    with progress(ctx, "running both models under onnxruntime's profiler"):
+    with progress(ctx, "running both models under onnxruntime's profiler, then timing them in paired rounds"):
         try:
-            result.report.profile = ort_profile.profile_models(
+            result.report.profile = report_profile(
                 result.loaded.ort_source(), result.model, result.report.to_dict()["fusions"], ort_level,
                 {k: tuple(v) for k, v in result.report.input_shapes.items()})
         except Exception as exc:  # onnxruntime cannot run a model on generated inputs: the report says so

@@ -41,6 +41,7 @@ from onnxfuse.report.present import (
     saved_beyond_onnxruntime,
     sizes_label,
     target_providers,
+    timing_text,
     verification_not_run,
 )
 from onnxfuse.report.remedies import remedy
@@ -490,9 +491,12 @@ def _profile_html(doc: Doc) -> str:
                    f"{_e(human_bytes(f['total_bytes']))}</td><td class=\"num\">"
                    f"{_e(human_bytes(f['counted_saved_bytes']))}</td></tr>" for f in p["by_fusion"]]
     shapes = ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in p["input_shapes"].items())
+    timing = timing_text(p)
     return (
         '<section id="profile"><h2>Measured in onnxruntime</h2>'
-        f"<p>Both models run under onnxruntime's profiler at level <code>{_e(p['level'])}</code>, "
+        + (f'<p id="profile-timing"><b>{_e(timing)}</b>. The per-kernel times below are one profiled run each and '
+           "carry no interval: quote this line.</p>" if timing else "")
+        + f"<p>Both models run under onnxruntime's profiler at level <code>{_e(p['level'])}</code>, "
         f"{_e(p['threads'])} thread(s), on the same inputs ({_e(shapes)}); time is the median of {p['runs']} runs "
         f"per kernel, bytes are what the profiler records per kernel (outputs written, activations and parameters "
         f"read): original {o['kernels']} kernels, {o['total_ms']:.3f} ms, {_e(human_bytes(o['total_bytes']))}; "

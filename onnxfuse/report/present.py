@@ -730,10 +730,29 @@ def profile_line(doc: Doc, plain=str) -> str | None:
         return None
     o, a = p["original"], p["optimized"]
     shapes = ", ".join(f"{plain(k)}={'x'.join(map(str, v)) or 'scalar'}" for k, v in p["input_shapes"].items())
-    return (f"measured by onnxruntime's profiler at level {p['level']}, {p['threads']} thread(s), median of "
-            f"{p['runs']} runs: {o['kernels']} -> {a['kernels']} kernels, {o['total_ms']:.3f} ms -> "
-            f"{a['total_ms']:.3f} ms, {human_bytes(o['total_bytes'])} -> {human_bytes(a['total_bytes'])} read and "
-            f"written (at {shapes})")
+    timing = timing_text(p)
+    kernel_ms = ("" if timing else f", {o['total_ms']:.3f} ms -> {a['total_ms']:.3f} ms")  # a report without timing
+    return ((f"{timing}; " if timing else "")
+            + f"measured by onnxruntime's profiler at level {p['level']}, {p['threads']} thread(s), median of "
+            f"{p['runs']} runs: {o['kernels']} -> {a['kernels']} kernels{kernel_ms}, "
+            f"{human_bytes(o['total_bytes'])} -> {human_bytes(a['total_bytes'])} read and written (at {shapes})")
+
+
+def timing_text(p: Doc) -> str | None:
+    """``latency at level all (onnxfuse bench's paired rounds, 16 rounds): 7.02 ms -> 12.0 ms, ratio 1.71 (99.97%
+    interval 0.93 to 2.41): inconclusive`` from a profile section's ``timing`` (``bench.report_profile``); None
+    for a profile without it (an older report). The verdict is bench's, with its margin."""
+    t = p.get("timing")
+    if not t:
+        return None
+    verdict = t["verdict"]
+    if verdict == "same" and t.get("same_kernels"):
+        verdict = "same (onnxruntime runs the same kernels for both)"
+    elif verdict == "inconclusive":
+        verdict = f"inconclusive (the interval is not all within or all outside 1 +-{t['margin']:.0%})"
+    return (f"latency at level {p['level']} (onnxfuse bench's paired rounds, {t['rounds']} rounds): "
+            f"{t['original_ms']:.3g} ms -> {t['optimized_ms']:.3g} ms, ratio {t['ratio']:.3g} "
+            f"({100 * t['ci_confidence']:.4g}% interval {t['ci_low']:.3g} to {t['ci_high']:.3g}): {verdict}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
