@@ -104,7 +104,7 @@ def test_json_comparison_and_report_file(model_path, tmp_path):
     assert doc["fusions_lost_where"] and doc["optimized_traffic_growth_expr"]
     new = tmp_path / "new.json"
     result = gate(model_path, old, "cpu", "-o", str(new))
-    assert result.exit_code == 0 and json.loads(new.read_text())["schema_version"] == 2
+    assert result.exit_code == 0 and json.loads(new.read_text())["schema_version"] == 3
 
 
 @pytest.mark.parametrize("option, args", [("--target cpu, now onnx", ["--target", "onnx"]),
@@ -289,3 +289,17 @@ def test_one_lost_fusion_is_listed_at_the_one_place_it_was_lost():
     assert renamed.lost_candidates == {kind: 3} and renamed.to_dict()["fusions_lost_candidates"] == {kind: 3}
     [line] = [ln for ln in renamed.lines() if ln.startswith("fusion lost:")]
     assert line.endswith("(x1) at one of 3 places: a (ya), b (yb), c (yc)")
+
+
+def test_a_schema_2_baseline_is_still_read(model_path, tmp_path):
+    """Schema 3 only added fields (fusions[].kind, profile.timing): a baseline written as schema 2 gates as before."""
+    old = report(model_path, tmp_path, "cpu", "old.json")
+    doc = json.loads(open(old).read())
+    doc["schema_version"] = 2
+    for f in doc["fusions"]:
+        del f["kind"]
+    with open(old, "w") as fh:
+        json.dump(doc, fh)
+    result = gate(model_path, old, "cpu")
+    assert result.exit_code == 0, result.output
+    assert "result: no regression" in result.output

@@ -41,7 +41,7 @@ def sample_report(name: str, monkeypatch, target: str = "cpu") -> report_model.R
 def test_json_report_validates_and_totals_are_sums(name, target, monkeypatch):
     doc = json.loads(report_model.to_json(sample_report(name, monkeypatch, target)))
     validate(doc)
-    assert doc["schema_version"] == 2
+    assert doc["schema_version"] == 3
     for side in ("before", "after"):
         rows = doc["nodes"][side]
         for key in ("read_bytes", "written_bytes"):
@@ -172,7 +172,7 @@ def test_cli_report_output_format_follows_extension(tmp_path):
     assert result.exit_code == 2 and "r.weird" in result.output and not (tmp_path / "r.weird").exists()
     # an explicit --format wins over the extension
     result = runner.invoke(main, ["report", sample, "--format", "json", "-o", str(tmp_path / "r.txt")])
-    assert result.exit_code == 0 and json.loads((tmp_path / "r.txt").read_text())["schema_version"] == 2
+    assert result.exit_code == 0 and json.loads((tmp_path / "r.txt").read_text())["schema_version"] == 3
 
 
 def test_symbolic_json_validates_and_expressions_evaluate_to_the_numbers(fuse):
@@ -518,3 +518,26 @@ def test_unfused_line_gives_each_pattern_its_own_remedy():
 
 def _loaded(model):
     return model_io.load_proto(model)
+
+
+def test_each_fusion_says_its_kind_and_matmul_add_is_no_fold():
+    """``fusions[].kind`` (schema 3) from the passes' RewriteKind: a BatchNormalization folded into a Conv is a
+    fold, a Conv -> BN -> Relu a fusion (the fold inside it too), MatMul + Add into Gemm a fusion, not a "fold"."""
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    relu = b.op("Relu", [b.bn(b.conv(x, 3, 4), 4)])
+    folded = b.bn(b.conv(x, 3, 4), 4)
+    v = b.input("v", [2, 6])
+    gemm = b.op("Add", [b.op("MatMul", [v, b.const(np.ones((6, 5), np.float32))]),
+                        b.const(np.ones(5, np.float32))])
+    model = b.build([relu, folded, gemm])
+    report = pipeline.analyse(None, pipeline.Options(target="cpu"), loaded=_loaded(model)).report
+    doc = report.to_dict()
+    validate(doc)
+    kinds = sorted((f["op"], f["kind"]) for f in doc["fusions"])
+    assert kinds == [("Conv", "fold"), ("FusedConv", "fuse"), ("Gemm", "fuse")]
+    assert present.kinds(doc) == "1 FusedConv, 1 fused Gemm, 1 fold"
+    # a schema-2 row has no kind: the op tells
+    assert present.fusion_kind({"op": "FusedGemm"}) == "fuse" and present.fusion_kind({"op": "Gemm"}) == "fold"

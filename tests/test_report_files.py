@@ -29,7 +29,7 @@ def test_report_writes_each_output_in_its_format(tmp_path):
     result = CliRunner().invoke(main, ["report", str(SAMPLE), "-o", str(tmp_path / "r.json"),
                                        "-o", str(tmp_path / "r.txt")])
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "r.json").read_text())["schema_version"] == 2
+    assert json.loads((tmp_path / "r.json").read_text())["schema_version"] == 3
     assert (tmp_path / "r.txt").read_text().startswith("onnxfuse ")
 
 

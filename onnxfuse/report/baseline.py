@@ -1,9 +1,9 @@
 """Compare a traffic report with an earlier one (``onnxfuse report MODEL --baseline OLD.json``): the CI gate an
 export pipeline runs when it upgrades its exporter (torch, paddle2onnx). Never prints.
 
-Both sides are JSON reports (``Report.to_dict()``, ``schema_version`` 2). Fusions and unfused patterns are matched
-by what they are, not by node names (exporters rename nodes): a fusion is its op, activation and the chain of
-original op types; an unfused pattern is its chain and reason. The gate fails when
+Both sides are JSON reports (``Report.to_dict()``, ``schema_version`` 3, or 2 for a baseline). Fusions and
+unfused patterns are matched by what they are, not by node names (exporters rename nodes): a fusion is its op,
+activation and the chain of original op types; an unfused pattern is its chain and reason. The gate fails when
 
 * a kind of fusion occurs fewer times than before (a fusion was lost) and no new fusion covers its chain and more
   (a BN fold that became part of a FusedConv is *extended*, not lost), or
@@ -35,7 +35,9 @@ from onnxfuse.model.files import read_option_file
 #: large image side, ...). A difference that is positive at any of them is a regression.
 SAMPLE_SIZES = (1, 8, 64, 224, 640, 2048)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: Versions a baseline may have: 3 only added fields to 2 (``fusions[].kind``, ``profile.timing``).
+READABLE_VERSIONS = (2, 3)
 
 
 #: Largest baseline file read, in bytes (128 MiB). The JSON report of a model of 100,000 nodes is about 60 MiB.
@@ -52,7 +54,7 @@ def load(path: str | Path) -> dict:
 
     Raises:
         InputError: one line: unreadable, not a regular file, too large, not JSON (or nested too deeply), not an
-            onnxfuse report, a ``schema_version`` other than 2, or a field that does not match the schema.
+            onnxfuse report, a ``schema_version`` other than 2 or 3, or a field that does not match the schema.
     """
     data = read_option_file(path, "--baseline", MAX_BASELINE_BYTES)
     try:
@@ -63,7 +65,7 @@ def load(path: str | Path) -> dict:
         raise InputError(f"--baseline {path}: not a JSON report (nested too deeply)") from None
     if not isinstance(doc, dict) or "totals" not in doc or "fusions" not in doc:
         raise InputError(f"--baseline {path}: not an onnxfuse JSON report (write one with --format json)")
-    if doc.get("schema_version") != SCHEMA_VERSION:
+    if doc.get("schema_version") not in READABLE_VERSIONS:
         version = doc.get("schema_version")
         shown = version if isinstance(version, int) and not isinstance(version, bool) else "of another kind"
         raise InputError(f"--baseline {path}: schema_version {shown}, this onnxfuse reads "

@@ -2,7 +2,8 @@
 its JSON form (:func:`to_json`). Never prints; what each format shows is ``onnxfuse.report.present``'s, the layout
 the renderers' (``report.text``, ``report.markdown``, ``report.html``).
 
-The JSON form is documented field by field in ``onnxfuse/report.schema.json`` (``schema_version`` 2). Every
+The JSON form is documented field by field in ``onnxfuse/report.schema.json`` (``schema_version`` 3; 3 only adds
+to 2: ``fusions[].kind``, ``profile.timing``). Every
 byte count is a sympy expression in the model's symbolic input dims (``*_expr``, a string that
 ``sympy.sympify`` parses, and that onnxfuse reads back without ``eval`` with
 :func:`onnxfuse.analysis.expressions.parse`;
@@ -326,17 +327,19 @@ def _lineage(fusions: list[Fusion]) -> dict[str, dict[str, Any]]:
         originals: list[dict[str, str]] = []
         passes_used: list[str] = []
         activation = None
+        kind = str(f.kind)
         for name, op, key in f.replaced:
             prev = lineage.pop(key, None)
             if prev:
                 originals.extend(prev["replaced"])
                 passes_used.extend(prev["passes"])
                 activation = prev["activation"] or activation
+                kind = "fuse" if "fuse" in (kind, prev["kind"]) else kind  # a fold inside a fusion: a fusion
             else:
                 originals.append({"name": name, "op": op, "output": key})
         passes_used.append(f.pass_name)
         lineage[f.output] = {"replaced": originals, "passes": passes_used, "activation": f.activation or activation,
-                             "node": f.node, "op": f.op}
+                             "node": f.node, "op": f.op, "kind": kind}
     return lineage
 
 
@@ -355,7 +358,7 @@ def _fusion_rows(lineage: dict[str, dict[str, Any]], before_rows: list[NodeTraff
         elem = after_sizes.elem_types.get(key)
         saved = None if before_b is None or after_b is None else before_b - after_b
         rows.append({
-            "node": entry["node"] or key, "op": entry["op"], "replaced": entry["replaced"],
+            "node": entry["node"] or key, "op": entry["op"], "kind": entry["kind"], "replaced": entry["replaced"],
             "activation": entry["activation"], "passes": entry["passes"], "output": key,
             "shape": None if shape is None else [_dim_json(d) for d in shape],
             "dtype": dtype_name(elem) if elem else None,

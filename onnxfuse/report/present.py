@@ -257,12 +257,25 @@ def shapes_text(doc: Doc) -> str:
     return ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in doc["input_shapes"].items())
 
 
+def fusion_kind(row: dict) -> str:
+    """A ``fusions`` row's kind, ``fold`` or ``fuse`` (its ``kind``, schema 3; for a schema-2 row, which lacks it:
+    ``fuse`` for a FusedConv or FusedGemm, else ``fold``)."""
+    return row.get("kind") or ("fuse" if row["op"] in ("FusedConv", "FusedGemm") else "fold")
+
+
 def kinds(doc: Doc) -> str:
-    """``11 FusedConv, 31 folds``, with ``1 FusedGemm`` where there is one (a fold keeps the op it folded into)."""
-    conv = sum(1 for f in doc["fusions"] if f["op"] == "FusedConv")
-    gemm = sum(1 for f in doc["fusions"] if f["op"] == "FusedGemm")
-    folds = plural(len(doc["fusions"]) - conv - gemm, "fold")
-    return f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "") + folds
+    """``11 FusedConv, 31 folds``, with ``1 FusedGemm`` and ``2 fused Gemm`` (MatMul + Add into Gemm) where there
+    are such (each row by :func:`fusion_kind`; a fold keeps the op it folded into)."""
+    rows = doc["fusions"]
+    conv = sum(1 for f in rows if f["op"] == "FusedConv")
+    gemm = sum(1 for f in rows if f["op"] == "FusedGemm")
+    other: dict[str, int] = {}
+    for f in rows:
+        if fusion_kind(f) == "fuse" and f["op"] not in ("FusedConv", "FusedGemm"):
+            other[f["op"]] = other.get(f["op"], 0) + 1
+    folds = plural(sum(1 for f in rows if fusion_kind(f) == "fold"), "fold")
+    return (f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "")
+            + "".join(f"{n} fused {op}, " for op, n in sorted(other.items())) + folds)
 
 
 def fused_count(doc: Doc) -> str:
