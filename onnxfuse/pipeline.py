@@ -96,6 +96,38 @@ class Options:
     materialize_weights_bytes: int = 0
 
 
+def make_options(*, target: str = DEFAULT_TARGET, only=(), skip=(), input_shapes: dict[str, tuple[int, ...]] | None
+                 = None, constant_initializer_inputs: bool = False, ort_level: str | None = None,
+                 ort_version: str | None = None, materialize_weights: float = 0.0,
+                 input_data: str | None = None) -> Options:
+    """The one way :class:`Options` are built from what a user gave (the CLI's ``cli/args/optimization.py``, the
+    API's ``optimize`` / ``analyse``): every option checked the same way, so that a new option is declared here
+    once. ``input_shapes``: input name -> positive dims (already parsed); ``ort_level`` None: the default level;
+    ``materialize_weights``: MiB (2**20 bytes) the model may grow by (``--materialize-weights``).
+
+    Raises:
+        InputError: ``only`` or ``skip`` is a string, or together they leave no pass; ``ort_version`` is not a
+            string; ``materialize_weights`` is negative or not finite.
+    """
+    if isinstance(only, str) or isinstance(skip, str):
+        raise InputError("only/skip take a sequence of pass names, not a string")
+    only, skip = tuple(only), tuple(skip)
+    if only and set(only) <= set(skip):
+        raise InputError("--only and --skip leave no pass to run")
+    if ort_version is not None and not isinstance(ort_version, str):
+        raise InputError(f"ort_version: expected a release as a string such as '1.20', got {ort_version!r}")
+    try:
+        mib = float(materialize_weights)
+    except (TypeError, ValueError):
+        raise InputError(f"--materialize-weights: expected a number of MiB, got {materialize_weights!r}") from None
+    if not math.isfinite(mib) or mib < 0:
+        raise InputError("--materialize-weights must be a finite number of MiB, 0 or more")
+    return Options(target=target, only=only, skip=skip, input_shapes=dict(input_shapes or {}),
+                   constant_initializer_inputs=constant_initializer_inputs, input_data=input_data,
+                   ort_level=ort_level or DEFAULT_ORT_LEVEL, ort_version=ort_version,
+                   materialize_weights_bytes=int(mib * 2**20))
+
+
 @dataclass
 class Result:
     """The outcome of :func:`analyse` / :func:`optimize`.

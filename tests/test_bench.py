@@ -344,3 +344,11 @@ def test_bench_profile_gives_per_kernel_time_and_bytes_for_both_models():
     assert {f["kernel_op"] for f in prof["by_fusion"]} == {"FusedConv"}
     text = CliRunner().invoke(main, args)
     assert text.exit_code == 0 and "per fusion at disable: the kernel that computes it" in text.output
+
+
+def test_bench_with_optimized_refuses_materialize_weights_by_name(tmp_path):
+    """bench with OPTIMIZED runs no optimization: each option that only shapes it is refused by name, read from
+    the one declaration of those options (a new one cannot be forgotten)."""
+    sample = str(REPO / "sample_models" / "conv_relu.onnx")
+    result = CliRunner().invoke(main, ["bench", sample, sample, "--materialize-weights", "2"])
+    assert result.exit_code == 2 and "--materialize-weights only shapes the in-memory optimization" in result.output

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,19 +35,16 @@ if TYPE_CHECKING:
               help="Allow OUTPUT to be INPUT itself: the input model is replaced (atomically, after verification). "
                    "Any other existing OUTPUT is always replaced, as a build step's output is; --overwrite is the "
                    "old name of this flag.")
-@click.option("--materialize-weights", type=click.FloatRange(min=0), default=0, metavar="MIB",
-              help="Let the output grow by up to this many MiB (2^20 bytes) to store conv/Gemm weights that the model "
-                   "computes from compact constants (int8 x scale, ConstantOfShape) as plain floats. Default 0: "
-                   "they stay compact and folds go into their scale; onnxruntime computes them at load.")
 @verbosity_options
 @click.pass_context
 @fail_cleanly
 def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str, only: tuple[str, ...],
              skip: tuple[str, ...], input_shape: tuple[str, ...], ort_level: str | None, ort_version: str | None,
-             constant_initializer_inputs: bool, no_verify: bool, require_verify: bool, input_data: str | None,
+             constant_initializer_inputs: bool, materialize_weights: float, no_verify: bool, require_verify: bool,
+             input_data: str | None,
              input_value: tuple[str, ...], input_range: tuple[str, ...], input_sets: int, rtol: float | None,
              atol: float | None, verify_timeout: float | None, report_paths: tuple[Path, ...],
-             report_format: str | None, bandwidth: float | None, overwrite: bool, materialize_weights: float) -> None:
+             report_format: str | None, bandwidth: float | None, overwrite: bool) -> None:
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
     \b
@@ -64,11 +60,9 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
 
     output_path = Path(output_arg)
     reports = _check_outputs(input_path, output_path, output_arg, report_paths, report_format, bandwidth, overwrite)
-    options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
+    options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version,
+                         materialize_weights)
     options.input_data = input_data  # real inputs fix the report's shapes too
-    if not math.isfinite(materialize_weights):
-        raise InputError("--materialize-weights must be a finite number of MiB")
-    options.materialize_weights_bytes = int(materialize_weights * 2**20)
     # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
     options.expressions = bool(reports)
     options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all

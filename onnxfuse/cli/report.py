@@ -49,7 +49,8 @@ Exit codes:
 @fail_cleanly
 def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, ...], skip: tuple[str, ...],
            input_shape: tuple[str, ...], ort_level: str | None, ort_version: str | None,
-           constant_initializer_inputs: bool, input_data: str | None, fmt: str | None, outputs: tuple[Path, ...],
+           constant_initializer_inputs: bool, materialize_weights: float, input_data: str | None, fmt: str | None,
+           outputs: tuple[Path, ...],
            show_all: bool, bandwidth: float | None, baseline: Path | None, profile: bool) -> None:
     """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
 
@@ -81,7 +82,8 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     fmt = found[0][1] if found else (fmt or "text")
     check_bandwidth(bandwidth)
     old = baseline_mod.load(baseline) if baseline is not None else None
-    options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
+    options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version,
+                         materialize_weights)
     options.input_data = input_data
     with progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)
