@@ -86,14 +86,15 @@ def _shapes(input_shapes: Mapping[str, Iterable[int]] | None) -> dict[str, tuple
 
 
 def _options(target: str, input_shapes, only, skip, constant_initializer_inputs: bool, ort_level: str,
-             ort_version: str | None = None, materialize_weights: float = 0.0) -> Options:
+             ort_version: str | None = None, materialize_weights: float = 0.0,
+             bandwidth: float | None = None) -> Options:
     """The API's keyword arguments as ``pipeline.Options``, built by ``pipeline.make_options`` as the command line
     builds them (``input_shapes`` checked here: the API takes integers, the CLI text)."""
     from onnxfuse.pipeline import make_options
 
     return make_options(target=target, only=only, skip=skip, input_shapes=_shapes(input_shapes),
                         constant_initializer_inputs=constant_initializer_inputs, ort_level=ort_level,
-                        ort_version=ort_version, materialize_weights=materialize_weights)
+                        ort_version=ort_version, materialize_weights=materialize_weights, bandwidth=bandwidth)
 
 
 #: The command's option names -> this API's keyword arguments, for messages raised by code the two share.
@@ -102,7 +103,8 @@ _KEYWORDS = {"--input-shape": "input_shapes", "--input-value": "input_values", "
              "--ort-level": "ort_level", "--ort-version": "ort_version", "--only": "only", "--skip": "skip",
              "--rtol": "rtol", "--atol": "atol", "--require-verify": "require_verify",
              "--verify-timeout": "verify_timeout", "--constant-initializer-inputs": "constant_initializer_inputs",
-             "--no-verify": "verify=False", "--materialize-weights": "materialize_weights"}
+             "--no-verify": "verify=False", "--materialize-weights": "materialize_weights",
+             "--bandwidth": "bandwidth"}
 _OPTION = re.compile("|".join(re.escape(k) for k in sorted(_KEYWORDS, key=len, reverse=True)) + r"(?![\w-])")
 
 
@@ -127,7 +129,7 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
             input_shapes: Mapping[str, Iterable[int]] | None = None, only: Iterable[str] = (),
             skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
             ort_level: str = DEFAULT_ORT_LEVEL, ort_version: str | None = None, name: str | None = None,
-            materialize_weights: float = 0.0) -> Report:
+            materialize_weights: float = 0.0, bandwidth: float | None = None) -> Report:
     """The memory-traffic report of what :func:`optimize` would do to ``model``; no rewrite is kept, nothing
     is verified. What ``onnxfuse report`` prints.
 
@@ -149,6 +151,8 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
         materialize_weights: MiB (2**20 bytes) the model may grow by where conv/Gemm weights computed from
             compact constants (int8 x scale, ConstantOfShape) are stored as plain floats (``--materialize-weights``;
             default 0: they stay compact).
+        bandwidth: GB/s (10^9 bytes per second): the report's ``bandwidth`` then has the estimated memory time
+            (bytes / bandwidth, ``report.model.bandwidth_section``) of both models (``--bandwidth``).
 
     Raises:
         InputError: an unreadable or invalid model, an unknown target or pass, bad ``input_shapes``, a negative
@@ -157,7 +161,7 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
     from onnxfuse import pipeline
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version,
-                       materialize_weights)
+                       materialize_weights, bandwidth)
     loaded = _load(model, name)
     return pipeline.analyse(loaded.path, options, loaded).report
 
@@ -171,7 +175,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              rtol: float | None = None, atol: float | None = None, only: Iterable[str] = (),
              skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
              ort_level: str = DEFAULT_ORT_LEVEL, verify_timeout: float | None = None,
-             ort_version: str | None = None, name: str | None = None, materialize_weights: float = 0.0) -> Result:
+             ort_version: str | None = None, name: str | None = None, materialize_weights: float = 0.0,
+             bandwidth: float | None = None) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
     What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
@@ -180,7 +185,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     Args:
         model: an ``onnx.ModelProto`` (external data loaded; it is not modified) or the path of a ``.onnx`` file.
         target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version, name,
-            materialize_weights: as :func:`analyse`.
+            materialize_weights, bandwidth: as :func:`analyse`.
         verify: run the original and the optimized model in onnxruntime (graph optimizations disabled on both)
             and compare the outputs; False records verification as skipped.
         require_verify: raise :class:`VerificationError` when verification was skipped (say, onnxruntime
@@ -206,7 +211,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     from onnxfuse.verification.options import VerifyOptions, timeout_seconds
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version,
-                       materialize_weights)
+                       materialize_weights, bandwidth)
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
     timeout = timeout_seconds(verify_timeout)
     _check_inputs(input_values, input_ranges, input_sets, rtol, atol)

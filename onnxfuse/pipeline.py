@@ -81,6 +81,8 @@ class Options:
         materialize_weights_bytes: how many bytes the model may grow by where conv/Gemm weights computed from
             compact constants (int8 x scale, ConstantOfShape) are stored as plain floats (``--materialize-weights``);
             0 keeps them compact, the folds then working on their computation (``passes._fold.compact_scale``).
+        bandwidth_gb_per_s: also estimate the memory time at this bandwidth (10^9 bytes per second,
+            ``--bandwidth``; the report's ``bandwidth``, ``report.model.bandwidth_section``); None: no estimate.
     """
 
     target: str = DEFAULT_TARGET
@@ -94,21 +96,27 @@ class Options:
     compare_with_onnxruntime: bool = True
     ort_version: str | None = None
     materialize_weights_bytes: int = 0
+    bandwidth_gb_per_s: float | None = None
 
 
 def make_options(*, target: str = DEFAULT_TARGET, only=(), skip=(), input_shapes: dict[str, tuple[int, ...]] | None
                  = None, constant_initializer_inputs: bool = False, ort_level: str | None = None,
                  ort_version: str | None = None, materialize_weights: float = 0.0,
-                 input_data: str | None = None) -> Options:
+                 input_data: str | None = None, bandwidth: float | None = None) -> Options:
     """The one way :class:`Options` are built from what a user gave (the CLI's ``cli/args/optimization.py``, the
     API's ``optimize`` / ``analyse``): every option checked the same way, so that a new option is declared here
     once. ``input_shapes``: input name -> positive dims (already parsed); ``ort_level`` None: the default level;
-    ``materialize_weights``: MiB (2**20 bytes) the model may grow by (``--materialize-weights``).
+    ``materialize_weights``: MiB (2**20 bytes) the model may grow by (``--materialize-weights``); ``bandwidth``:
+    GB/s (10^9 bytes per second) for the memory-time estimate (``--bandwidth``; None: none).
 
     Raises:
         InputError: ``only`` or ``skip`` is a string, or together they leave no pass; ``ort_version`` is not a
-            string; ``materialize_weights`` is negative or not finite.
+            string; ``materialize_weights`` is negative or not finite; ``bandwidth`` is not a positive finite
+            number.
     """
+    if bandwidth is not None and (isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float))
+                                  or not math.isfinite(bandwidth) or bandwidth <= 0):
+        raise InputError(f"--bandwidth must be a positive, finite number of GB/s, got {bandwidth!r}")
     if isinstance(only, str) or isinstance(skip, str):
         raise InputError("only/skip take a sequence of pass names, not a string")
     only, skip = tuple(only), tuple(skip)
@@ -125,7 +133,8 @@ def make_options(*, target: str = DEFAULT_TARGET, only=(), skip=(), input_shapes
     return Options(target=target, only=only, skip=skip, input_shapes=dict(input_shapes or {}),
                    constant_initializer_inputs=constant_initializer_inputs, input_data=input_data,
                    ort_level=ort_level or DEFAULT_ORT_LEVEL, ort_version=ort_version,
-                   materialize_weights_bytes=int(mib * 2**20))
+                   materialize_weights_bytes=int(mib * 2**20),
+                   bandwidth_gb_per_s=None if bandwidth is None else float(bandwidth))
 
 
 @dataclass
@@ -298,6 +307,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         missing=missing, symbols=sym, before_rows=before_rows, after_rows=after_rows,
         before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
         after_index=traffic.ModelIndex(out), after_sizes=after_sizes, runtime=runtime,
+        bandwidth_gb_per_s=options.bandwidth_gb_per_s,
     )
     release = deployment_release(options)
     report.deployment = rep.deployment_section(release, forms, min_release)

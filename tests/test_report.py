@@ -541,3 +541,23 @@ def test_each_fusion_says_its_kind_and_matmul_add_is_no_fold():
     assert present.kinds(doc) == "1 FusedConv, 1 fused Gemm, 1 fold"
     # a schema-2 row has no kind: the op tells
     assert present.fusion_kind({"op": "FusedGemm"}) == "fuse" and present.fusion_kind({"op": "Gemm"}) == "fold"
+
+
+def test_bandwidth_is_a_library_function_at_the_run_s_one_size():
+    """analyse(bandwidth=...) builds the report with its estimate (report.model.bandwidth_section), the same as
+    --bandwidth; a model with symbolic dims gets it at the representative sizes of every other figure."""
+    import onnxfuse
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    model = b.build(b.op("Relu", [b.conv(b.input("x", ["N", 3, "H", "W"]), 3, 4)]))
+    report = onnxfuse.analyse(model, target="cpu", bandwidth=100.0)
+    bw = report.bandwidth
+    assert bw is not None and bw["at"] == "representative sizes" and bw["gb_per_s"] == 100.0
+    sizes = present.figure_sizes(report.to_dict())
+    before = present.at_values(report.totals["before"]["total_bytes_expr"], sizes)
+    assert bw["before_ms"] == pytest.approx(before / 100e9 * 1e3) and bw["after_ms"] < bw["before_ms"]
+    validate(report.to_dict())
+    assert "at representative sizes" in " ".join(report.to_text().split())
+    with pytest.raises(Exception, match="bandwidth"):
+        onnxfuse.analyse(model, bandwidth=0)

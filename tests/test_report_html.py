@@ -4,6 +4,7 @@ opens the pages in a real browser."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -208,7 +209,8 @@ def test_symbolic_output_shape_is_evaluated_at_the_symbol_values():
 
 
 def test_bandwidth_without_a_number_says_unknown_as_the_text_does(tmp_path):
-    """Two symbolic dims and no --input-shape: no byte count, so no time (issue #21: a TypeError in the cell)."""
+    """Two symbolic dims and no --input-shape (issue #21: a TypeError in the cell): the time is given at the
+    representative sizes of every other figure (issue 30: one size per run), the same in HTML and text."""
     b = GraphBuilder()
     x = b.input("x", ["N", 3, "H", 16])
     path = tmp_path / "m.onnx"
@@ -217,7 +219,11 @@ def test_bandwidth_without_a_number_says_unknown_as_the_text_does(tmp_path):
     result = CliRunner().invoke(main, ["report", str(path), "--bandwidth", "100", "-o", str(out)])
     assert result.exit_code == 0, result.output
     doc = embedded(out.read_text(encoding="utf-8"), "onnxfuse-report")
-    assert doc["bandwidth"]["at"] is None and doc["bandwidth"]["before_ms"] is None
-    assert "Estimated memory time at 100 GB/s: unknown" in out.read_text(encoding="utf-8")
+    bw = doc["bandwidth"]
+    assert bw["at"] == "representative sizes" and bw["before_ms"] > bw["after_ms"] > 0
+    page = out.read_text(encoding="utf-8")
+    times = f"{present.human_time(bw['before_ms'])} -> {present.human_time(bw['after_ms'])}"
+    [sentence] = re.findall(r'<p id="bandwidth">(.*?)</p>', page)
+    assert "unknown" not in sentence and html.escape(times) in sentence
     text = CliRunner().invoke(main, ["report", str(path), "--bandwidth", "100"])
-    assert "estimated memory time at 100 GB/s: unknown" in text.output
+    assert times in " ".join(text.output.split()) and "at representative sizes" in " ".join(text.output.split())

@@ -63,6 +63,7 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
     options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version,
                          materialize_weights)
     options.input_data = input_data  # real inputs fix the report's shapes too
+    options.bandwidth_gb_per_s = bandwidth  # checked by check_bandwidth above; the report is built with it
     # the summary shows numbers only: with input shapes that fix every dim, no symbolic expressions are needed
     options.expressions = bool(reports)
     options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
@@ -71,8 +72,6 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
     log.debug("optimizing %s for target %s", input_path, target)
     with progress(ctx, f"optimizing {input_path}"):
         result = pipeline.optimize(input_path, options, None if no_verify else checked)
-    if bandwidth:
-        result.report.set_bandwidth(bandwidth)
     diagnostics(result.report)
     report_texts = _render_reports(result, input_path, output_path, reports, require_verify)
     _write_results(ctx, result, output_path, reports, report_texts)

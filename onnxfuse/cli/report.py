@@ -85,10 +85,9 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version,
                          materialize_weights)
     options.input_data = input_data
+    options.bandwidth_gb_per_s = bandwidth  # checked by check_bandwidth above; the report is built with it
     with progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)
-    if bandwidth:
-        result.report.set_bandwidth(bandwidth)
     if profile and result.changed:
         _profile(ctx, result, ort_level or DEFAULT_ORT_LEVEL)
     diagnostics(result.report)

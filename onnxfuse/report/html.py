@@ -25,6 +25,7 @@ from onnxfuse.report.escape import json_for_script as _json_for_script
 from onnxfuse.report.present import (
     NOT_RUN_DETAIL,
     NOT_RUN_STATUS,
+    bandwidth_line,
     bytes_of,
     chain,
     chart_sizes,
@@ -430,13 +431,9 @@ def _notes_html(doc: Doc, units: list[dict]) -> str:
     if doc.get("subgraph_nodes"):
         notes.append(f"<p>{_e(doc['subgraph_nodes'])} nodes inside If/Loop/Scan bodies are counted once each.</p>")
     b = doc.get("bandwidth")
-    if b and b.get("at") is None:  # no number for the bytes (symbolic dims, no --input-shape): as the text says
-        notes.append(f"<p>Estimated memory time at {b['gb_per_s']:g} GB/s: unknown (no input size: give "
-                     "<code>--input-shape</code>).</p>")
-    elif b:
-        at = "" if b["at"] == "input shapes" else f", at {_e(b['at'])}"
-        notes.append(f"<p>Estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate{at}): "
-                     f"{b['before_ms']:.3f} ms → {b['after_ms']:.3f} ms.</p>")
+    if b:  # the one sentence of every format (present.bandwidth_line), in the same units
+        line = bandwidth_line(b)
+        notes.append(f'<p id="bandwidth">{_e(line[0].upper() + line[1:])}.</p>')
     assumptions = doc.get("shape_assumptions") or []
     if assumptions:
         notes.append(f"<details><summary>{len(assumptions)} assumptions about the symbolic dims</summary><ul>"

@@ -151,23 +151,9 @@ class Report:
         return to_text(self, show_all, width)
 
     def set_bandwidth(self, gb_per_s: float) -> None:
-        """Add the estimated memory time at ``gb_per_s`` (10^9 bytes per second): bytes / bandwidth, at the input
-        shapes used, else at batch 1 where the batch is the only symbolic dim; times are None when neither
-        gives a number."""
-        t = self.totals
-        before, after = t["before"]["total_bytes"], t["after"]["total_bytes"]
-        at: str | None = "input shapes"
-        one = t["at_batch_1"]
-        if before is None and one:
-            before, after, at = one["before_total_bytes"], one["after_total_bytes"], "batch 1"
-        if before is None or after is None:
-            at = None
-
-        def ms(n: int | None) -> float | None:
-            return None if n is None or at is None else n / (gb_per_s * 1e9) * 1e3
-
-        self.bandwidth = {"gb_per_s": gb_per_s, "before_ms": ms(before), "after_ms": ms(after), "at": at,
-                          "estimate": True}
+        """Set :attr:`bandwidth` to :func:`bandwidth_section` at ``gb_per_s`` (the pipeline does so when
+        ``Options.bandwidth_gb_per_s`` is given: ``analyse(..., bandwidth=...)`` in the API, ``--bandwidth``)."""
+        self.bandwidth = bandwidth_section(self.to_dict(), gb_per_s)
 
     def verification_dict(self) -> dict[str, Any]:
         """The ``verification`` object of the JSON form (``skipped`` when nothing verified, as in ``report``)."""
@@ -280,7 +266,8 @@ def _batch_one(symbols: SymbolicShapes, values: dict[sympy.Symbol, int], before:
 def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing: list[dict],
           symbols: SymbolicShapes, before_rows: list[NodeTraffic], after_rows: list[NodeTraffic], before_ops: dict,
           after_ops: dict, fusions: list[Fusion], skips: list[Skip], after_index: ModelIndex,
-          after_sizes: Sizes, runtime: RuntimeGraphs | None = None) -> Report:
+          after_sizes: Sizes, runtime: RuntimeGraphs | None = None, bandwidth_gb_per_s: float | None = None
+          ) -> Report:
     """Assemble a :class:`Report` from the pipeline's pieces (see ``pipeline.analyse``).
 
     Fusions that built on each other (a BN fold, then the activation) become one row per final node, listing
@@ -292,13 +279,14 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
     ``runtime``: onnxruntime's own graphs of both models at the user's level (``ort_graph.runtime_graphs``); each
     fusion row then says whether onnxruntime makes it itself at load (``made_by_onnxruntime``), and the report's
     ``onnxruntime`` section gives the kernels and bytes saved beyond it (:func:`_runtime_section`).
+    ``bandwidth_gb_per_s``: also the ``bandwidth`` estimate (:func:`bandwidth_section`).
     """
     values = symbols.table.values(input_shapes)
     num = _Numbers(values)
     before = {r.key: r for r in before_rows}
     after = {r.key: r for r in after_rows}
     fusion_rows, beyond = _fusion_rows(_lineage(fusions), before_rows, before, after, after_sizes, num, runtime)
-    return Report(
+    report = Report(
         model={"path": report_path_text(loaded), "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,
                "external_data": loaded.external_data},
         target=target, passes=list(passes), input_shapes={k: list(v) for k, v in input_shapes.items()},
@@ -314,6 +302,33 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         nodes={"before": [_node_row(r, num) for r in before_rows], "after": [_node_row(r, num) for r in after_rows]},
         onnxruntime=None if runtime is None else _runtime_section(runtime, fusion_rows, beyond, num),
     )
+    if bandwidth_gb_per_s is not None:
+        report.bandwidth = bandwidth_section(report.to_dict(), bandwidth_gb_per_s)
+    return report
+
+
+def bandwidth_section(doc: ReportDict | dict, gb_per_s: float) -> Bandwidth:
+    """The report's ``bandwidth`` object: the estimated memory time at ``gb_per_s`` (10^9 bytes per second),
+    bytes / bandwidth in milliseconds, of the graph as exported and of the optimized one. At the input shapes
+    used (``at`` "input shapes"), else, for symbolic dims without values, at the sizes of every other figure
+    (``present.figure_sizes``: ``at`` "batch 1" where the batch is the only symbolic dim, else "representative
+    sizes"); times are None and ``at`` None when no number is known there. ``doc``: ``Report.to_dict()``."""
+    from onnxfuse.report.present import at_values, figure_sizes
+
+    t = doc["totals"]
+    before, after = t["before"]["total_bytes"], t["after"]["total_bytes"]
+    at: str | None = "input shapes"
+    sizes = figure_sizes(doc)
+    if before is None and sizes is not None:
+        before, after = (at_values(t[side]["total_bytes_expr"], sizes) for side in ("before", "after"))
+        at = "batch 1" if t.get("at_batch_1") else "representative sizes"
+    if before is None or after is None:
+        at = None
+
+    def ms(n: int | None) -> float | None:
+        return None if n is None or at is None else n / (gb_per_s * 1e9) * 1e3
+
+    return {"gb_per_s": gb_per_s, "before_ms": ms(before), "after_ms": ms(after), "at": at, "estimate": True}
 
 
 def _lineage(fusions: list[Fusion]) -> dict[str, dict[str, Any]]:
