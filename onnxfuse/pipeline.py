@@ -302,21 +302,19 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options, fusions)
     after_sizes = before_sizes.with_model(out)
     after_rows = traffic.node_traffic(out, after_sizes)
-    report = rep.build(
+    release = deployment_release(options)
+    mismatches = [*mismatches, *_release_warnings(release, forms, min_release)]
+    warnings = ([f"the model was not rewritten: {blocker}"] if blocker is not None else []) + loaded.warnings \
+        + _target_warnings(out, options.target) + mismatches
+    report = rep.build(  # everything gathered: the report is built once, with nothing written into it afterwards
         loaded=loaded, target=options.target, passes=[p.name for p in selected], input_shapes=input_shapes,
         missing=missing, symbols=sym, before_rows=before_rows, after_rows=after_rows,
         before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
         after_index=traffic.ModelIndex(out), after_sizes=after_sizes, runtime=runtime,
         bandwidth_gb_per_s=options.bandwidth_gb_per_s,
+        deployment=rep.deployment_section(release, forms, min_release), optimized_bytes=_serialized_bytes(out),
+        warnings=warnings, verification=verified,
     )
-    release = deployment_release(options)
-    report.deployment = rep.deployment_section(release, forms, min_release)
-    report.model["optimized_bytes"] = _serialized_bytes(out)
-    mismatches = [*mismatches, *_release_warnings(release, forms, min_release)]
-    report.warnings = loaded.warnings + _target_warnings(out, options.target) + mismatches
-    if blocker is not None:
-        report.warnings.insert(0, f"the model was not rewritten: {blocker}")
-    report.verification = verified
     return Result(out, fusions, skips, bool(fusions), report, loaded)
 
 

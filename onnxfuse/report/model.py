@@ -266,8 +266,9 @@ def _batch_one(symbols: SymbolicShapes, values: dict[sympy.Symbol, int], before:
 def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing: list[dict],
           symbols: SymbolicShapes, before_rows: list[NodeTraffic], after_rows: list[NodeTraffic], before_ops: dict,
           after_ops: dict, fusions: list[Fusion], skips: list[Skip], after_index: ModelIndex,
-          after_sizes: Sizes, runtime: RuntimeGraphs | None = None, bandwidth_gb_per_s: float | None = None
-          ) -> Report:
+          after_sizes: Sizes, runtime: RuntimeGraphs | None = None, bandwidth_gb_per_s: float | None = None,
+          deployment: dict | None = None, optimized_bytes: int | None = None, warnings: list[str] | None = None,
+          verification: Any = None) -> Report:
     """Assemble a :class:`Report` from the pipeline's pieces (see ``pipeline.analyse``).
 
     Fusions that built on each other (a BN fold, then the activation) become one row per final node, listing
@@ -279,7 +280,10 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
     ``runtime``: onnxruntime's own graphs of both models at the user's level (``ort_graph.runtime_graphs``); each
     fusion row then says whether onnxruntime makes it itself at load (``made_by_onnxruntime``), and the report's
     ``onnxruntime`` section gives the kernels and bytes saved beyond it (:func:`_runtime_section`).
-    ``bandwidth_gb_per_s``: also the ``bandwidth`` estimate (:func:`bandwidth_section`).
+    ``bandwidth_gb_per_s``: also the ``bandwidth`` estimate (:func:`bandwidth_section`). ``deployment``
+    (:func:`deployment_section`), ``optimized_bytes`` (the written model's serialized size, ``model``'s
+    ``optimized_bytes``), ``warnings`` and ``verification``: what the pipeline gathered beside the traffic, so that
+    the report is complete when built.
     """
     values = symbols.table.values(input_shapes)
     num = _Numbers(values)
@@ -288,7 +292,9 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
     fusion_rows, beyond = _fusion_rows(_lineage(fusions), before_rows, before, after, after_sizes, num, runtime)
     report = Report(
         model={"path": report_path_text(loaded), "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,
-               "external_data": loaded.external_data},
+               "external_data": loaded.external_data,
+               "optimized_bytes": optimized_bytes},
+        deployment=deployment, warnings=list(warnings) if warnings is not None else None, verification=verification,
         target=target, passes=list(passes), input_shapes={k: list(v) for k, v in input_shapes.items()},
         unknown_shapes=missing, symbols=symbols.table.symbols,
         symbol_values={str(k): int(v) for k, v in values.items()}, shape_assumptions=list(symbols.assumptions),
