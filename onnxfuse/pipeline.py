@@ -242,12 +242,12 @@ def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...
 
 
 def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.LoadedModel | None = None,
-            verify_options=None) -> Result:
+            verify_options=None, verifying: bool = False) -> Result:
     """Load the model at ``path`` (or take ``loaded``), run the passes in memory and build the report (no file).
 
     ``verify_options`` (for :func:`optimize`): when the passes rewrote the model, verify it
     (:func:`_verify_and_compare`) before onnxruntime's graphs are made, and put the result in
-    ``report.verification``; None: no verification.
+    ``report.verification``; None: no verification. ``verifying``: see :func:`_verify_and_compare_graphs`.
 
     Raises:
         InputError: unreadable or invalid model (:func:`onnxfuse.model.io.load_model`, and a Conv whose
@@ -299,7 +299,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         del graph, ctx, model
         loaded.model = None
 
-    verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options, fusions)
+    verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options, fusions,
+                                                   verifying)
     after_sizes = before_sizes.with_model(out)
     after_rows = traffic.node_traffic(out, after_sizes)
     release = deployment_release(options)
@@ -365,25 +366,30 @@ def _release_warnings(release: tuple[int, int], forms: Counter, min_release: tup
 
 
 def _verify_and_compare_graphs(loaded: model_io.LoadedModel, out: onnx.ModelProto, input_shapes: dict,
-                               options: Options, verify_options, fusions: list[Fusion]):
+                               options: Options, verify_options, fusions: list[Fusion], verifying: bool = False):
     """:func:`analyse`'s work in onnxruntime once the passes have run: ``(verification or None, runtime graphs
     or None)``. With ``verify_options`` and ``fusions``, the verification of ``out`` and the comparison share
     their sessions' work (:func:`_verify_and_compare`); with ``fusions`` and a comparison asked for
     (``options.ort_level``, ``options.compare_with_onnxruntime``) but no verification,
-    :func:`onnxfuse.ort.optimized_graph.runtime_graphs` alone.
+    :func:`onnxfuse.ort.optimized_graph.runtime_graphs` alone. ``verifying`` (:func:`optimize`): a verification
+    that does not run is still a result, so that the report is complete when built (``skipped`` by the user
+    without ``verify_options``, ``unchanged`` when nothing was rewritten); else None.
 
     Raises:
         InputError: as :func:`optimize`.
     """
     from onnxfuse.ort import optimized_graph as ort_graph
+    from onnxfuse.verification.result import Verification
 
     level = options.ort_level if fusions and options.compare_with_onnxruntime else None
     if fusions and verify_options is not None:
         return _verify_and_compare(loaded, out, input_shapes, verify_options, level)
+    not_run = None if not verifying else Verification.skipped_by_user() if verify_options is None \
+        else Verification.unchanged()
     if level is None:
-        return None, None
+        return not_run, None
     log.debug("asking onnxruntime which of these fusions it makes itself at level %s", level)
-    return None, ort_graph.runtime_graphs(loaded.ort_source(), out, level)
+    return not_run, ort_graph.runtime_graphs(loaded.ort_source(), out, level)
 
 
 def _verify_and_compare(loaded: model_io.LoadedModel, out: onnx.ModelProto, input_shapes: dict, verify_options,
@@ -446,16 +452,11 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
         InputError: as :func:`analyse`; onnxruntime cannot load the original; given input shapes whose random
             inputs numpy cannot even size (more bytes than a pointer can count).
     """
-    from onnxfuse.verification.result import Verification
-
     if verify_options is not None and verify_options.input_data and not options.input_data:
         options = replace(options, input_data=verify_options.input_data)  # real inputs fix the report's shapes
-    result = analyse(path, options, loaded, verify_options)  # verifies a rewritten model
-    if verify_options is None:
-        result.report.verification = Verification.skipped_by_user()
-    elif not result.changed:  # the output computes exactly what the input does: nothing to run
-        result.report.verification = Verification.unchanged()
-    else:
+    # verifies a rewritten model; without verify_options the report says skipped, with nothing rewritten unchanged
+    result = analyse(path, options, loaded, verify_options, verifying=True)
+    if verify_options is not None and result.changed:
         from onnxfuse.verification import verify  # not imported by a run that verifies nothing
 
         reason = result.report.verification.reason or ""
