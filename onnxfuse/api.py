@@ -263,3 +263,35 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
                          dict(input_values or {}), dict(input_ranges or {}), input_sets, rtol=rtol, atol=atol,
                          timeout=timeout)
     return verify_models(ref.ort_source(), cand, opts)
+
+
+@_in_api_terms
+def profile(result: Result, *, ort_level: str | None = None, runs: int = 16, max_time: float = 10.0) -> Report:
+    """``onnxfuse report --profile`` for a :func:`optimize` result: the original and ``result.model`` under
+    onnxruntime's profiler at ``ort_level`` (per op and per fusion: ms and the bytes the profiler records) and
+    timed in ``onnxfuse bench``'s paired ABBA rounds (at least ``runs``, at most ``max_time`` seconds of them;
+    ``profile["timing"]``: the ratio optimized / original with its distribution-free interval and bench's verdict,
+    ``inconclusive`` where the rounds do not decide). Source: ``onnxfuse.bench.report_profile``.
+
+    Returns:
+        A copy of ``result.report`` with its ``profile`` section (``result`` is not changed). ``ort_level``
+        None: the level of the report's comparison with onnxruntime, else ``all``. Symbolic dims run at the
+        report's input shapes, else at the representative sizes (``Report.figure_sizes``).
+
+    Raises:
+        InputError: an unknown ``ort_level``.
+        RuntimeError: onnxruntime cannot load or run one of the models (the message says which).
+    """
+    import dataclasses
+
+    from onnxfuse.bench import report_profile
+    from onnxfuse.ort.levels import ORT_LEVELS
+
+    report = result.report
+    level = ort_level or (report.onnxruntime or {}).get("level") or DEFAULT_ORT_LEVEL
+    if level not in ORT_LEVELS:
+        raise InputError(f"--ort-level: {level!r} is not one of {', '.join(ORT_LEVELS)}")
+    section = report_profile(result.loaded.ort_source(), result.model, report.to_dict()["fusions"], level,
+                             {k: tuple(v) for k, v in report.input_shapes.items()}, runs=runs, max_time=max_time)
+    return dataclasses.replace(report, profile=section)
+

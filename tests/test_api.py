@@ -301,3 +301,22 @@ def test_materialize_weights_in_the_api():
     with pytest.raises(InputError, match="materialize_weights"):
         onnxfuse.analyse(model, materialize_weights=-1)
     assert onnxfuse.analyse(model, target="cpu", materialize_weights=4).fusions
+
+
+def test_profile_in_the_api_gives_a_new_report_with_paired_timing():
+    """onnxfuse.profile: what report --profile adds, for an optimize result (a ModelProto here); the result's own
+    report is left as it was."""
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    model = b.build(b.op("Relu", [b.bn(b.conv(b.input("x", [1, 3, 16, 16]), 3, 8), 8)]))
+    result = onnxfuse.optimize(model, target="cpu", ort_level="disable")
+    report = onnxfuse.profile(result, runs=2, max_time=0.0)
+    assert result.report.profile is None and report is not result.report
+    t = report.profile["timing"]
+    assert report.profile["level"] == "disable" and t["rounds"] == 2 and t["verdict"] in ("faster", "slower",
+                                                                                             "same", "inconclusive")
+    assert any(line.startswith("latency at level disable") for line in
+               __import__("onnxfuse.report.present", fromlist=["x"]).summary_lines(report))
+    with pytest.raises(onnxfuse.InputError, match="ort_level"):
+        onnxfuse.profile(result, ort_level="fastest")

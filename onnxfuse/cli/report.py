@@ -112,17 +112,17 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
 def _profile(ctx: click.Context, result: pipeline.Result, ort_level: str) -> None:
     """``--profile``: the original and the optimized model under onnxruntime's profiler, into the report; a model
     onnxruntime cannot run on generated inputs adds a warning instead. ``ort_level``: the level both run at."""
-    from onnxfuse.bench import report_profile
+    import dataclasses
+
+    from onnxfuse import api
     from onnxfuse.errors import one_line
 
     with progress(ctx, "running both models under onnxruntime's profiler, then timing them in paired rounds"):
-        try:
-            result.report.profile = report_profile(
-                result.loaded.ort_source(), result.model, result.report.to_dict()["fusions"], ort_level,
-                {k: tuple(v) for k, v in result.report.input_shapes.items()})
+        try:  # a new report with the profile (api.profile, as the API gives it), not a write into this one
+            result.report = api.profile(result, ort_level=ort_level)
         except Exception as exc:  # onnxruntime cannot run a model on generated inputs: the report says so
-            result.report.warnings = [*(result.report.warnings or []),
-                                      f"--profile: onnxruntime could not run the models ({one_line(exc)})"]
+            result.report = dataclasses.replace(result.report, warnings=[
+                *(result.report.warnings or []), f"--profile: onnxruntime could not run the models ({one_line(exc)})"])
 
 
 def _check_same_options(baseline: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
