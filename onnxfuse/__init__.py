@@ -5,6 +5,7 @@ Public API (the library never prints; the ``onnxfuse`` command in ``onnxfuse.cli
     onnxfuse.optimize(model, target="cpu+cuda", input_shapes=None, verify=True, ...) -> Result
     onnxfuse.analyse(model, ...) -> Report
     onnxfuse.verify(original, candidate, ...) -> Verification
+    onnxfuse.profile(result, ort_level=None) -> Report   (the report with measured time and bytes)
 
 ``model`` is an ``onnx.ModelProto`` or a path. Errors: :class:`InputError` (bad model or option; the CLI's exit
 code 2) and :class:`VerificationError` (the optimized model does not match; exit code 1), both
@@ -19,11 +20,11 @@ from onnxfuse._version import __version__
 from onnxfuse.errors import InputError, OnnxFuseError, VerificationError
 
 if TYPE_CHECKING:
-    from onnxfuse.api import analyse, optimize, verify
+    from onnxfuse.api import analyse, optimize, profile, verify
 
 __all__ = [
     "InputError", "OnnxFuseError", "Report", "Result", "Verification", "VerificationError", "__version__",
-    "analyse", "optimize", "verify",
+    "analyse", "optimize", "profile", "verify",
 ]
 
 
@@ -31,7 +32,7 @@ def __getattr__(name: str):
     # The API functions and the result types are imported (onnx, onnx-graphsurgeon, numpy) only when asked for:
     # `import onnxfuse` stays cheap, and the command's entry point (onnxfuse.__main__.run) can turn a Ctrl-C
     # while the libraries load into its one-line exit 130.
-    if name in ("analyse", "optimize", "verify"):
+    if name in ("analyse", "optimize", "profile", "verify"):
         from onnxfuse import api
 
         return getattr(api, name)

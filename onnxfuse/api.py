@@ -9,7 +9,7 @@ caller's ``ModelProto`` or file, and raise :class:`~onnxfuse.errors.InputError` 
     model = onnx.load("model.onnx")
     result = onnxfuse.optimize(model, target="cpu", input_shapes={"x": (1, 3, 640, 640)}, name="detector")
     result.save("model.fused.onnx")  # atomic, external data kept (onnx.save would inline weights over 2 GB)
-    print(result.report.saved_bytes, result.report.to_markdown())
+    print(result.report.saved_bytes_beyond_onnxruntime, result.report.to_markdown())
 """
 
 from __future__ import annotations
@@ -87,17 +87,15 @@ def _shapes(input_shapes: Mapping[str, Iterable[int]] | None, label: str = "inpu
 
 
 def _options(target: str, input_shapes, only, skip, constant_initializer_inputs: bool, ort_level: str,
-             ort_version: str | None = None) -> Options:
-    from onnxfuse.pipeline import Options
+             ort_version: str | None = None, materialize_weights: float = 0.0,
+             bandwidth: float | None = None) -> Options:
+    """The API's keyword arguments as ``pipeline.Options``, built by ``pipeline.make_options`` as the command line
+    builds them (``input_shapes`` checked here: the API takes integers, the CLI text)."""
+    from onnxfuse.pipeline import make_options
 
-    if ort_version is not None and not isinstance(ort_version, str):
-        raise InputError(f"ort_version: expected a release as a string such as '1.20', got {ort_version!r}")
-
-    if isinstance(only, str) or isinstance(skip, str):
-        raise InputError("only/skip take a sequence of pass names, not a string")
-    return Options(target=target, only=tuple(only), skip=tuple(skip), input_shapes=_shapes(input_shapes),
-                   constant_initializer_inputs=constant_initializer_inputs, ort_level=ort_level,
-                   ort_version=ort_version)
+    return make_options(target=target, only=only, skip=skip, input_shapes=_shapes(input_shapes),
+                        constant_initializer_inputs=constant_initializer_inputs, ort_level=ort_level,
+                        ort_version=ort_version, materialize_weights=materialize_weights, bandwidth=bandwidth)
 
 
 def _plugins(plugins) -> tuple:
@@ -121,7 +119,8 @@ _KEYWORDS = {"--input-shape": "input_shapes", "--input-value": "input_values", "
              "--rtol": "rtol", "--atol": "atol", "--require-verify": "require_verify",
              "--verify-timeout": "verify_timeout", "--constant-initializer-inputs": "constant_initializer_inputs",
              "--no-verify": "verify=False", "--plugin": "plugins",
-             "--fix-input-shape": "fix_input_shapes", "--drop-culprits": "drop_culprits"}
+             "--fix-input-shape": "fix_input_shapes", "--drop-culprits": "drop_culprits",
+             "--materialize-weights": "materialize_weights", "--bandwidth": "bandwidth"}
 _OPTION = re.compile("|".join(re.escape(k) for k in sorted(_KEYWORDS, key=len, reverse=True)) + r"(?![\w-])")
 
 
@@ -146,7 +145,8 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
             input_shapes: Mapping[str, Iterable[int]] | None = None, only: Iterable[str] = (),
             skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
             ort_level: str = DEFAULT_ORT_LEVEL, ort_version: str | None = None, name: str | None = None,
-            plugins: Iterable = (), fix_input_shapes: Mapping[str, Iterable[int]] | None = None) -> Report:
+            plugins: Iterable = (), fix_input_shapes: Mapping[str, Iterable[int]] | None = None,
+            materialize_weights: float = 0.0, bandwidth: float | None = None) -> Report:
     """The memory-traffic report of what :func:`optimize` would do to ``model``; no rewrite is kept, nothing
     is verified. What ``onnxfuse report`` prints.
 
@@ -170,14 +170,21 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
             an instance (``onnxfuse.passes.plugin``; ``only``/``skip`` name them too).
         fix_input_shapes: graph input name -> dims to write into the output model's inputs (``--fix-input-shape``:
             a static model; what becomes constant is folded, and analysis and verification use these sizes).
+        materialize_weights: MiB (2**20 bytes) the model may grow by where conv/Gemm weights computed from
+            compact constants (int8 x scale, ConstantOfShape) are stored as plain floats (``--materialize-weights``;
+            default 0: they stay compact).
+        bandwidth: GB/s (10^9 bytes per second): the report's ``bandwidth`` then has the estimated memory time
+            (bytes / bandwidth, ``report.model.bandwidth_section``) of both models (``--bandwidth``).
 
     Raises:
-        InputError: an unreadable or invalid model, an unknown target or pass, bad ``input_shapes``; a plugin that
-            cannot be loaded or breaks the pass contract (``onnxfuse.passes.plugin.PluginError``, one line naming it).
+        InputError: an unreadable or invalid model, an unknown target or pass, bad ``input_shapes``, a negative
+            or infinite ``materialize_weights``; a plugin that cannot be loaded or breaks the pass contract
+            (``onnxfuse.passes.plugin.PluginError``, one line naming it).
     """
     from onnxfuse import pipeline
 
-    options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
+    options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version,
+                       materialize_weights, bandwidth)
     options.plugins = _plugins(plugins)
     options.fix_input_shapes = _shapes(fix_input_shapes, "fix_input_shapes")
     loaded = _load(model, name)
@@ -194,7 +201,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
              ort_level: str = DEFAULT_ORT_LEVEL, verify_timeout: float | None = None,
              ort_version: str | None = None, name: str | None = None, plugins: Iterable = (),
-             fix_input_shapes: Mapping[str, Iterable[int]] | None = None, drop_culprits: bool = False) -> Result:
+             fix_input_shapes: Mapping[str, Iterable[int]] | None = None, drop_culprits: bool = False,
+             materialize_weights: float = 0.0, bandwidth: float | None = None) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
     What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
@@ -203,8 +211,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     Args:
         model: an ``onnx.ModelProto`` (external data loaded; it is not modified) or the path of a ``.onnx`` file.
         target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version, name, plugins,
-            fix_input_shapes: as
-            :func:`analyse` (a plugin's rewrites are verified as every other rewrite is).
+            fix_input_shapes, materialize_weights, bandwidth: as :func:`analyse` (a plugin's rewrites are
+            verified as every other rewrite is).
         verify: run the original and the optimized model in onnxruntime (graph optimizations disabled on both)
             and compare the outputs; False records verification as skipped.
         require_verify: raise :class:`VerificationError` when verification was skipped (say, onnxruntime
@@ -235,7 +243,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     from onnxfuse import pipeline
     from onnxfuse.verification.options import VerifyOptions, timeout_seconds
 
-    options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version)
+    options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version,
+                       materialize_weights, bandwidth)
     options.plugins = _plugins(plugins)
     options.fix_input_shapes = _shapes(fix_input_shapes, "fix_input_shapes")
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
@@ -291,3 +300,40 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
                          dict(input_values or {}), dict(input_ranges or {}), input_sets, rtol=rtol, atol=atol,
                          timeout=timeout)
     return verify_models(ref.ort_source(), cand, opts)
+
+
+@_in_api_terms
+def profile(result: Result, *, ort_level: str | None = None, runs: int = 16, max_time: float = 10.0,
+            timeout: float | None = None) -> Report:
+    """``onnxfuse report --profile`` for a :func:`optimize` result: the original and ``result.model`` under
+    onnxruntime's profiler at ``ort_level`` (per op and per fusion: ms and the bytes the profiler records) and
+    timed in ``onnxfuse bench``'s paired ABBA rounds (at least ``runs``, at most ``max_time`` seconds of them;
+    ``profile["timing"]``: the ratio optimized / original with its distribution-free interval and bench's verdict,
+    ``inconclusive`` where the rounds do not decide). Source: ``onnxfuse.bench.report_profile``.
+
+    Returns:
+        A copy of ``result.report`` with its ``profile`` section (``result`` is not changed). ``ort_level``
+        None: the level of the report's comparison with onnxruntime, else ``all``. Symbolic dims run at the
+        report's input shapes, else at the representative sizes (``Report.figure_sizes``). ``timeout``: seconds
+        for the profiler's runs of both models (``--profile-timeout``; None: no limit); the paired rounds stop
+        at ``max_time``.
+
+    Raises:
+        InputError: an unknown ``ort_level``.
+        RuntimeError: onnxruntime cannot load or run one of the models (the message says which).
+        onnxfuse.ort.profile.ProfileTimeout: the profiler's runs did not end within ``timeout``.
+    """
+    import dataclasses
+
+    from onnxfuse.bench import report_profile
+    from onnxfuse.ort.levels import ORT_LEVELS
+
+    report = result.report
+    level = ort_level or (report.onnxruntime or {}).get("level") or DEFAULT_ORT_LEVEL
+    if level not in ORT_LEVELS:
+        raise InputError(f"--ort-level: {level!r} is not one of {', '.join(ORT_LEVELS)}")
+    section = report_profile(result.loaded.ort_source(), result.model, report.to_dict()["fusions"], level,
+                             {k: tuple(v) for k, v in report.input_shapes.items()}, runs=runs, max_time=max_time,
+                             timeout=timeout)
+    return dataclasses.replace(report, profile=section)
+

@@ -505,3 +505,46 @@ def to_text(result: dict[str, Any]) -> str:
                   f"--max-time). session ms: session creation, original / optimized; nodes run: nodes in the graph "
                   f"onnxruntime runs at that level, original / optimized")
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+
+
+#: ``report --profile``'s paired timing: the rounds and seconds of :func:`measure` at the report's one level
+#: (fewer than ``onnxfuse bench``'s defaults, 16 rounds and 20 s: a report also analyses; the verdict says
+#: ``inconclusive`` where they do not suffice, as bench does).
+PROFILE_ROUNDS, PROFILE_MAX_TIME_S = 16, 10.0
+
+
+def report_profile(original: str | bytes, optimized: onnx.ModelProto, fusions: list[dict], level: str,
+                   input_shapes: dict[str, tuple[int, ...]], threads: int = 1, runs: int = PROFILE_ROUNDS,
+                   max_time: float = PROFILE_MAX_TIME_S, margin: float = 0.02,
+                   timeout: float | None = None) -> dict[str, Any]:
+    """The report's ``profile`` section (``onnxfuse report --profile``, ``onnxfuse.profile``): the original (a path
+    or serialized bytes) and ``optimized`` under onnxruntime's profiler at ``level``
+    (``onnxfuse.ort.profile.profile_models``: per op, per fusion and the bytes it records), plus ``timing``: the
+    latency of the two models from :func:`bench`'s paired ABBA rounds at that level (``ratio`` optimized /
+    original, its distribution-free interval ``ci_low`` / ``ci_high`` at ``ci_confidence``, ``verdict`` as bench's,
+    ``inconclusive`` when the rounds do not decide, ``same`` when onnxruntime runs the same kernels for both,
+    ``original_ms`` / ``optimized_ms`` as bench's columns, ``rounds``, ``stopped``, ``margin``). The profiler's
+    own per-kernel sums are no latency (one run each, profiling on) and carry no interval: the figure to quote
+    is ``timing``'s. Both at the same inputs: ``input_shapes``, symbolic dims at the representative sizes.
+    ``timeout``: seconds for the profiler's runs (``profile_models``; None: no limit).
+
+    Raises:
+        RuntimeError: onnxruntime cannot load or run one of the models (the message says which).
+        onnxfuse.ort.profile.ProfileTimeout: the profiler's runs did not end within ``timeout``.
+        whatever onnxruntime's profiler raises for a model it cannot run (the caller reports it).
+    """
+    from onnxfuse.ort import profile as ort_profile
+    from onnxfuse.ort import sessions as runtime
+
+    out = ort_profile.profile_models(original, optimized, fusions, level, input_shapes, threads=threads,
+                                     timeout=timeout)
+    with runtime.loadable(optimized, as_file=True) as source:
+        timed = bench(original, dict.fromkeys((level,), source),  # type: ignore[arg-type]
+                      BenchOptions(runs=runs, max_time=max_time, margin=margin, threads=threads, levels=(level,),
+                                   input_shapes=dict(input_shapes)))
+    [lv] = timed["levels"]
+    out["timing"] = {"original_ms": lv["original"]["ms"], "optimized_ms": lv["optimized"]["ms"],
+                     "ratio": lv["ratio"], "ci_low": lv["ci_low"], "ci_high": lv["ci_high"],
+                     "ci_confidence": lv["ci_confidence"], "rounds": lv["rounds"], "stopped": lv["stopped"],
+                     "verdict": lv["verdict"], "same_kernels": lv["same_kernels"], "margin": margin}
+    return out

@@ -96,6 +96,8 @@ class Options:
             model and report are the remainder's.
         compare_layers: when verification fails, also compare the failing model with the original tensor by
             tensor (``--layers``, :mod:`onnxfuse.verification.layers`) into ``verification.layers``.
+        bandwidth_gb_per_s: also estimate the memory time at this bandwidth (10^9 bytes per second,
+            ``--bandwidth``; the report's ``bandwidth``, ``report.model.bandwidth_section``); None: no estimate.
     """
 
     target: str = DEFAULT_TARGET
@@ -114,6 +116,45 @@ class Options:
     find_culprits: bool = True
     drop_culprits: bool = False
     compare_layers: bool = False
+    bandwidth_gb_per_s: float | None = None
+
+
+def make_options(*, target: str = DEFAULT_TARGET, only=(), skip=(), input_shapes: dict[str, tuple[int, ...]] | None
+                 = None, constant_initializer_inputs: bool = False, ort_level: str | None = None,
+                 ort_version: str | None = None, materialize_weights: float = 0.0,
+                 input_data: str | None = None, bandwidth: float | None = None) -> Options:
+    """The one way :class:`Options` are built from what a user gave (the CLI's ``cli/args/optimization.py``, the
+    API's ``optimize`` / ``analyse``): every option checked the same way, so that a new option is declared here
+    once. ``input_shapes``: input name -> positive dims (already parsed); ``ort_level`` None: the default level;
+    ``materialize_weights``: MiB (2**20 bytes) the model may grow by (``--materialize-weights``); ``bandwidth``:
+    GB/s (10^9 bytes per second) for the memory-time estimate (``--bandwidth``; None: none).
+
+    Raises:
+        InputError: ``only`` or ``skip`` is a string, or together they leave no pass; ``ort_version`` is not a
+            string; ``materialize_weights`` is negative or not finite; ``bandwidth`` is not a positive finite
+            number.
+    """
+    if bandwidth is not None and (isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float))
+                                  or not math.isfinite(bandwidth) or bandwidth <= 0):
+        raise InputError(f"--bandwidth must be a positive, finite number of GB/s, got {bandwidth!r}")
+    if isinstance(only, str) or isinstance(skip, str):
+        raise InputError("only/skip take a sequence of pass names, not a string")
+    only, skip = tuple(only), tuple(skip)
+    if only and set(only) <= set(skip):
+        raise InputError("--only and --skip leave no pass to run")
+    if ort_version is not None and not isinstance(ort_version, str):
+        raise InputError(f"ort_version: expected a release as a string such as '1.20', got {ort_version!r}")
+    try:
+        mib = float(materialize_weights)
+    except (TypeError, ValueError):
+        raise InputError(f"--materialize-weights: expected a number of MiB, got {materialize_weights!r}") from None
+    if not math.isfinite(mib) or mib < 0:
+        raise InputError("--materialize-weights must be a finite number of MiB, 0 or more")
+    return Options(target=target, only=only, skip=skip, input_shapes=dict(input_shapes or {}),
+                   constant_initializer_inputs=constant_initializer_inputs, input_data=input_data,
+                   ort_level=ort_level or DEFAULT_ORT_LEVEL, ort_version=ort_version,
+                   materialize_weights_bytes=int(mib * 2**20),
+                   bandwidth_gb_per_s=None if bandwidth is None else float(bandwidth))
 
 
 @dataclass
@@ -225,12 +266,12 @@ def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...
 
 
 def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.LoadedModel | None = None,
-            verify_options=None) -> Result:
+            verify_options=None, verifying: bool = False) -> Result:
     """Load the model at ``path`` (or take ``loaded``), run the passes in memory and build the report (no file).
 
     ``verify_options`` (for :func:`optimize`): when the passes rewrote the model, verify it
     (:func:`_verify_and_compare`) before onnxruntime's graphs are made, and put the result in
-    ``report.verification``; None: no verification.
+    ``report.verification``; None: no verification. ``verifying``: see :func:`_verify_and_compare_graphs`.
 
     Raises:
         InputError: unreadable or invalid model (:func:`onnxfuse.model.io.load_model`, and a Conv whose
@@ -277,7 +318,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         loaded.model = None
 
     verified, runtime = _verify_and_compare_graphs(loaded, out, input_shapes, options, verify_options,
-                                                   bool(fusions) or fixed)
+                                                   bool(fusions) or fixed, verifying)
     if verified is not None and verified.status == "failed":
         verified, failure = _after_failure(loaded, out, options, verify_options, rewriter, fusions, verified)
         if failure is not None:  # the culprits left unfused, the rest verified: the report is of that
@@ -289,20 +330,19 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
                 runtime = ort_graph.runtime_graphs(loaded.ort_source(), out, options.ort_level)
     after_sizes = _float32_body_sizes(before_sizes.with_model(out), out, fusions)
     after_rows = traffic.node_traffic(out, after_sizes)
-    report = rep.build(
+    release = deployment_release(options)
+    mismatches = [*mismatches, *_release_warnings(release, forms, min_release)]
+    warnings = ([f"the model was not rewritten: {blocker}"] if blocker is not None else []) + loaded.warnings \
+        + _target_warnings(out, options.target) + mismatches + _precision(fusions)
+    report = rep.build(  # everything gathered: the report is built once, with nothing written into it afterwards
         loaded=loaded, target=options.target, passes=[p.name for p in selected], input_shapes=input_shapes,
         missing=missing, symbols=sym, before_rows=before_rows, after_rows=after_rows,
         before_ops=before_ops, after_ops=_op_counts(out.graph), fusions=fusions, skips=skips,
         after_index=traffic.ModelIndex(out), after_sizes=after_sizes, runtime=runtime,
+        bandwidth_gb_per_s=options.bandwidth_gb_per_s,
+        deployment=rep.deployment_section(release, forms, min_release), optimized_bytes=_serialized_bytes(out),
+        warnings=warnings, verification=verified,
     )
-    release = deployment_release(options)
-    report.deployment = rep.deployment_section(release, forms, min_release)
-    report.model["optimized_bytes"] = _serialized_bytes(out)
-    mismatches = [*mismatches, *_release_warnings(release, forms, min_release)]
-    report.warnings = loaded.warnings + _target_warnings(out, options.target) + mismatches + _precision(fusions)
-    if blocker is not None:
-        report.warnings.insert(0, f"the model was not rewritten: {blocker}")
-    report.verification = verified
     return Result(out, fusions, skips, bool(fusions) or fixed, report, loaded)
 
 
@@ -558,26 +598,31 @@ def _release_warnings(release: tuple[int, int], forms: Counter, min_release: tup
 
 
 def _verify_and_compare_graphs(loaded: model_io.LoadedModel, out: onnx.ModelProto, input_shapes: dict,
-                               options: Options, verify_options, fusions: bool):
+                               options: Options, verify_options, fusions: bool, verifying: bool = False):
     """:func:`analyse`'s work in onnxruntime once the passes have run: ``(verification or None, runtime graphs
     or None)``. ``fusions``: the model was rewritten (or its inputs fixed). With ``verify_options`` and ``fusions``,
     the verification of ``out`` and the comparison share
     their sessions' work (:func:`_verify_and_compare`); with ``fusions`` and a comparison asked for
     (``options.ort_level``, ``options.compare_with_onnxruntime``) but no verification,
-    :func:`onnxfuse.ort.optimized_graph.runtime_graphs` alone.
+    :func:`onnxfuse.ort.optimized_graph.runtime_graphs` alone. ``verifying`` (:func:`optimize`): a verification
+    that does not run is still a result, so that the report is complete when built (``skipped`` by the user
+    without ``verify_options``, ``unchanged`` when nothing was rewritten); else None.
 
     Raises:
         InputError: as :func:`optimize`.
     """
     from onnxfuse.ort import optimized_graph as ort_graph
+    from onnxfuse.verification.result import Verification
 
     level = options.ort_level if fusions and options.compare_with_onnxruntime else None
     if fusions and verify_options is not None:
         return _verify_and_compare(loaded, out, input_shapes, verify_options, level)
+    not_run = None if not verifying else Verification.skipped_by_user() if verify_options is None \
+        else Verification.unchanged()
     if level is None:
-        return None, None
+        return not_run, None
     log.debug("asking onnxruntime which of these fusions it makes itself at level %s", level)
-    return None, ort_graph.runtime_graphs(loaded.ort_source(), out, level)
+    return not_run, ort_graph.runtime_graphs(loaded.ort_source(), out, level)
 
 
 def _verify_and_compare(loaded: model_io.LoadedModel, out: onnx.ModelProto, input_shapes: dict, verify_options,
@@ -640,18 +685,11 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
         InputError: as :func:`analyse`; onnxruntime cannot load the original; given input shapes whose random
             inputs numpy cannot even size (more bytes than a pointer can count).
     """
-    from onnxfuse.verification.result import Verification
-
     if verify_options is not None and verify_options.input_data and not options.input_data:
         options = replace(options, input_data=verify_options.input_data)  # real inputs fix the report's shapes
-    result = analyse(path, options, loaded, verify_options)  # verifies a rewritten model
-    if verify_options is None:
-        result.report.verification = Verification.skipped_by_user()
-    elif not result.changed and not (result.report.verification and result.report.verification.culprits):
-        # the output computes exactly what the input does: nothing to run (after a culprit search that left every
-        # site unfused, the verification made stays: it names them)
-        result.report.verification = Verification.unchanged()
-    else:
+    # verifies a rewritten model; without verify_options the report says skipped, with nothing rewritten unchanged
+    result = analyse(path, options, loaded, verify_options, verifying=True)
+    if verify_options is not None and result.changed:
         from onnxfuse.verification import verify  # not imported by a run that verifies nothing
 
         reason = result.report.verification.reason or ""

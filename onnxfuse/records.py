@@ -216,8 +216,9 @@ class Fusion:
         replaced: ``(name, op_type, first output name)`` of every original node, Conv first.
         activation: FusedConv/FusedGemm ``activation`` (None for folds, canonicalizations and plain FusedConv).
         output: name of the tensor the fused node writes.
-        kind: the pass's :class:`RewriteKind` (not in the JSON report, which tells canonicalizations apart by
-            pass name, :data:`CANONICALIZE_NAMES`).
+        kind: the pass's :class:`RewriteKind`; the JSON report's ``fusions[].kind`` (``fold`` or ``fuse``: a
+            fold that a later fusion extended is part of a fusion) comes from it. Canonicalizations are no fusion
+            row (the report tells them apart by pass name, :data:`CANONICALIZE_NAMES`).
         site: the rewrite's key, set by the driver (``onnxfuse.passes.driver.site_key``): the graph's name, the
             pass and the names of the nodes it matched, in order; the same in a run of the passes that leaves
             other sites out, so the culprit search (:mod:`onnxfuse.verification.search`) can name one to leave

@@ -271,3 +271,52 @@ def test_api_arguments_are_checked_as_the_command_checks_its_options(kwargs, mes
     x = b.input("x", [1, 3, 8, 8])
     with pytest.raises(onnxfuse.InputError, match=message):
         onnxfuse.optimize(b.build(b.op("Relu", [b.conv(x, 3, 4)])), target="cpu", **kwargs)
+
+
+def test_one_options_record_for_the_command_line_and_the_api():
+    """pipeline.make_options builds the options for both: every option the CLI's optimization_options declares
+    is an API keyword (``--input-shape`` is ``input_shapes``), and the same values give equal Options."""
+    import inspect
+
+    from onnxfuse.api import _options
+    from onnxfuse.cli.args.optimization import optimization_option_names, to_options
+    from onnxfuse.cli.bench import OPTIMIZATION_ONLY
+
+    names = optimization_option_names()
+    assert "materialize_weights" in names and "target" in names
+    api_names = {n: n for n in names} | {"input_shape": "input_shapes"}
+    for fn in (onnxfuse.analyse, onnxfuse.optimize):
+        assert {api_names[n] for n in names} <= set(inspect.signature(fn).parameters), fn.__name__
+    assert set(OPTIMIZATION_ONLY) == set(names) - {"input_shape"}  # bench refuses every one of them by name
+    cli = to_options("cpu", ["conv_batchnorm"], [], ["x=1x3x8x8"], True, "extended", "1.20", 1.5)
+    api = _options("cpu", {"x": (1, 3, 8, 8)}, ["conv_batchnorm"], [], True, "extended", "1.20", 1.5)
+    assert cli == api and cli.materialize_weights_bytes == int(1.5 * 2**20)
+
+
+def test_materialize_weights_in_the_api():
+    from onnxfuse.errors import InputError
+
+    b = GraphBuilder()
+    model = b.build(b.op("Relu", [b.conv(b.input("x", [1, 3, 8, 8]), 3, 4)]))
+    with pytest.raises(InputError, match="materialize_weights"):
+        onnxfuse.analyse(model, materialize_weights=-1)
+    assert onnxfuse.analyse(model, target="cpu", materialize_weights=4).fusions
+
+
+def test_profile_in_the_api_gives_a_new_report_with_paired_timing():
+    """onnxfuse.profile: what report --profile adds, for an optimize result (a ModelProto here); the result's own
+    report is left as it was."""
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    model = b.build(b.op("Relu", [b.bn(b.conv(b.input("x", [1, 3, 16, 16]), 3, 8), 8)]))
+    result = onnxfuse.optimize(model, target="cpu", ort_level="disable")
+    report = onnxfuse.profile(result, runs=2, max_time=0.0)
+    assert result.report.profile is None and report is not result.report
+    t = report.profile["timing"]
+    assert report.profile["level"] == "disable" and t["rounds"] == 2 and t["verdict"] in ("faster", "slower",
+                                                                                             "same", "inconclusive")
+    assert any(line.startswith("latency at level disable") for line in
+               __import__("onnxfuse.report.present", fromlist=["x"]).summary_lines(report))
+    with pytest.raises(onnxfuse.InputError, match="ort_level"):
+        onnxfuse.profile(result, ort_level="fastest")

@@ -191,13 +191,16 @@ def test_bench_a_model_against_itself_is_never_faster_or_slower(tmp_path):
                                        "--format", "json"])
     assert result.exit_code == 0, result.output
     assert "same graph as ORIGINAL" in result.stderr
-    for lv in json.loads(result.stdout)["levels"]:
+    levels = {lv["level"]: lv for lv in json.loads(result.stdout)["levels"]}
+    for lv in levels.values():
         assert lv["same_kernels"] is True and lv["verdict"] == "same" and lv["rounds"] == 2
-        assert lv["kernels"] == lv["original"]["nodes_after_ort"] == lv["optimized"]["nodes_after_ort"]
+        assert lv["kernels"] == lv["original"]["nodes_after_ort"] == lv["optimized"]["nodes_after_ort"] >= 1
         assert lv["optimized"]["ms"] / lv["original"]["ms"] == pytest.approx(lv["ratio"], rel=1e-9)
     text = CliRunner().invoke(main, ["bench", sample, sample, "--runs", "2", "--max-time", "0", "--level", "all"])
     assert text.exit_code == 0, text.output
-    assert "all: onnxruntime runs the same 2 kernels for both files" in text.stdout
+    # how many kernels onnxruntime runs at `all` depends on the CPU (its NCHWc layout adds reorder nodes where the
+    # instruction set has NCHWc kernels): the text says the count the JSON measured on this machine
+    assert f"all: onnxruntime runs the same {levels['all']['kernels']} kernels for both files" in text.stdout
     row = next(line for line in text.stdout.splitlines() if line.strip().startswith("all "))
     assert "same kernels" in row and "faster" not in row and "slower" not in row
 
@@ -271,7 +274,7 @@ def test_bench_prints_shapes_and_warns_when_it_invents_them(tmp_path):
     args = ["bench", path, "--runs", "1", "--max-time", "0", "--warmup", "0", "--level", "disable"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert "input shapes: x=1x4x32x32 (invented for x" in result.stdout
+    assert "input shapes: x=1x4x224x224 (invented for x" in result.stdout  # the representative sizes
     assert "warning: no shape given for x" in result.stderr and "--input-shape" in result.stderr
     given = CliRunner().invoke(main, [*args, "--input-shape", "x=1x4x8x8"])
     assert given.exit_code == 0, given.output
@@ -341,3 +344,11 @@ def test_bench_profile_gives_per_kernel_time_and_bytes_for_both_models():
     assert {f["kernel_op"] for f in prof["by_fusion"]} == {"FusedConv"}
     text = CliRunner().invoke(main, args)
     assert text.exit_code == 0 and "per fusion at disable: the kernel that computes it" in text.output
+
+
+def test_bench_with_optimized_refuses_materialize_weights_by_name(tmp_path):
+    """bench with OPTIMIZED runs no optimization: each option that only shapes it is refused by name, read from
+    the one declaration of those options (a new one cannot be forgotten)."""
+    sample = str(REPO / "sample_models" / "conv_relu.onnx")
+    result = CliRunner().invoke(main, ["bench", sample, sample, "--materialize-weights", "2"])
+    assert result.exit_code == 2 and "--materialize-weights only shapes the in-memory optimization" in result.output

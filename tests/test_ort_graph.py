@@ -140,3 +140,16 @@ def test_fusion_tables_say_which_fusions_onnxruntime_makes_too():
     assert "| yes |" in report_markdown.to_markdown(made)
     assert "<td>no</td></tr>" in report_html.to_html(beyond.to_dict())
     assert "<td>yes</td></tr>" in report_html.to_html(made.to_dict())
+
+
+def test_another_ort_version_says_the_comparison_was_measured_with_the_installed_release():
+    """``--ort-version 1.20``: the runtime comparison can only be measured with the installed onnxruntime; the line
+    says so instead of reading as the comparison for 1.20. Without it (or naming the installed release) no note."""
+    installed = ort_graph.installed_version()
+    major_minor = ".".join(installed.split(".")[:2])
+    for version, note in (("1.20", True), (None, False), (major_minor, False)):
+        report = pipeline.analyse(None, pipeline.Options(target="cpu", ort_version=version),
+                                  loaded=_loaded(_written_out_hardswish())).report
+        line = present.runtime_line(report.to_dict())
+        assert line is not None and line.startswith(f"vs onnxruntime {installed} (installed, CPU provider")
+        assert ("measured with it, not the 1.20 the model is for" in line) is note

@@ -78,4 +78,30 @@ def test_report_profile_puts_measured_beside_counted_in_every_format(tmp_path):
     assert {f["kernel_op"] for f in prof["by_fusion"]} == {"FusedConv"}
     html = (tmp_path / "r.html").read_text()
     assert '<section id="profile">' in html and html.count('class="mbar ') >= 2
-    assert "measured by onnxruntime's profiler at level disable" in " ".join((tmp_path / "r.txt").read_text().split())
+    text = " ".join((tmp_path / "r.txt").read_text().split())
+    assert "measured by onnxruntime's profiler at level disable" in text
+    # the latency is bench's paired rounds, with its interval and verdict (the profiler's sums carry neither)
+    t = prof["timing"]
+    assert t["rounds"] >= 1 and t["ci_low"] <= t["ratio"] <= t["ci_high"] and t["same_kernels"] is False
+    assert t["optimized_ms"] == pytest.approx(t["original_ms"] * t["ratio"], rel=1e-9)
+    assert f"latency at level disable (onnxfuse bench's paired rounds, {t['rounds']} rounds)" in text
+    assert f": {t['verdict']}" in text and "interval" in text and 'id="profile-timing"' in html
+
+
+def test_report_profile_says_inconclusive_where_bench_would(monkeypatch, tmp_path):
+    """Rounds whose interval straddles 1: the report's latency line says inconclusive with the interval, not a
+    bare 7.0 -> 12.0 ms (bench's measure is replaced by one that returns such rounds)."""
+    from click.testing import CliRunner
+
+    from onnxfuse import bench
+    from onnxfuse.cli.main import main
+    from tests.conftest import REPO
+
+    rounds = bench.compare([1.0, 1.0, 1.0, 1.0], [0.6, 1.7, 1.8, 1.7])  # too few rounds for an interval
+    assert rounds["verdict"] == "inconclusive"
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: {**rounds, "stopped": "budget"})
+    sample = str(REPO / "sample_models" / "resnet_block.onnx")
+    result = CliRunner().invoke(main, ["report", sample, "--target", "cpu", "--ort-level", "disable", "--profile"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "ratio 1.7 (" in text and "): inconclusive (the interval is not all within or all outside 1 +-2%)" in text

@@ -29,7 +29,7 @@ def test_report_writes_each_output_in_its_format(tmp_path):
     result = CliRunner().invoke(main, ["report", str(SAMPLE), "-o", str(tmp_path / "r.json"),
                                        "-o", str(tmp_path / "r.txt")])
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "r.json").read_text())["schema_version"] == 2
+    assert json.loads((tmp_path / "r.json").read_text())["schema_version"] == 3
     assert (tmp_path / "r.txt").read_text().startswith("onnxfuse ")
 
 
@@ -88,3 +88,35 @@ def test_a_report_path_that_is_a_symbolic_link_is_replaced_by_the_report(tmp_pat
     assert not link.is_symlink() and link.read_text().startswith("### onnxfuse memory-traffic report")
     assert (tmp_path / "b" / "real.txt").read_text() == "old"
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["real.txt"]
+
+
+def test_a_markdown_report_has_the_same_rows_from_optimize_report_and_the_api(tmp_path):
+    """One rule for row caps (present.show_every_row): a report file and the API's to_markdown()/to_text() have
+    every row (here 25 fusions, above the terminal's 20), the terminal the top 20 unless --all."""
+    import onnx
+
+    import onnxfuse
+    from onnxfuse.report.present import DEFAULT_TOP_ROWS
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    n = DEFAULT_TOP_ROWS + 5
+    model = b.build([b.op("Relu", [b.conv(x, 3, 4)]) for _ in range(n)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+
+    def rows(md: str) -> int:
+        return sum(1 for line in md.splitlines() if line.startswith("| `") and "Conv -\\> Relu" in line)
+
+    args = ["--target", "cpu", "--ort-level", "disable"]
+    assert CliRunner().invoke(main, ["optimize", str(path), str(tmp_path / "o.onnx"), *args, "--no-verify",
+                                     "--report", str(tmp_path / "a.md")]).exit_code == 0
+    assert CliRunner().invoke(main, ["report", str(path), *args, "-o", str(tmp_path / "b.md")]).exit_code == 0
+    terminal = CliRunner().invoke(main, ["report", str(path), *args, "--format", "markdown"])
+    every = CliRunner().invoke(main, ["report", str(path), *args, "--format", "markdown", "--all"])
+    api = onnxfuse.analyse(model, target="cpu", ort_level="disable")
+    assert rows((tmp_path / "a.md").read_text()) == rows((tmp_path / "b.md").read_text()) == n
+    assert rows(api.to_markdown()) == rows(every.stdout) == n
+    assert rows(terminal.stdout) == rows(api.to_markdown(show_all=False)) == DEFAULT_TOP_ROWS
+    assert api.to_text().count("Conv -> Relu") == n

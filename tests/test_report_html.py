@@ -4,6 +4,7 @@ opens the pages in a real browser."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -162,8 +163,10 @@ def test_unknown_and_symbolic_bytes_render_as_unknown_or_expression():
     doc["fusions"][1].update(bytes_after=None, bytes_after_expr=None)
     doc["symbols"] = {"N": {"input": "x", "axis": 0, "dim_param": "batch"}}
     page = rh.to_html(doc)
-    assert "412*N*H*W + 1990656 B" in page and "96*N*H*W B" in page
-    assert "unknown" in page and "<code>N</code> = x[0] (batch)" in page
+    # one name per dim: the symbol N reads as the model's dim name, batch, in the cells and the legend
+    assert "412*H*W*batch + 1990656 B" in page and "96*H*W*batch B" in page
+    assert "*N*" not in page.split("<script")[0]  # the embedded JSON keeps the report's symbols
+    assert "unknown" in page and "<code>batch</code> = x[0]" in page
     figures = embedded(page, "onnxfuse-figures")
     assert figures["totals"] is None  # no bar for totals that are not numbers
     fused = figures["traffic"]["data"][2]  # the fused bars: one has unknown after bytes, drawn at 0
@@ -206,7 +209,8 @@ def test_symbolic_output_shape_is_evaluated_at_the_symbol_values():
 
 
 def test_bandwidth_without_a_number_says_unknown_as_the_text_does(tmp_path):
-    """Two symbolic dims and no --input-shape: no byte count, so no time (issue #21: a TypeError in the cell)."""
+    """Two symbolic dims and no --input-shape (issue #21: a TypeError in the cell): the time is given at the
+    representative sizes of every other figure (issue 30: one size per run), the same in HTML and text."""
     b = GraphBuilder()
     x = b.input("x", ["N", 3, "H", 16])
     path = tmp_path / "m.onnx"
@@ -215,7 +219,11 @@ def test_bandwidth_without_a_number_says_unknown_as_the_text_does(tmp_path):
     result = CliRunner().invoke(main, ["report", str(path), "--bandwidth", "100", "-o", str(out)])
     assert result.exit_code == 0, result.output
     doc = embedded(out.read_text(encoding="utf-8"), "onnxfuse-report")
-    assert doc["bandwidth"]["at"] is None and doc["bandwidth"]["before_ms"] is None
-    assert "Estimated memory time at 100 GB/s: unknown" in out.read_text(encoding="utf-8")
+    bw = doc["bandwidth"]
+    assert bw["at"] == "representative sizes" and bw["before_ms"] > bw["after_ms"] > 0
+    page = out.read_text(encoding="utf-8")
+    times = f"{present.human_time(bw['before_ms'])} -> {present.human_time(bw['after_ms'])}"
+    [sentence] = re.findall(r'<p id="bandwidth">(.*?)</p>', page)
+    assert "unknown" not in sentence and html.escape(times) in sentence
     text = CliRunner().invoke(main, ["report", str(path), "--bandwidth", "100"])
-    assert "estimated memory time at 100 GB/s: unknown" in text.output
+    assert times in " ".join(text.output.split()) and "at representative sizes" in " ".join(text.output.split())

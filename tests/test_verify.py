@@ -690,13 +690,23 @@ def test_the_budget_is_checked_before_each_session(monkeypatch):
 # --- never silent about what was not checked (issue 22 point 5) ------------------------------------------------
 
 
+def onnxfuse_reason(path) -> str:
+    import onnxfuse
+
+    return onnxfuse.optimize(onnx.load(str(path)), target="cpu").verification.reason
+
+
 def test_skipped_verification_warns_with_what_to_pass(tmp_path):
     path = save(tmp_path, sample_rate_model())
     result = invoke("optimize", path, tmp_path / "o.onnx", "--target", "cpu")
     assert result.exit_code == 0
     assert result.stdout.startswith("NOT VERIFIED")
     warning = next(line for line in result.stderr.splitlines() if line.startswith("warning: NOT VERIFIED"))
-    assert "--input-value" in warning and "--require-verify" in warning
+    assert "--require-verify" in warning
+    # the reason (onnxruntime's message and what to pass) is printed once, on the result's verification line
+    reason = json.loads(json.dumps(onnxfuse_reason(path)))
+    assert "--input-value" in reason and result.output.count(reason) == 1
+    assert "--input-value" in next(line for line in result.stdout.splitlines() if line.startswith("verification:"))
     fixed = invoke("optimize", path, tmp_path / "o.onnx", "--target", "cpu", "--input-value", "sr=16000")
     assert fixed.exit_code == 0 and "NOT VERIFIED" not in fixed.output
 
@@ -724,7 +734,7 @@ def test_invented_input_sizes_are_printed(tmp_path):
     assert result.exit_code == 0, result.output
     line = next(line for line in result.stderr.splitlines() if "invented sizes" in line)
     assert result.stderr.count("invented sizes") == 1
-    assert line.startswith("warning:") and "x=1x4x32x32" in line and "x=2x4x64x64" in line
+    assert line.startswith("warning:") and "x=1x4x224x224" in line and "x=2x4x64x64" in line
     assert "--input-shape" in line
     given = invoke("optimize", path, tmp_path / "o.onnx", "--target", "cpu", "--input-shape", "x=1x4x16x16")
     assert "invented sizes" not in given.output
@@ -930,3 +940,39 @@ def test_issue_32_a_sequence_output_is_not_compared_so_the_verdict_is_partial():
     result = verify.verify_models(model, model)
     assert result.status == "partial" and "s_out" in result.reason and "sequence or map" in result.reason
     assert result.outputs[0].passed and result.outputs[1].not_compared
+
+
+@pytest.mark.parametrize(("floor", "rounding", "minimum", "named"), [
+    (0.0, 4.77e-07, 1e-08, "rounding floor 4.77e-07"),  # the noise floor measured 0: the tolerance is not from it
+    (2e-06, 4.77e-07, 1e-08, "onnxruntime noise floor 2e-06"),
+    (None, None, 3e-08, "min floor 3e-08"),
+    (0.0, None, 3e-08, "min floor 3e-08"),
+])
+def test_summary_names_the_floor_the_tolerance_came_from(floor, rounding, minimum, named):
+    """The verification line says which floor the tolerance is FLOOR_MULTIPLE times: the largest of the three."""
+    from onnxfuse.verification.result import OutputDiff, Verification
+
+    effective = max(floor or 0.0, rounding or 0.0, minimum)
+    out = OutputDiff("y", "float32", [1, 4], 1e-07, 0.01, 1.0, floor, rounding, minimum, FLOOR_MULTIPLE * effective,
+                     0.0, FLOOR_MULTIPLE * effective, 1e-07, 0, True)
+    summary = Verification("passed", outputs=[out], seeds=[0]).summary
+    assert f"tolerance {FLOOR_MULTIPLE * effective:.3g} (from the {named});" in summary
+
+
+def test_a_skipped_verification_prints_onnxruntime_s_error_once(tmp_path):
+    """A model onnxruntime cannot run on the generated inputs: optimize and verify print onnxruntime's (long)
+    message once, on the result's verification line; the NOT VERIFIED first line, the warning and verify's error
+    point to it."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, 8, 8])
+    y = b.op("Relu", [b.conv(x, 3, 4)])
+    path = save(tmp_path, b.build(b.op("Reshape", [y, b.const(np.array([5, -1], np.int64))])))
+    out = tmp_path / "o.onnx"
+    result = invoke("optimize", path, out, "--target", "cpu")
+    assert result.exit_code == 0, result.output
+    message = "while running Reshape node"
+    assert result.output.count(message) == 1
+    assert next(ln for ln in result.stdout.splitlines() if message in ln).startswith("verification: skipped (")
+    assert result.stdout.startswith("NOT VERIFIED") and "warning: NOT VERIFIED" in result.stderr
+    checked = invoke("verify", path, out)
+    assert checked.exit_code == 2 and checked.output.count(message) == 1 and message in checked.stdout

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from onnxfuse.cli.args.model_inputs import input_data_option, input_value_options, parse_input_feeds, parse_input_shapes
-from onnxfuse.cli.args.optimization import optimization_options, to_options
+from onnxfuse.cli.args.optimization import optimization_option_names, optimization_options, to_options
 from onnxfuse.cli.console import log, progress, verbosity_options
 from onnxfuse.cli.exits import READ_ONLY_EXIT_CODES_HELP, fail_cleanly
 from onnxfuse.errors import InputError
@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from onnxfuse import pipeline
     from onnxfuse.model import io as model_io
 
-#: The options of :func:`optimization_options` that shape only the in-memory optimization.
-OPTIMIZATION_ONLY = ("target", "only", "skip", "ort_level", "ort_version", "constant_initializer_inputs")
+#: The options of :func:`optimization_options` that shape only the in-memory optimization (all but
+#: ``--input-shape``, which also sets the sizes timed), read from that one declaration.
+OPTIMIZATION_ONLY = tuple(name for name in optimization_option_names() if name != "input_shape")
 
 
 @click.command(epilog=READ_ONLY_EXIT_CODES_HELP)
@@ -54,8 +55,8 @@ OPTIMIZATION_ONLY = ("target", "only", "skip", "ort_level", "ort_version", "cons
 @fail_cleanly
 def bench(ctx: click.Context, original: Path, optimized: Path | None, target: str, only: tuple[str, ...],
           skip: tuple[str, ...], input_shape: tuple[str, ...], ort_level: str | None, ort_version: str | None,
-          constant_initializer_inputs: bool, runs: int, max_time: float, margin: float, warmup: int, timeout: float,
-          threads: int,
+          constant_initializer_inputs: bool, materialize_weights: float, runs: int, max_time: float, margin: float,
+          warmup: int, timeout: float, threads: int,
           levels: tuple[str, ...], input_data: str | None, input_value: tuple[str, ...], input_range: tuple[str, ...],
           profile: bool, fmt: str) -> None:
     """Time onnxruntime inference of ORIGINAL and OPTIMIZED (optimized in memory from ORIGINAL with the same
@@ -76,7 +77,8 @@ def bench(ctx: click.Context, original: Path, optimized: Path | None, target: st
 
     if optimized is not None:
         _refuse_optimization_options(ctx)
-    options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
+    options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version,
+                         materialize_weights)
     levels = tuple(levels) or ORT_LEVELS
     bench_options = bench_mod.BenchOptions(runs=runs, max_time=max_time, margin=margin / 100, warmup=warmup,
                                            threads=threads, levels=levels, input_shapes=options.input_shapes,

@@ -110,7 +110,8 @@ def diagnostics(report: report_model.Report) -> None:
                   u["detail"])
 
 
-def warn_unverified(verification: Verification, strict_option: bool = True) -> None:
-    """What verification did not check, as ``warning:`` lines on stderr (Verification.unchecked)."""
-    for line in verification.unchecked(strict_option):
+def warn_unverified(verification: Verification, strict_option: bool = True, reason_shown: bool = False) -> None:
+    """What verification did not check, as ``warning:`` lines on stderr (Verification.unchecked; ``reason_shown``:
+    stdout gives the reason of a skip, which the warning then does not repeat)."""
+    for line in verification.unchecked(strict_option, reason_shown):
         log.warning("%s", line)

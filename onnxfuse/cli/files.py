@@ -98,9 +98,12 @@ def chart_note(report: report_model.Report, formats: Sequence[str]) -> None:
     if "html" not in formats:
         return
     from onnxfuse.report.html import chart_sizes
+    from onnxfuse.report.present import display_names
 
-    sizes = chart_sizes(report.to_dict())
+    doc = report.to_dict()
+    sizes = chart_sizes(doc)
     if sizes is not None:
-        at = ", ".join(f"{k}={v}" for k, v in sizes[0].items())
+        names = display_names(doc)
+        at = ", ".join(f"{names.get(k, k)}={v}" for k, v in sizes[0].items())
         log.info("the HTML report's chart draws each layer at %s (%s); give --input-shape for your sizes", at,
                  sizes[1])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,22 +45,16 @@ if TYPE_CHECKING:
               help="Allow OUTPUT to be INPUT itself: the input model is replaced (atomically, after verification). "
                    "Any other existing OUTPUT is always replaced, as a build step's output is; --overwrite is the "
                    "old name of this flag.")
-@click.option("--materialize-weights", type=click.FloatRange(min=0), default=0, metavar="MIB",
-              help="Let the output grow by up to this many MiB (2^20 bytes) to store conv/Gemm weights that the model "
-                   "computes from compact constants (int8 x scale, ConstantOfShape) as plain floats. Default 0: "
-                   "they stay compact and folds go into their scale; onnxruntime computes them at load. Folds "
-                   "that give a node its own copy of a weight other nodes share spend it too, after a free 1 MiB "
-                   "for the whole model (fold-copies-shared-weight).")
 @verbosity_options
 @click.pass_context
 @fail_cleanly
 def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str, only: tuple[str, ...],
              skip: tuple[str, ...], input_shape: tuple[str, ...], ort_level: str | None, ort_version: str | None,
-             constant_initializer_inputs: bool, no_verify: bool, require_verify: bool, layers: bool,
-             drop_culprits: bool, input_data: str | None,
+             constant_initializer_inputs: bool, materialize_weights: float, no_verify: bool, require_verify: bool,
+             layers: bool, drop_culprits: bool, input_data: str | None,
              input_value: tuple[str, ...], input_range: tuple[str, ...], input_sets: int, rtol: float | None,
              atol: float | None, verify_timeout: float | None, report_paths: tuple[Path, ...],
-             report_format: str | None, bandwidth: float | None, overwrite: bool, materialize_weights: float,
+             report_format: str | None, bandwidth: float | None, overwrite: bool,
              plugins: tuple[str, ...] = (), fix_input_shape: tuple[str, ...] = ()) -> None:
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
@@ -79,13 +72,12 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
 
     output_path = Path(output_arg)
     reports = _check_outputs(input_path, output_path, output_arg, report_paths, report_format, bandwidth, overwrite)
-    options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
+    options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version,
+                         materialize_weights)
     options.plugins = plugins
     options.fix_input_shapes = parse_fix_input_shapes(fix_input_shape)
     options.input_data = input_data  # real inputs fix the report's shapes too
-    if not math.isfinite(materialize_weights):
-        raise InputError("--materialize-weights must be a finite number of MiB")
-    options.materialize_weights_bytes = int(materialize_weights * 2**20)
+    options.bandwidth_gb_per_s = bandwidth  # checked by check_bandwidth above; the report is built with it
     options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
     options.drop_culprits = drop_culprits
     options.compare_layers = layers
@@ -94,8 +86,6 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
     log.debug("optimizing %s for target %s", input_path, target)
     with progress(ctx, f"optimizing {input_path}"):
         result = pipeline.optimize(input_path, options, None if no_verify else checked)
-    if bandwidth:
-        result.report.set_bandwidth(bandwidth)
     diagnostics(result.report)
     report_texts = _render_reports(result, input_path, output_path, reports, require_verify)
     _write_results(ctx, result, output_path, reports, report_texts, overwrite)
@@ -157,7 +147,7 @@ def _render_reports(result: pipeline.Result, input_path: Path, output_path: Path
         VerificationError: the model is refused (exit 1).
     """
     from onnxfuse.model import io as model_io
-    from onnxfuse.report import formats
+    from onnxfuse.report import formats, present
 
     verification = result.report.verification
     if any(model_io.same_file(output_path, f) for f in result.loaded.data_files):
@@ -167,11 +157,11 @@ def _render_reports(result: pipeline.Result, input_path: Path, output_path: Path
     report_texts = []
     for report_path, fmt in reports:
         files.check_not_data_file(report_path, "--report", result.loaded)
-        report_texts.append((report_path, formats.render(result.report, fmt, show_all=True)))
+        report_texts.append((report_path, formats.render(result.report, fmt, show_all=present.show_every_row(False))))
         if refused:  # the report says why no model is written
             files.write_text(report_path, report_texts[-1][1])
     if not unverified:
-        warn_unverified(verification)
+        warn_unverified(verification, reason_shown=verbosity(click.get_current_context()) >= 0)
     if verification.status == "failed":
         failed = verification.failed_outputs
         for o in failed:
@@ -227,7 +217,8 @@ def _write_results(ctx: click.Context, result: pipeline.Result, output_path: Pat
     if verbosity(ctx) >= 0:  # the results; -q prints nothing on success
         try:
             if verification.status == "skipped":
-                click.echo(f"NOT VERIFIED: {verification.reason}")
+                click.echo("NOT VERIFIED: the model was written without being compared with the original (why: the "
+                           "verification line below)")
             for line in present.summary_lines(report, hints=False):
                 click.echo(line)
         except OSError as exc:  # stdout on a full disk or a closed pipe: exit 2, and the model stays (verified)
@@ -246,8 +237,11 @@ def _hints(report: report_model.Report) -> None:
     hint = present.unknown_shapes_hint(report)
     if hint:
         log.info("%s", hint)
-    refused = sum(1 for u in report.unfused if u["reason"] == "activation-not-supported-by-target")
-    if refused and report.target == "cpu+cuda":
+    from onnxfuse.report.remedies import remedy
+
+    refused = [u for u in report.unfused if u["reason"] == "activation-not-supported-by-target"]
+    cpu = sum(1 for u in refused if "--target cpu" in remedy(u, report.target).split(" or "))
+    if cpu and report.target == "cpu+cuda":
         log.info("hint: %d pattern(s) left unfused because target cpu+cuda needs a kernel on both providers "
-                 "(CUDA's FusedConv has Relu only); for a model that runs on CPU only, --target cpu fuses those "
-                 "the CPU kernel accepts", refused)
+                 "(CUDA's FusedConv has Relu only); for a model that runs on CPU only, --target cpu accepts %d of "
+                 "them", len(refused), cpu)

@@ -43,7 +43,8 @@ Exit codes:
 @input_data_option("Real inputs: their array shapes fix the input shapes of the report.")
 @report_output_options
 @click.option("--all", "show_all", is_flag=True,
-              help="Show every row (text and Markdown show the top 20; JSON and HTML always show all).")
+              help="Show every row on the terminal (text and Markdown printed there show the top 20 per table; report "
+                   "files, JSON and HTML always have every row).")
 @bandwidth_option
 @click.option("--baseline", type=click.Path(dir_okay=False, path_type=Path), metavar="OLD.json",
               help="Compare with an earlier JSON report: print what changed, exit 1 if a fusion was lost or the "
@@ -59,8 +60,8 @@ Exit codes:
 @fail_cleanly
 def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, ...], skip: tuple[str, ...],
            input_shape: tuple[str, ...], ort_level: str | None, ort_version: str | None,
-           constant_initializer_inputs: bool, input_data: str | None, fmt: str | None, outputs: tuple[Path, ...],
-           show_all: bool, bandwidth: float | None, baseline: Path | None, profile: bool,
+           constant_initializer_inputs: bool, materialize_weights: float, input_data: str | None, fmt: str | None,
+           outputs: tuple[Path, ...], show_all: bool, bandwidth: float | None, baseline: Path | None, profile: bool,
            profile_timeout: float, plugins: tuple[str, ...] = (), fix_input_shape: tuple[str, ...] = ()) -> None:
     """Print the memory-traffic analysis of what `optimize` would do to MODEL (writes no model).
 
@@ -79,7 +80,7 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     parse_input_shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
     from onnxfuse import pipeline
     from onnxfuse.model import io as model_io
-    from onnxfuse.report import formats
+    from onnxfuse.report import formats, present
 
     if baseline is not None:
         from onnxfuse.report import baseline as baseline_mod  # it imports sympy: only --baseline needs it
@@ -93,14 +94,14 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     fmt = found[0][1] if found else (fmt or "text")
     check_bandwidth(bandwidth)
     old = baseline_mod.load(baseline) if baseline is not None else None
-    options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version)
+    options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version,
+                         materialize_weights)
     options.plugins = plugins
     options.fix_input_shapes = parse_fix_input_shapes(fix_input_shape)
     options.input_data = input_data
+    options.bandwidth_gb_per_s = bandwidth  # checked by check_bandwidth above; the report is built with it
     with progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)
-    if bandwidth:
-        result.report.set_bandwidth(bandwidth)
     if profile and result.changed:
         _profile(ctx, result, ort_level or DEFAULT_ORT_LEVEL, profile_timeout or None)
     diagnostics(result.report)
@@ -110,12 +111,14 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     if old is not None and new is not None and baseline is not None:
         _check_same_options(baseline, old, new)  # before any -o file is written: exit 2 writes nothing
     for path, path_fmt in found:
-        files.write_text(path, formats.render(result.report, path_fmt, show_all, width=files.text_width(path)))
+        files.write_text(path, formats.render(result.report, path_fmt, present.show_every_row(False, show_all),
+                                              width=files.text_width(path)))
     if found:
         files.chart_note(result.report, [f for _, f in found])
         log.info("wrote %s", ", ".join(str(p) for p, _ in found))
     elif old is None:
-        click.echo(formats.render(result.report, fmt, show_all, width=files.text_width(None)), nl=False)
+        click.echo(formats.render(result.report, fmt, present.show_every_row(True, show_all),
+                                  width=files.text_width(None)), nl=False)
     if old is not None and new is not None and baseline is not None:
         _compare(baseline, old, new, fmt, output)
 
@@ -124,21 +127,22 @@ def _profile(ctx: click.Context, result: pipeline.Result, ort_level: str, timeou
     """``--profile``: the original and the optimized model under onnxruntime's profiler, into the report; a model
     onnxruntime cannot run on generated inputs, or runs that do not end within ``timeout`` seconds
     (``--profile-timeout``; None: no limit), add a warning instead. ``ort_level``: the level both run at."""
+    import dataclasses
+
+    from onnxfuse import api
     from onnxfuse.errors import one_line
     from onnxfuse.ort import profile as ort_profile
 
-    with progress(ctx, "running both models under onnxruntime's profiler"):
-        try:
-            result.report.profile = ort_profile.profile_models(
-                result.loaded.ort_source(), result.model, result.report.to_dict()["fusions"], ort_level,
-                {k: tuple(v) for k, v in result.report.input_shapes.items()}, timeout=timeout)
+    with progress(ctx, "running both models under onnxruntime's profiler, then timing them in paired rounds"):
+        try:  # a new report with the profile (api.profile, as the API gives it), not a write into this one
+            result.report = api.profile(result, ort_level=ort_level, timeout=timeout)
         except ort_profile.ProfileTimeout:
-            result.report.warnings = [*(result.report.warnings or []),
-                                      f"--profile: the runs did not finish within {timeout:g} s "
-                                      "(--profile-timeout); no profile"]
+            result.report = dataclasses.replace(result.report, warnings=[
+                *(result.report.warnings or []),
+                f"--profile: the runs did not finish within {timeout:g} s (--profile-timeout); no profile"])
         except Exception as exc:  # onnxruntime cannot run a model on generated inputs: the report says so
-            result.report.warnings = [*(result.report.warnings or []),
-                                      f"--profile: onnxruntime could not run the models ({one_line(exc)})"]
+            result.report = dataclasses.replace(result.report, warnings=[
+                *(result.report.warnings or []), f"--profile: onnxruntime could not run the models ({one_line(exc)})"])
 
 
 def _check_same_options(baseline: Path, old: dict[str, Any], new: dict[str, Any]) -> None:

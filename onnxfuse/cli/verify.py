@@ -83,9 +83,10 @@ def verify_command(ctx: click.Context, original: Path, candidate: Path, input_sh
         click.echo(verification_text(result), nl=False)
         if by_layer is not None:
             click.echo("\n".join(escape.text(line) for line in by_layer.lines()))
-    warn_unverified(result, strict_option=False)
-    if result.status == "skipped":
-        raise InputError(f"verification skipped: {result.reason}")
+    warn_unverified(result, strict_option=False, reason_shown=True)
+    if result.status == "skipped":  # the reason is in the result printed above (text or JSON)
+        raise InputError("verification skipped: the models were not compared (why: the result's verification "
+                         "line, or its reason in JSON)")
     if result.status == "failed":
         raise VerificationError(f"{candidate} does not match {original}")
 

@@ -26,17 +26,21 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
 from onnxfuse.errors import InputError
 from onnxfuse.ort.levels import GRAPH_OPTIMIZATION_LEVELS
 
 #: Value used for a symbolic dim that neither ``--input-shape`` nor the model fixes: 1 for the first dim
-#: (the batch), 32 elsewhere (large enough for a few stride-2 stages).
-DEFAULT_BATCH_DIM = 1
-DEFAULT_OTHER_DIM = 32
+#: (the batch), 224 elsewhere: the representative sizes every figure of a report is given at
+#: (``onnxfuse.analysis.shapes.REPRESENTATIVE_BATCH`` / ``REPRESENTATIVE_SIZE``), so that a run without
+#: ``--input-shape`` verifies, counts and draws at one size (224 = 7 x 32: a multiple of the stride of
+#: detection/segmentation backbones with FPN concatenations).
+DEFAULT_BATCH_DIM = REPRESENTATIVE_BATCH
+DEFAULT_OTHER_DIM = REPRESENTATIVE_SIZE
 
 #: Sizes of verification's second default input set, for the symbolic dims nobody gave (batch, other dims):
 #: a rewrite that is wrong only for batch > 1 or for another spatial size computes the same as the original at
-#: (1, 32). 64 keeps every dim a multiple of 32 (the stride of detection/segmentation backbones with FPN
+#: (1, 224). 64 keeps every dim a multiple of 32 (the stride of detection/segmentation backbones with FPN
 #: concatenations), so a model that runs at 32 runs at 64 too.
 SECOND_DIMS = (2, 64)
 

@@ -1,9 +1,9 @@
 """Compare a traffic report with an earlier one (``onnxfuse report MODEL --baseline OLD.json``): the CI gate an
 export pipeline runs when it upgrades its exporter (torch, paddle2onnx). Never prints.
 
-Both sides are JSON reports (``Report.to_dict()``, ``schema_version`` 2). Fusions and unfused patterns are matched
-by what they are, not by node names (exporters rename nodes): a fusion is its op, activation and the chain of
-original op types; an unfused pattern is its chain and reason. The gate fails when
+Both sides are JSON reports (``Report.to_dict()``, ``schema_version`` 3, or 2 for a baseline). Fusions and
+unfused patterns are matched by what they are, not by node names (exporters rename nodes): a fusion is its op,
+activation and the chain of original op types; an unfused pattern is its chain and reason. The gate fails when
 
 * a kind of fusion occurs fewer times than before (a fusion was lost) and no new fusion covers its chain and more
   (a BN fold that became part of a FusedConv is *extended*, not lost), or
@@ -35,7 +35,9 @@ from onnxfuse.model.files import read_option_file
 #: large image side, ...). A difference that is positive at any of them is a regression.
 SAMPLE_SIZES = (1, 8, 64, 224, 640, 2048)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: Versions a baseline may have: 3 only added fields to 2 (``fusions[].kind``, ``profile.timing``).
+READABLE_VERSIONS = (2, 3)
 
 
 #: Largest baseline file read, in bytes (128 MiB). The JSON report of a model of 100,000 nodes is about 60 MiB.
@@ -52,7 +54,7 @@ def load(path: str | Path) -> dict:
 
     Raises:
         InputError: one line: unreadable, not a regular file, too large, not JSON (or nested too deeply), not an
-            onnxfuse report, a ``schema_version`` other than 2, or a field that does not match the schema.
+            onnxfuse report, a ``schema_version`` other than 2 or 3, or a field that does not match the schema.
     """
     data = read_option_file(path, "--baseline", MAX_BASELINE_BYTES)
     try:
@@ -63,7 +65,7 @@ def load(path: str | Path) -> dict:
         raise InputError(f"--baseline {path}: not a JSON report (nested too deeply)") from None
     if not isinstance(doc, dict) or "totals" not in doc or "fusions" not in doc:
         raise InputError(f"--baseline {path}: not an onnxfuse JSON report (write one with --format json)")
-    if doc.get("schema_version") != SCHEMA_VERSION:
+    if doc.get("schema_version") not in READABLE_VERSIONS:
         version = doc.get("schema_version")
         shown = version if isinstance(version, int) and not isinstance(version, bool) else "of another kind"
         raise InputError(f"--baseline {path}: schema_version {shown}, this onnxfuse reads "
@@ -154,8 +156,11 @@ class Comparison:
     Attributes:
         gained / lost: fusion kind -> how many more / fewer times it occurs.
         extended: ``"old kind -> new kind"`` -> count: fusions now part of a longer one (not a loss).
-        lost_where: lost fusion kind -> where the baseline had it: ``"node (output tensor)"`` strings, at most
-            :data:`WHERE_LIMIT` (exporters may rename nodes; the output tensor usually keeps its name).
+        lost_where: lost fusion kind -> where the baseline had it and the new report has no fusion of that kind
+            at the same output tensor: ``"node (output tensor)"`` strings, at most :data:`WHERE_LIMIT` (exporters
+            may rename nodes; the output tensor usually keeps its name).
+        lost_candidates: lost fusion kind -> how many such places there are, where they outnumber the fusions
+            lost (the tensors were renamed, so which of them lost it is unknown: the lines say "one of").
         new_unfused: unfused kind -> ``{"count": more occurrences, "detail": one detail sentence}``.
         saved_before / saved_after: ``totals.saved_bytes_expr`` of the old and the new report.
         after_before / after_after: ``totals.after.total_bytes_expr`` (optimized traffic) of old and new.
@@ -166,12 +171,17 @@ class Comparison:
             there, else at the first of :data:`SAMPLE_SIZES` where it did.
         unknown_before / unknown_after: unknown node counts of the optimized models.
         symbols: the two reports' ``symbols``, to show long expressions by their leading terms in :meth:`lines`.
+        beyond_before / beyond_after: the figure each report leads with, the bytes saved beyond what onnxruntime
+            makes itself at load (``onnxruntime.saved_bytes_beyond_expr``; None when a report has no comparison).
+            Shown first and compared, not gated: an onnxruntime that fuses more itself lowers it with no loss in
+            the exported model.
     """
 
     gained: dict[str, int] = field(default_factory=dict)
     lost: dict[str, int] = field(default_factory=dict)
     extended: dict[str, int] = field(default_factory=dict)
     lost_where: dict[str, list[str]] = field(default_factory=dict)
+    lost_candidates: dict[str, int] = field(default_factory=dict)
     new_unfused: dict[str, dict] = field(default_factory=dict)
     saved_before: str = "0"
     saved_after: str = "0"
@@ -182,6 +192,8 @@ class Comparison:
     unknown_before: int = 0
     unknown_after: int = 0
     symbols: dict[str, dict] = field(default_factory=dict)
+    beyond_before: str | None = None
+    beyond_after: str | None = None
 
     @property
     def regressed(self) -> bool:
@@ -191,10 +203,12 @@ class Comparison:
     def to_dict(self) -> dict:
         """JSON-ready form."""
         return {"regressed": self.regressed, "fusions_gained": self.gained, "fusions_lost": self.lost,
-                "fusions_lost_where": self.lost_where, "fusions_extended": self.extended,
+                "fusions_lost_where": self.lost_where, "fusions_lost_candidates": self.lost_candidates,
+                "fusions_extended": self.extended,
                 "new_unfused": self.new_unfused, "saved_bytes_expr": {"baseline": self.saved_before,
                                                                        "new": self.saved_after},
                 "optimized_bytes_expr": {"baseline": self.after_before, "new": self.after_after},
+                "saved_bytes_beyond_onnxruntime_expr": {"baseline": self.beyond_before, "new": self.beyond_after},
                 "optimized_traffic_growth_expr": self.growth_expr,
                 "optimized_traffic_grew_at": self.worse_at,
                 "unknown_nodes": {"baseline": self.unknown_before, "new": self.unknown_after}}
@@ -216,15 +230,22 @@ class Comparison:
         out += [f"fusion extended: {name(kind)} (x{n})" for kind, n in sorted(self.extended.items())]
         for kind, n in sorted(self.lost.items()):
             where = self.lost_where.get(kind, [])
-            more = n - len(where)
-            at = (" at " + ", ".join(code(w) for w in where) + (f" and {more} more" if more > 0 else "")
-                  if where else "")
+            places = self.lost_candidates.get(kind, n)
+            more = places - len(where)
+            listed = ", ".join(code(w) for w in where) + (f" and {more} more" if more > 0 else "")
+            at = "" if not where else (f" at one of {places} places: {listed}" if kind in self.lost_candidates
+                                       else f" at {listed}")
             out.append(f"fusion lost: {name(kind)} (x{n}){at}")
         out += [f"new unfused pattern: {name(kind)} (x{v['count']}): {name(v['detail'])}" for kind, v in
                 sorted(self.new_unfused.items())]
+        if self.beyond_before is not None or self.beyond_after is not None:
+            beyond = "not compared" if self.beyond_after is None else expr(self.beyond_after)
+            was = "not compared" if self.beyond_before is None else expr(self.beyond_before)
+            out.append("saved beyond onnxruntime: " + beyond + (" (unchanged)" if self.beyond_before ==
+                                                               self.beyond_after else f" (was {was})"))
         same = self.saved_before == self.saved_after
-        out.append(f"saved bytes: {expr(self.saved_after)}" + (" (unchanged)" if same else
-                                                                f" (was {expr(self.saved_before)})"))
+        out.append(f"saved bytes vs the graph as exported: {expr(self.saved_after)}"
+                   + (" (unchanged)" if same else f" (was {expr(self.saved_before)})"))
         if self.after_before != self.after_after:
             out.append(f"optimized traffic: {expr(self.after_after)} (was {expr(self.after_before)})")
         if self.worse_at:
@@ -241,7 +262,10 @@ class Comparison:
         written; the JSON of the comparison keeps it exact."""
         from onnxfuse.report import present
 
-        return (present.short_expression(expr, {"symbols": self.symbols}) if expr is not None else None) or str(expr)
+        doc = {"symbols": self.symbols}
+        if expr is None:
+            return str(expr)
+        return present.short_expression(expr, doc) or present.named(expr, doc)
 
 
 #: Where a lost fusion was, at most this many places per kind.
@@ -277,6 +301,16 @@ def _option_text(value) -> str:
     return str(value)
 
 
+def _beyond(doc: dict) -> str | None:
+    """The figure a report leads with, the bytes saved beyond what onnxruntime makes itself at load, as a
+    ``saved_bytes_beyond_expr``; "0" when nothing was fused, None when not compared (an older report, or onnxruntime
+    could not load a model)."""
+    rt = doc.get("onnxruntime") or {}
+    if not doc.get("fusions"):
+        return "0"
+    return rt.get("saved_bytes_beyond_expr") if rt.get("status") == "compared" else None
+
+
 def compare(old: dict, new: dict) -> Comparison:
     """Compare report dicts ``old`` (the baseline) and ``new`` (see the module docstring for the rules)."""
     from onnxfuse.analysis.symbolic import make_symbol
@@ -290,18 +324,26 @@ def compare(old: dict, new: dict) -> Comparison:
     gained, lost = new_f - old_f, old_f - new_f
     extended = _match_extended(lost, gained)
     where: dict[str, list[str]] = {}
-    for r in old["fusions"]:
-        kind = _fusion_kind(r)
-        if kind in lost and r.get("output") and len(where.setdefault(kind, [])) < WHERE_LIMIT:
+    # a place is where the baseline had the lost kind and the new report has no fusion of that kind at the same
+    # output tensor: the places the kind is still fused are not where it was lost
+    kept = {(_fusion_kind(r), r.get("output")) for r in new["fusions"]}
+    places = [(kind, r) for r in old["fusions"] if (kind := _fusion_kind(r)) in lost and r.get("output")
+              and (kind, r["output"]) not in kept]
+    for kind, r in places:
+        where.setdefault(kind, [])
+        if len(where[kind]) < WHERE_LIMIT:
             where[kind].append(f"{r.get('node') or r['output']} ({r['output']})")
+    candidates = Counter(kind for kind, _ in places)
     symbols = {**old.get("symbols", {}), **new.get("symbols", {})}
     c = Comparison(
         gained=dict(gained), lost=dict(lost), extended=extended, lost_where=where,
+        lost_candidates={k: n for k, n in candidates.items() if n > lost[k]},
         new_unfused={k: {"count": n, "detail": details[k]} for k, n in (new_u - old_u).items()},
         saved_before=old["totals"]["saved_bytes_expr"], saved_after=new["totals"]["saved_bytes_expr"],
         after_before=old["totals"]["after"]["total_bytes_expr"], after_after=new["totals"]["after"]["total_bytes_expr"],
         unknown_before=old["totals"]["after"]["unknown_nodes"], unknown_after=new["totals"]["after"]["unknown_nodes"],
         symbols=symbols,
+        beyond_before=_beyond(old), beyond_after=_beyond(new),
     )
     a_old, a_new = _expr(c.after_before), _expr(c.after_after)
     if a_old is None or a_new is None:
@@ -318,7 +360,8 @@ def compare(old: dict, new: dict) -> Comparison:
     for point in points:  # the first stated size where it grew is enough to say so
         value = diff.xreplace(point)
         if value.is_number and value > 0:
-            at = ", ".join(f"{s}={v}" for s, v in point.items()) or "every size"
+            names = present.display_names({"symbols": symbols})  # the dims by their one name, as elsewhere
+            at = ", ".join(f"{names.get(s.name, s.name)}={v}" for s, v in point.items()) or "every size"
             c.worse_at.append(f"{at}: +{present.human_bytes(int(value))}")
             c.growth_expr = str(diff)
             break

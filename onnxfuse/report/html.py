@@ -25,11 +25,13 @@ from onnxfuse.report.escape import json_for_script as _json_for_script
 from onnxfuse.report.present import (
     NOT_RUN_DETAIL,
     NOT_RUN_STATUS,
+    bandwidth_line,
     bytes_of,
     chain,
     chart_sizes,
     dim_text,
     display_name,
+    display_names,
     draw_at,
     headline,
     human_bytes,
@@ -37,7 +39,10 @@ from onnxfuse.report.present import (
     layer_units,
     made_by_onnxruntime,
     passes_text,
+    saved_beyond_onnxruntime,
+    sizes_label,
     target_providers,
+    timing_text,
     verification_not_run,
 )
 from onnxfuse.report.remedies import remedy
@@ -73,7 +78,7 @@ def _bytes_cell(obj: dict | None, key: str, doc: Doc | None = None) -> str:
 def _expression(obj: dict | None, key: str, doc: Doc | None, fold: bool = True) -> str:
     """HTML of a byte figure: the number, an expression (folded past :data:`FOLD_CHARS` when ``fold``), or the
     leading terms of a long expression opening to the exact one."""
-    exact, readable = bytes_of(obj, key), bytes_of(obj, key, doc)
+    exact, readable = bytes_of(obj, key, doc, exact=True), bytes_of(obj, key, doc)
     if readable == exact:
         return _folded(exact) if fold else html.escape(exact)
     return (f'<details class="fold"><summary>{html.escape(readable)}</summary>'
@@ -195,20 +200,34 @@ def traffic_figure(units: list[dict], doc: Doc | None = None) -> dict:
     return {"data": data, "layout": layout}
 
 
-def totals_figure(totals: dict) -> dict | None:
-    """A horizontal bar of bytes before and after, with the saved bytes hatched beside the after bar; None when
-    either total is unknown."""
+def totals_figure(totals: dict, doc: Doc | None = None) -> dict | None:
+    """A horizontal bar of bytes before and after against the graph as exported, with the saved bytes hatched
+    beside the after bar, and above them (with the report ``doc``) the bar the page leads with: the bytes saved
+    beyond what onnxruntime makes itself at load (``present.saved_beyond_onnxruntime``). None when either total
+    is unknown."""
     before, after = totals["before"].get("total_bytes"), totals["after"].get("total_bytes")
     if before is None or after is None:
         return None
     saved = before - after
     percent = 100.0 * saved / before if before else 0.0
     unit_name, size = chart_unit(max(before, after))
+    rt = (doc or {}).get("onnxruntime")
+    beyond = saved_beyond_onnxruntime(doc) if doc is not None and rt and doc["fusions"] else None
+    lead = []
+    if beyond is not None and rt is not None:
+        lead = [{"type": "bar", "orientation": "h", "name": "saved beyond onnxruntime", "y": ["beyond onnxruntime"],
+                 "x": [max(beyond, 0) / size], "text": [f"saved {human_bytes(beyond)} beyond what onnxruntime "
+                                                        f"{rt['installed']} makes itself at level {rt['level']}"],
+                 "textposition": "outside", "cliponaxis": False, "customdata": [f"{beyond:,} B"],
+                 "marker": {"color": "#1f5fa8", "line": {"color": "#1f5fa8", "width": 1},
+                            "pattern": {"shape": "/", "bgcolor": "#bcd3ee", "fgcolor": "#1f5fa8", "size": 6}},
+                 "hovertemplate": "%{text} (%{customdata})<extra></extra>"}]
     data = [
+        *lead,
         {"type": "bar", "orientation": "h", "name": "moved", "y": ["after", "before"],
          "x": [after / size, before / size],
-         "text": [f"after {human_bytes(after)} · saved {human_bytes(saved)} ({percent:.1f}%)",
-                  f"before {human_bytes(before)}"],
+         "text": [f"vs the graph as exported: after {human_bytes(after)} · saved {human_bytes(saved)} "
+                  f"({percent:.1f}%)", f"the graph as exported: before {human_bytes(before)}"],
          "textposition": "inside", "insidetextanchor": "start", "marker": {"color": "#4d4d4d"},
          "textfont": {"color": "#ffffff"}, "customdata": [f"{after:,} B", f"{before:,} B"],
          "hovertemplate": "%{text} (%{customdata})<extra></extra>"},
@@ -218,10 +237,11 @@ def totals_figure(totals: dict) -> dict | None:
                     "pattern": {"shape": "/", "bgcolor": "#ffffff", "fgcolor": "#1f5fa8", "size": 6}},
          "hovertemplate": "%{customdata}<extra></extra>"},
     ]
-    layout = {"barmode": "stack", "height": 150, "margin": {"l": 20, "r": 20, "t": 5, "b": 40},
+    layout = {"barmode": "stack", "height": 190 if lead else 150, "margin": {"l": 20, "r": 20, "t": 5, "b": 40},
               "showlegend": False, "font": {"family": "system-ui, sans-serif", "size": 12},
               "xaxis": {"title": {"text": unit_name}, "fixedrange": True},
-              "yaxis": {"fixedrange": True, "showticklabels": False},
+              "yaxis": {"fixedrange": True, "showticklabels": False, "categoryorder": "array",
+                        "categoryarray": ["after", "before", "beyond onnxruntime"]},
               "plot_bgcolor": "#ffffff"}
     return {"data": data, "layout": layout}
 
@@ -247,12 +267,16 @@ def _shapes_html(doc: Doc) -> str:
     text = "; ".join(parts) or "as stored in the model"
     symbols = doc.get("symbols") or {}
     if symbols:
+        names = display_names(doc)  # one name per dim, as in every other view
         text += "<br>symbols: " + "; ".join(
-            f"<code>{_e(s)}</code> = {_e(v.get('input'))}[{_e(v.get('axis'))}]"
-            + (f" ({_e(v['dim_param'])})" if v.get("dim_param") else "") for s, v in sorted(symbols.items()))
+            f"<code>{_e(names.get(s, s))}</code> = {_e(v.get('input'))}[{_e(v.get('axis'))}]"
+            + (f" ({_e(v['dim_param'])})" if v.get("dim_param") and v["dim_param"] != names.get(s, s) else "")
+            for s, v in sorted(symbols.items()))
     values = doc.get("symbol_values") or {}
     if values:
-        text += "<br>symbol values: " + ", ".join(f"<code>{_e(k)}</code> = {_e(v)}" for k, v in sorted(values.items()))
+        names = display_names(doc)
+        text += "<br>symbol values: " + ", ".join(f"<code>{_e(names.get(k, k))}</code> = {_e(v)}"
+                                                  for k, v in sorted(values.items()))
     return text
 
 
@@ -310,7 +334,16 @@ def _totals_html(doc: Doc) -> str:
                     f"<td class=num>{_e(s.get('unknown_nodes'))}</td></tr>")
     pct = t.get("saved_percent")
     pct_text = f" ({pct:.1f}%)" if pct is not None else ""
-    rows.append(f'<tr><th scope="row">saved</th><td></td><td></td><td class="{_cell_class(t, "saved_bytes")}" '
+    rt = doc.get("onnxruntime")
+    if rt and doc["fusions"]:  # the figure every view leads with, first; the exported-graph one beside it
+        beyond = saved_beyond_onnxruntime(doc)
+        text = (human_bytes(beyond) + sizes_label(doc, escape.text) if beyond is not None else
+                "not compared" if rt["status"] != "compared" else bytes_of(rt, "saved_bytes_beyond", doc))
+        rows.insert(0, f'<tr><th scope="row">saved beyond onnxruntime {_e(rt["installed"])} at level '
+                       f'{_e(rt["level"])}</th><td></td><td></td><td class="num" id="total-saved-beyond" '
+                       f'data-bytes="{_e(beyond)}"><b>{_e(text)}</b></td><td></td><td></td></tr>')
+    rows.append('<tr><th scope="row">saved vs the graph as exported</th><td></td><td></td>'
+                f'<td class="{_cell_class(t, "saved_bytes")}" '
                 'id="total-saved" '
                 f'data-bytes="{_e(t.get("saved_bytes"))}">'
                 f'<b>{_expression(t, "saved_bytes", doc, fold=False)}{pct_text}</b>'
@@ -398,13 +431,9 @@ def _notes_html(doc: Doc, units: list[dict]) -> str:
     if doc.get("subgraph_nodes"):
         notes.append(f"<p>{_e(doc['subgraph_nodes'])} nodes inside If/Loop/Scan bodies are counted once each.</p>")
     b = doc.get("bandwidth")
-    if b and b.get("at") is None:  # no number for the bytes (symbolic dims, no --input-shape): as the text says
-        notes.append(f"<p>Estimated memory time at {b['gb_per_s']:g} GB/s: unknown (no input size: give "
-                     "<code>--input-shape</code>).</p>")
-    elif b:
-        at = "" if b["at"] == "input shapes" else f", at {_e(b['at'])}"
-        notes.append(f"<p>Estimated memory time at {b['gb_per_s']:g} GB/s (bytes / bandwidth, an estimate{at}): "
-                     f"{b['before_ms']:.3f} ms → {b['after_ms']:.3f} ms.</p>")
+    if b:  # the one sentence of every format (present.bandwidth_line), in the same units
+        line = bandwidth_line(b)
+        notes.append(f'<p id="bandwidth">{_e(line[0].upper() + line[1:])}.</p>')
     assumptions = doc.get("shape_assumptions") or []
     if assumptions:
         notes.append(f"<details><summary>{len(assumptions)} assumptions about the symbolic dims</summary><ul>"
@@ -459,9 +488,12 @@ def _profile_html(doc: Doc) -> str:
                    f"{_e(human_bytes(f['total_bytes']))}</td><td class=\"num\">"
                    f"{_e(human_bytes(f['counted_saved_bytes']))}</td></tr>" for f in p["by_fusion"]]
     shapes = ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in p["input_shapes"].items())
+    timing = timing_text(p)
     return (
         '<section id="profile"><h2>Measured in onnxruntime</h2>'
-        f"<p>Both models run under onnxruntime's profiler at level <code>{_e(p['level'])}</code>, "
+        + (f'<p id="profile-timing"><b>{_e(timing)}</b>. The per-kernel times below are one profiled run each and '
+           "carry no interval: quote this line.</p>" if timing else "")
+        + f"<p>Both models run under onnxruntime's profiler at level <code>{_e(p['level'])}</code>, "
         f"{_e(p['threads'])} thread(s), on the same inputs ({_e(shapes)}); time is the median of {p['runs']} runs "
         f"per kernel, bytes are what the profiler records per kernel (outputs written, activations and parameters "
         f"read): original {o['kernels']} kernels, {o['total_ms']:.3f} ms, {_e(human_bytes(o['total_bytes']))}; "
@@ -491,7 +523,7 @@ def to_html(doc: Doc) -> str:
         draw_at(units, sizes[0])
     constants = sum(1 for r in doc["nodes"]["before"] if r["op"] == "Constant")
     fused_units = sum(1 for u in units if u["kind"] == "fused")
-    totals_fig = totals_figure(t)
+    totals_fig = totals_figure(t, doc)
     figures = {"traffic": traffic_figure(units, doc), "totals": totals_fig}
     header = (
         "<h1>onnxfuse memory-traffic report</h1>"

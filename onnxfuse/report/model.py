@@ -2,7 +2,8 @@
 its JSON form (:func:`to_json`). Never prints; what each format shows is ``onnxfuse.report.present``'s, the layout
 the renderers' (``report.text``, ``report.markdown``, ``report.html``).
 
-The JSON form is documented field by field in ``onnxfuse/report.schema.json`` (``schema_version`` 2). Every
+The JSON form is documented field by field in ``onnxfuse/report.schema.json`` (``schema_version`` 3; 3 only adds
+to 2: ``fusions[].kind``, ``profile.timing``). Every
 byte count is a sympy expression in the model's symbolic input dims (``*_expr``, a string that
 ``sympy.sympify`` parses, and that onnxfuse reads back without ``eval`` with
 :func:`onnxfuse.analysis.expressions.parse`;
@@ -97,6 +98,31 @@ class Report:
         return self.totals["saved_bytes"]
 
     @property
+    def saved_bytes_beyond_onnxruntime(self) -> int | None:
+        """The figure the command's summary, the HTML page and the Markdown report lead with: bytes of memory
+        traffic onnxfuse saves beyond what onnxruntime (the installed release, at ``ort_level``, CPU execution
+        provider) already makes of the original when a session loads it. At the input shapes used, or, for
+        symbolic dims without values, at the stated representative sizes (:attr:`figure_sizes`). 0 when nothing
+        was fused; None when onnxruntime could not load a model for the comparison or a size is unknown. Source:
+        ``present.saved_beyond_onnxruntime`` over the ``onnxruntime`` section (``ort/optimized_graph.py``)."""
+        from onnxfuse.report.present import saved_beyond_onnxruntime
+
+        return saved_beyond_onnxruntime(self.to_dict())
+
+    @property
+    def figure_sizes(self) -> dict[str, int] | None:
+        """Symbol -> size at which :attr:`saved_bytes_beyond_onnxruntime` and the other figures are given when the
+        model has symbolic dims and no input shapes fixed them (batch 1, 224 for the other dims: the sizes
+        verification's first input set runs at too), each dim by the name every view gives it (the model's dim name
+        when short and plain, else ``input[axis]``: ``present.display_names``); None when the figures are at the
+        input shapes used."""
+        from onnxfuse.report.present import display_names, figure_sizes
+
+        doc = self.to_dict()
+        sizes, names = figure_sizes(doc), display_names(doc)
+        return None if sizes is None else {names.get(k, k): v for k, v in sizes.items()}
+
+    @property
     def before_bytes(self) -> int | None:
         """Bytes read plus written by every node of the input model (nodes of unknown size left out)."""
         return self.totals["before"]["total_bytes"]
@@ -110,36 +136,24 @@ class Report:
         """The JSON form (see ``report.schema.json``): sorted keys, 2-space indent, trailing newline."""
         return to_json(self)
 
-    def to_markdown(self, show_all: bool = False) -> str:
-        """Markdown for pull-request comments and CI job summaries (top rows unless ``show_all``)."""
+    def to_markdown(self, show_all: bool = True) -> str:
+        """Markdown for pull-request comments and CI job summaries: every row, as in a report file
+        (``present.show_every_row``); ``show_all=False``: the top rows per table, as on the terminal."""
         from onnxfuse.report.markdown import to_markdown
 
         return to_markdown(self, show_all)
 
-    def to_text(self, show_all: bool = False, width: int = 120) -> str:
-        """Terminal tables without colour codes, ``width`` columns wide (top rows unless ``show_all``)."""
+    def to_text(self, show_all: bool = True, width: int = 120) -> str:
+        """Terminal tables without colour codes, ``width`` columns wide: every row, as in a report file
+        (``present.show_every_row``); ``show_all=False``: the top rows per table, as on the terminal."""
         from onnxfuse.report.text import to_text
 
         return to_text(self, show_all, width)
 
     def set_bandwidth(self, gb_per_s: float) -> None:
-        """Add the estimated memory time at ``gb_per_s`` (10^9 bytes per second): bytes / bandwidth, at the input
-        shapes used, else at batch 1 where the batch is the only symbolic dim; times are None when neither
-        gives a number."""
-        t = self.totals
-        before, after = t["before"]["total_bytes"], t["after"]["total_bytes"]
-        at: str | None = "input shapes"
-        one = t["at_batch_1"]
-        if before is None and one:
-            before, after, at = one["before_total_bytes"], one["after_total_bytes"], "batch 1"
-        if before is None or after is None:
-            at = None
-
-        def ms(n: int | None) -> float | None:
-            return None if n is None or at is None else n / (gb_per_s * 1e9) * 1e3
-
-        self.bandwidth = {"gb_per_s": gb_per_s, "before_ms": ms(before), "after_ms": ms(after), "at": at,
-                          "estimate": True}
+        """Set :attr:`bandwidth` to :func:`bandwidth_section` at ``gb_per_s`` (the pipeline does so when
+        ``Options.bandwidth_gb_per_s`` is given: ``analyse(..., bandwidth=...)`` in the API, ``--bandwidth``)."""
+        self.bandwidth = bandwidth_section(self.to_dict(), gb_per_s)
 
     def verification_dict(self) -> dict[str, Any]:
         """The ``verification`` object of the JSON form (``skipped`` when nothing verified, as in ``report``)."""
@@ -257,7 +271,9 @@ def _batch_one(symbols: SymbolicShapes, values: dict[sympy.Symbol, int], before:
 def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing: list[dict],
           symbols: SymbolicShapes, before_rows: list[NodeTraffic], after_rows: list[NodeTraffic], before_ops: dict,
           after_ops: dict, fusions: list[Fusion], skips: list[Skip], after_index: ModelIndex,
-          after_sizes: Sizes, runtime: RuntimeGraphs | None = None) -> Report:
+          after_sizes: Sizes, runtime: RuntimeGraphs | None = None, bandwidth_gb_per_s: float | None = None,
+          deployment: dict | None = None, optimized_bytes: int | None = None, warnings: list[str] | None = None,
+          verification: Any = None) -> Report:
     """Assemble a :class:`Report` from the pipeline's pieces (see ``pipeline.analyse``).
 
     Fusions that built on each other (a BN fold, then the activation) become one row per final node, listing
@@ -269,6 +285,10 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
     ``runtime``: onnxruntime's own graphs of both models at the user's level (``ort_graph.runtime_graphs``); each
     fusion row then says whether onnxruntime makes it itself at load (``made_by_onnxruntime``), and the report's
     ``onnxruntime`` section gives the kernels and bytes saved beyond it (:func:`_runtime_section`).
+    ``bandwidth_gb_per_s``: also the ``bandwidth`` estimate (:func:`bandwidth_section`). ``deployment``
+    (:func:`deployment_section`), ``optimized_bytes`` (the written model's serialized size, ``model``'s
+    ``optimized_bytes``), ``warnings`` and ``verification``: what the pipeline gathered beside the traffic, so that
+    the report is complete when built.
     """
     # counted at the input shapes (symbolic.SymbolicShapes.at_input_shapes): the bytes are ints, nothing to bind
     values = {} if symbols.at_input_shapes else symbols.table.values(input_shapes)
@@ -276,9 +296,11 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
     before = {r.key: r for r in before_rows}
     after = {r.key: r for r in after_rows}
     fusion_rows, beyond = _fusion_rows(_lineage(fusions), before_rows, before, after, after_sizes, num, runtime)
-    return Report(
+    report = Report(
         model={"path": report_path_text(loaded), "sha256": loaded.sha256, "file_bytes": loaded.file_bytes,
-               "external_data": loaded.external_data},
+               "external_data": loaded.external_data,
+               "optimized_bytes": optimized_bytes},
+        deployment=deployment, warnings=list(warnings) if warnings is not None else None, verification=verification,
         target=target, passes=list(passes), input_shapes={k: list(v) for k, v in input_shapes.items()},
         unknown_shapes=missing, symbols=symbols.table.symbols,
         symbol_values=symbols.table.int_values(input_shapes), shape_assumptions=list(symbols.assumptions),
@@ -292,6 +314,33 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         nodes={"before": [_node_row(r, num) for r in before_rows], "after": [_node_row(r, num) for r in after_rows]},
         onnxruntime=None if runtime is None else _runtime_section(runtime, fusion_rows, beyond, num),
     )
+    if bandwidth_gb_per_s is not None:
+        report.bandwidth = bandwidth_section(report.to_dict(), bandwidth_gb_per_s)
+    return report
+
+
+def bandwidth_section(doc: ReportDict | dict, gb_per_s: float) -> Bandwidth:
+    """The report's ``bandwidth`` object: the estimated memory time at ``gb_per_s`` (10^9 bytes per second),
+    bytes / bandwidth in milliseconds, of the graph as exported and of the optimized one. At the input shapes
+    used (``at`` "input shapes"), else, for symbolic dims without values, at the sizes of every other figure
+    (``present.figure_sizes``: ``at`` "batch 1" where the batch is the only symbolic dim, else "representative
+    sizes"); times are None and ``at`` None when no number is known there. ``doc``: ``Report.to_dict()``."""
+    from onnxfuse.report.present import at_values, figure_sizes
+
+    t = doc["totals"]
+    before, after = t["before"]["total_bytes"], t["after"]["total_bytes"]
+    at: str | None = "input shapes"
+    sizes = figure_sizes(doc)
+    if before is None and sizes is not None:
+        before, after = (at_values(t[side]["total_bytes_expr"], sizes) for side in ("before", "after"))
+        at = "batch 1" if t.get("at_batch_1") else "representative sizes"
+    if before is None or after is None:
+        at = None
+
+    def ms(n: int | None) -> float | None:
+        return None if n is None or at is None else n / (gb_per_s * 1e9) * 1e3
+
+    return {"gb_per_s": gb_per_s, "before_ms": ms(before), "after_ms": ms(after), "at": at, "estimate": True}
 
 
 def _lineage(fusions: list[Fusion]) -> dict[str, dict[str, Any]]:
@@ -305,17 +354,19 @@ def _lineage(fusions: list[Fusion]) -> dict[str, dict[str, Any]]:
         originals: list[dict[str, str]] = []
         passes_used: list[str] = []
         activation = None
+        kind = str(f.kind)
         for name, op, key in f.replaced:
             prev = lineage.pop(key, None)
             if prev:
                 originals.extend(prev["replaced"])
                 passes_used.extend(prev["passes"])
                 activation = prev["activation"] or activation
+                kind = "fuse" if "fuse" in (kind, prev["kind"]) else kind  # a fold inside a fusion: a fusion
             else:
                 originals.append({"name": name, "op": op, "output": key})
         passes_used.append(f.pass_name)
         lineage[f.output] = {"replaced": originals, "passes": passes_used, "activation": f.activation or activation,
-                             "node": f.node, "op": f.op}
+                             "node": f.node, "op": f.op, "kind": kind}
     return lineage
 
 
@@ -334,7 +385,7 @@ def _fusion_rows(lineage: dict[str, dict[str, Any]], before_rows: list[NodeTraff
         elem = after_sizes.elem_types.get(key)
         saved = None if before_b is None or after_b is None else before_b - after_b
         rows.append({
-            "node": entry["node"] or key, "op": entry["op"], "replaced": entry["replaced"],
+            "node": entry["node"] or key, "op": entry["op"], "kind": entry["kind"], "replaced": entry["replaced"],
             "activation": entry["activation"], "passes": entry["passes"], "output": key,
             "shape": None if shape is None else [_dim_json(d) for d in shape],
             "dtype": dtype_name(elem) if elem else None,

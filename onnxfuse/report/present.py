@@ -130,11 +130,28 @@ def short_expression(expr: str, doc: Doc) -> str | None:
         return None
 
 
+def named(expr: str, doc: Doc) -> str:
+    """An exact byte expression with its symbols by their :func:`display_names` (``4864*N`` for the report's
+    ``4864*N_``, ``x[2]`` for ``p2o_DynamicDimension_1``), so that a dim has one name in every view; ``expr`` as
+    written when it is not in the grammar or has no symbol of ``doc``."""
+    names = {sym: name for sym, name in display_names(doc).items() if sym != name and sym in expr}
+    if not names:
+        return expr
+    import sympy
+
+    try:
+        e = expressions.parse(expr)
+    except (ValueError, TypeError):
+        return expr
+    return str(e.xreplace({s: sympy.Symbol(names[s.name]) for s in e.free_symbols if s.name in names}))
+
+
 def expr_text(expr: str | None, doc: Doc, code: bool) -> str:
-    """An expression for the headline: :func:`short_expression` where it gives one, else exact."""
+    """An expression for the headline: :func:`short_expression` where it gives one, else exact (symbols by their
+    display names, :func:`named`)."""
     text = short_expression(expr, doc) if expr is not None else None
     if text is None:
-        return bytes_text(None, expr, code)
+        return bytes_text(None, named(expr, doc) if expr is not None else None, code)
     return escape.markdown_code(text) if code else text
 
 
@@ -144,18 +161,20 @@ def cell(number: int | None, expr: str | None, doc: Doc, code: bool = False) -> 
     return human_bytes(number) if number is not None else expr_text(expr, doc, code)
 
 
-def bytes_of(obj: dict | None, key: str, doc: Doc | None = None) -> str:
+def bytes_of(obj: dict | None, key: str, doc: Doc | None = None, exact: bool = False) -> str:
     """``obj[key]`` as KiB/MiB, else its ``key_expr`` (symbolic, schema 2) with a unit, else "unknown". With the
     report ``doc``, a long expression is given by its leading terms (:func:`leading_terms`), as the text
-    report does."""
+    report does; with ``exact``, the whole expression (its symbols by their display names all the same)."""
     value = None if obj is None else obj.get(key)
     if value is not None:
         return human_bytes(value)
     expr = None if obj is None else obj.get(f"{key}_expr")
     if expr and expr.lstrip("-").isdigit():  # an expression without symbols is a number
         return human_bytes(int(expr))
-    if expr and doc is not None and len(expr) > LONG_EXPRESSION_CHARS:
+    if expr and doc is not None and len(expr) > LONG_EXPRESSION_CHARS and not exact:
         return _leading(expr, json.dumps(doc.get("symbols") or {}, sort_keys=True))
+    if expr and doc is not None:
+        expr = named(expr, doc)
     return f"{expr} B" if expr else "unknown"
 
 
@@ -238,19 +257,25 @@ def shapes_text(doc: Doc) -> str:
     return ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in doc["input_shapes"].items())
 
 
+def fusion_kind(row: dict) -> str:
+    """A ``fusions`` row's kind, ``fold`` or ``fuse`` (its ``kind``, schema 3; for a schema-2 row, which lacks it:
+    ``fuse`` for a FusedConv or FusedGemm, else ``fold``)."""
+    return row.get("kind") or ("fuse" if row["op"] in ("FusedConv", "FusedGemm") else "fold")
+
+
 def kinds(doc: Doc) -> str:
-    """``11 FusedConv, 31 folds``, with ``1 FusedGemm`` where there is one (a fold keeps the op it folded into)."""
-    conv = sum(1 for f in doc["fusions"] if f["op"] == "FusedConv")
-    gemm = sum(1 for f in doc["fusions"] if f["op"] == "FusedGemm")
-    # a plugin's rewrite (onnxfuse.passes.plugin) may end on any op: no fold, counted apart
-    other = sum(1 for f in doc["fusions"] if f["op"] not in (*_FOLD_OPS, "FusedConv", "FusedGemm"))
-    folds = plural(len(doc["fusions"]) - conv - gemm - other, "fold")
-    return f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "") + folds + (f", {other} other" if other
-                                                                                       else "")
-
-
-#: The ops a fold (or the MatMul + Add fusion) leaves: the node it folded into.
-_FOLD_OPS = ("Conv", "ConvTranspose", "Gemm")
+    """``11 FusedConv, 31 folds``, with ``1 FusedGemm`` and ``2 fused Gemm`` (MatMul + Add into Gemm) where there
+    are such (each row by :func:`fusion_kind`; a fold keeps the op it folded into)."""
+    rows = doc["fusions"]
+    conv = sum(1 for f in rows if f["op"] == "FusedConv")
+    gemm = sum(1 for f in rows if f["op"] == "FusedGemm")
+    other: dict[str, int] = {}
+    for f in rows:
+        if fusion_kind(f) == "fuse" and f["op"] not in ("FusedConv", "FusedGemm"):
+            other[f["op"]] = other.get(f["op"], 0) + 1
+    folds = plural(sum(1 for f in rows if fusion_kind(f) == "fold"), "fold")
+    return (f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "")
+            + "".join(f"{n} fused {op}, " for op, n in sorted(other.items())) + folds)
 
 
 def fused_count(doc: Doc) -> str:
@@ -358,6 +383,14 @@ def display_name(doc: Doc, symbol: str) -> str:
 DEFAULT_TOP_ROWS = 20
 
 
+def show_every_row(to_terminal: bool, show_all: bool = False) -> bool:
+    """The one rule for how many rows a text or Markdown report has: every row in a report written to a file
+    (``optimize --report``, ``report -o``) or returned by the API (``Report.to_markdown``, ``to_text``), so that the
+    same report has the same rows wherever it is kept; the top :data:`DEFAULT_TOP_ROWS` per table on the terminal
+    unless ``--all``. JSON and HTML always have every row."""
+    return show_all or not to_terminal
+
+
 def _sort_value(row: dict, key: str) -> float:
     """Rows largest first: by the number, else by the expression with every symbol at 64 (a mid-size dim)."""
     if row.get(key) is not None:
@@ -410,14 +443,22 @@ def grouped_unfused(rows: list[dict]) -> list[dict]:
 
 def unfused_groups(doc: Doc) -> list[tuple[str, int, str]]:
     """The unfused patterns of a report dict grouped by reason: ``(reason, count, what would fuse them)``, most
-    frequent first (``onnxfuse.report.remedies.remedy``; for a target-dependent reason, the first pattern's)."""
-    counts: dict[str, int] = {}
-    first: dict[str, dict] = {}
+    frequent first (``onnxfuse.report.remedies.remedy`` of each pattern; where a target-dependent reason's patterns
+    have different remedies, each with its count: ``--target cpu (16 of them), --target cpu ... (9 of them)``)."""
+    fixes: dict[str, dict[str, int]] = {}
     for row in doc["unfused"]:
-        counts[row["reason"]] = counts.get(row["reason"], 0) + 1
-        first.setdefault(row["reason"], row)
+        by_fix = fixes.setdefault(row["reason"], {})
+        fix = remedy(row, doc["target"])
+        by_fix[fix] = by_fix.get(fix, 0) + 1
+    counts = {r: sum(f.values()) for r, f in fixes.items()}
     order = sorted(counts, key=lambda r: (-counts[r], r))
-    return [(r, counts[r], remedy(first[r], doc["target"])) for r in order]
+
+    def fix_text(by_fix: dict[str, int]) -> str:
+        if len(by_fix) == 1:
+            return next(iter(by_fix))
+        return ", ".join(f"{fix} ({n} of them)" for fix, n in sorted(by_fix.items(), key=lambda fn: (-fn[1], fn[0])))
+
+    return [(r, counts[r], fix_text(fixes[r])) for r in order]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -501,7 +542,8 @@ def headline(doc: Doc, code: bool = False, hints: bool = True, plain=str) -> lis
         at = (f"vs the graph as exported{label}", before["total_bytes"], after["total_bytes"], t["saved_bytes"])
     elif t["at_batch_1"] and t["at_batch_1"]["saved_bytes"] is not None:
         b = t["at_batch_1"]
-        at = (f"vs the graph as exported, at batch 1 ({plain(b['symbol'])} is the only symbolic dim)",
+        at = (f"vs the graph as exported, at batch 1 ({plain(display_name(doc, b['symbol']))} is the only symbolic "
+              "dim)",
               b["before_total_bytes"], b["after_total_bytes"], b["saved_bytes"])
     elif doc["symbols"] and not doc["symbol_values"]:
         values = representative_values(doc)
@@ -541,6 +583,64 @@ def headline(doc: Doc, code: bool = False, hints: bool = True, plain=str) -> lis
     return lines
 
 
+def figure_sizes(doc: Doc) -> dict[str, int] | None:
+    """The sizes every figure of a report is given at when its model has symbolic dims and no value was given for
+    them: the stated representative sizes (:func:`representative_values`: batch 1, 224 for the other dims), the
+    ones verification's first input set runs at too (``onnxfuse.ort.sessions.DEFAULT_BATCH_DIM`` /
+    ``DEFAULT_OTHER_DIM``); None when the report has numbers (no symbols, or ``symbol_values``)."""
+    if not doc.get("symbols") or doc.get("symbol_values"):
+        return None
+    return representative_values(doc)
+
+
+def saved_beyond_onnxruntime(doc: Doc) -> int | None:
+    """The figure every view leads with: bytes of memory traffic onnxfuse saves beyond what onnxruntime (the
+    installed release, the report's ``--ort-level``, CPU execution provider) already makes of the original at load
+    (the ``onnxruntime`` section's ``saved_bytes_beyond``), at the input shapes used or, for symbolic dims without
+    values, at :func:`figure_sizes`. 0 when nothing was fused; None when the comparison was not made (onnxruntime
+    could not load a model) or a size is unknown."""
+    rt = doc.get("onnxruntime")
+    if not doc["fusions"]:
+        return 0
+    if not rt or rt["status"] != "compared":
+        return None
+    if rt["saved_bytes_beyond"] is not None:
+        return int(rt["saved_bytes_beyond"])
+    sizes = figure_sizes(doc)
+    return at_values(rt["saved_bytes_beyond_expr"], sizes) if sizes is not None else None
+
+
+def saved_vs_exported(doc: Doc) -> int | None:
+    """The figure beside it: bytes saved against the graph as exported (``totals.saved_bytes``), at the same
+    sizes as :func:`saved_beyond_onnxruntime`; None when unknown."""
+    t = doc["totals"]
+    if t["saved_bytes"] is not None:
+        return int(t["saved_bytes"])
+    sizes = figure_sizes(doc)
+    return at_values(t["saved_bytes_expr"], sizes) if sizes is not None else None
+
+
+def sizes_label(doc: Doc, plain=str) -> str:
+    """Where the figures are given: `` at x=1x3x640x640`` (the input shapes used), `` at representative sizes
+    N=1, H=224`` (:func:`figure_sizes`, by display names), or empty (the model's own fixed shapes)."""
+    sizes = figure_sizes(doc)
+    if sizes is not None:
+        names = display_names(doc)
+        return " at representative sizes " + ", ".join(f"{plain(names.get(k, k))}={v}" for k, v in sizes.items())
+    return f" at {plain(shapes_text(doc))}" if doc["input_shapes"] else ""
+
+
+def _other_release(doc: Doc) -> str:
+    """``; measured with it, not the 1.20 the model is for`` when the report is for another onnxruntime release
+    (``--ort-version``, the ``deployment`` section) than the installed one, which made the runtime comparison
+    (only the installed release can load a model here); else empty."""
+    wanted = (doc.get("deployment") or {}).get("ort_version")
+    installed = (doc.get("onnxruntime") or {}).get("installed") or ""
+    if not wanted or installed.split(".")[:2] == wanted.split(".")[:2]:
+        return ""
+    return f"; measured with it, not the {wanted} the model is for"
+
+
 def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
     """The summary's first line: what onnxfuse saves beyond what onnxruntime already makes of the original at
     load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared.
@@ -548,7 +648,7 @@ def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
     rt = doc.get("onnxruntime")
     if not rt or not doc["fusions"]:
         return None
-    head = f"vs onnxruntime {rt['installed']} (installed, CPU provider) at level {rt['level']}"
+    head = f"vs onnxruntime {rt['installed']} (installed, CPU provider{_other_release(doc)}) at level {rt['level']}"
     if rt["status"] != "compared":
         return f"{head}: not compared ({plain(rt['reason'])})"
     made, total = rt["fusions_made_by_onnxruntime"], rt["fusions"]
@@ -557,13 +657,9 @@ def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
         return (f"{head}: onnxruntime makes all {total} of these fusions itself when it loads the original "
                 f"({kernels}); nothing is saved beyond it")
     at = ""
-    representative = (at_values(rt["saved_bytes_beyond_expr"], representative_values(doc))
-                      if rt["saved_bytes_beyond"] is None and doc["symbols"] and not doc["symbol_values"] else None)
-    if rt["saved_bytes_beyond"] is not None:
-        saved = human_bytes(rt["saved_bytes_beyond"])
-        at = f" at {plain(shapes_text(doc))}" if doc["input_shapes"] else ""
-    elif representative is not None:
-        saved, at = human_bytes(representative), " at representative sizes"
+    figure = saved_beyond_onnxruntime(doc)
+    if figure is not None:
+        saved, at = human_bytes(figure), sizes_label(doc, plain)
     elif rt["saved_bytes_beyond_expr"] is not None:
         saved = expr_text(rt["saved_bytes_beyond_expr"], doc, code)
     else:
@@ -650,10 +746,29 @@ def profile_line(doc: Doc, plain=str) -> str | None:
         return None
     o, a = p["original"], p["optimized"]
     shapes = ", ".join(f"{plain(k)}={'x'.join(map(str, v)) or 'scalar'}" for k, v in p["input_shapes"].items())
-    return (f"measured by onnxruntime's profiler at level {p['level']}, {p['threads']} thread(s), median of "
-            f"{p['runs']} runs: {o['kernels']} -> {a['kernels']} kernels, {o['total_ms']:.3f} ms -> "
-            f"{a['total_ms']:.3f} ms, {human_bytes(o['total_bytes'])} -> {human_bytes(a['total_bytes'])} read and "
-            f"written (at {shapes})")
+    timing = timing_text(p)
+    kernel_ms = ("" if timing else f", {o['total_ms']:.3f} ms -> {a['total_ms']:.3f} ms")  # a report without timing
+    return ((f"{timing}; " if timing else "")
+            + f"measured by onnxruntime's profiler at level {p['level']}, {p['threads']} thread(s), median of "
+            f"{p['runs']} runs: {o['kernels']} -> {a['kernels']} kernels{kernel_ms}, "
+            f"{human_bytes(o['total_bytes'])} -> {human_bytes(a['total_bytes'])} read and written (at {shapes})")
+
+
+def timing_text(p: Doc) -> str | None:
+    """``latency at level all (onnxfuse bench's paired rounds, 16 rounds): 7.02 ms -> 12.0 ms, ratio 1.71 (99.97%
+    interval 0.93 to 2.41): inconclusive`` from a profile section's ``timing`` (``bench.report_profile``); None
+    for a profile without it (an older report). The verdict is bench's, with its margin."""
+    t = p.get("timing")
+    if not t:
+        return None
+    verdict = t["verdict"]
+    if verdict == "same" and t.get("same_kernels"):
+        verdict = "same (onnxruntime runs the same kernels for both)"
+    elif verdict == "inconclusive":
+        verdict = f"inconclusive (the interval is not all within or all outside 1 +-{t['margin']:.0%})"
+    return (f"latency at level {p['level']} (onnxfuse bench's paired rounds, {t['rounds']} rounds): "
+            f"{t['original_ms']:.3g} ms -> {t['optimized_ms']:.3g} ms, ratio {t['ratio']:.3g} "
+            f"({100 * t['ci_confidence']:.4g}% interval {t['ci_low']:.3g} to {t['ci_high']:.3g}): {verdict}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -737,20 +852,13 @@ def _ref(row: dict) -> dict:
 
 def chart_sizes(doc: Doc) -> tuple[dict[str, int], str] | None:
     """``(symbol -> size, where the sizes come from)`` for a report with symbolic dims and no value for them: the
-    input sizes verification ran with when every symbol appears in them, else the stated representative sizes
-    (:func:`representative_values`). None when the report has numbers (no symbols, or values for them)."""
-    if not doc.get("symbols") or doc.get("symbol_values"):
+    sizes of every figure of the run (:func:`figure_sizes`, the stated representative sizes, which verification's
+    first input set also runs at), so that the chart and the summary give the same number. None when the report
+    has numbers (no symbols, or values for them)."""
+    sizes = figure_sizes(doc)
+    if sizes is None:
         return None
-    shapes = (doc.get("verification") or {}).get("input_shapes") or {}
-    values = {}
-    for name, where in doc["symbols"].items():
-        dims = shapes.get(where["input"])
-        if dims and where["axis"] < len(dims):
-            values[name] = int(dims[where["axis"]])
-    if len(values) == len(doc["symbols"]):
-        return values, "the input sizes verification ran with"
-
-    return (representative_values(doc),
+    return (sizes,
             f"representative sizes: batch {REPRESENTATIVE_BATCH}, {REPRESENTATIVE_SIZE} for the other dims")
 
 

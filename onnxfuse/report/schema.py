@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeAlias, TypedDict
 Doc: TypeAlias = Mapping[str, Any]
 
 #: ``schema_version`` of the JSON form.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: The verification reason of a report that ``onnxfuse report`` (or the API's ``analyse``) made: nothing was run.
 REPORT_DOES_NOT_VERIFY = "onnxfuse report does not verify"

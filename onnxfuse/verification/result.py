@@ -149,6 +149,15 @@ class OutputDiff:
         return text + f"; {self.floors_text()}, error = {ratio:.3g}x the effective floor, tolerance " \
                       f"{floor_multiple:g}x = {self.tolerance:.3g} (would pass with --atol {self.needed_atol:.3g})"
 
+    def source_floor(self) -> str:
+        """The floor the tolerance is a multiple of (:attr:`effective_floor`, the largest of the three), named with
+        its value: ``onnxruntime noise floor F``, ``rounding floor R`` or ``min floor M``; on a tie the measured one
+        (noise floor first)."""
+        floors = [("onnxruntime noise floor", self.floor), ("rounding floor", self.rounding_floor),
+                  ("min floor", self.min_floor)]
+        name, value = max(((n, v) for n, v in floors if v is not None), key=lambda nv: nv[1])
+        return f"{name} {value:.3g}"
+
     def floors_text(self) -> str:
         """``onnxruntime noise floor F, rounding floor R, min M`` (the rounding floor only when measured)."""
         floor = "not measured" if self.floor is None else f"{self.floor:.3g}"
@@ -235,13 +244,17 @@ class Verification:
         """The result when no pass rewrote the graph: the output computes what the input does."""
         return cls(Status.UNCHANGED, "nothing was rewritten, so there was nothing to verify; onnxruntime was not run")
 
-    def unchecked(self, require_option: bool = True) -> list[str]:
+    def unchecked(self, require_option: bool = True, reason_shown: bool = False) -> list[str]:
         """One line per thing this verification did not check, each naming what to pass: skipped (not by
         ``--no-verify``; with ``require_option``, that ``--require-verify`` makes it an error), outputs not
-        compared, invented input sizes, integer inputs fed random values. Empty when everything was checked."""
+        compared, invented input sizes, integer inputs fed random values. Empty when everything was checked.
+        ``reason_shown``: the reason of a skip is printed elsewhere (the command's result on stdout), so the line
+        points there instead of repeating it (onnxruntime's messages run to hundreds of characters)."""
         lines = []
         if self.status == Status.SKIPPED and self.cause != Cause.USER:
-            lines.append(f"NOT VERIFIED: {self.reason}" + (f"; {self.hint}" if self.hint else "")
+            why = "verification was skipped (why: the verification line of the result)" if reason_shown \
+                else self.reason
+            lines.append(f"NOT VERIFIED: {why}" + (f"; {self.hint}" if self.hint else "")
                          + ("; --require-verify makes this an error (exit 1)" if require_option else ""))
         if self.status == Status.PARTIAL:
             lines.append(f"NOT FULLY VERIFIED: {self.reason}"
@@ -292,11 +305,8 @@ class Verification:
         if worst.tolerance is None or exact(np.dtype(worst.dtype)):
             return f"max abs error {worst.max_abs_error:.3g} on {worst.name}, atol {worst.atol:g} rtol " \
                    f"{worst.rtol:g}; {sets}"
-        floors = (f"onnxruntime noise floor {worst.floor:.3g}" if worst.floor is not None else
-                  f"rounding floor {worst.rounding_floor:.3g}" if worst.rounding_floor is not None else
-                  f"min floor {worst.min_floor:.3g}")
         return f"worst output {worst.name}: max abs error {worst.max_abs_error:.3g}, tolerance " \
-               f"{worst.tolerance:.3g} (from the {floors}); {sets}"
+               f"{worst.tolerance:.3g} (from the {worst.source_floor()}); {sets}"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (see report.schema.json, ``verification``)."""

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from onnxfuse.cli.args.model_inputs import input_shape_option, parse_input_shapes
-from onnxfuse.errors import InputError
-from onnxfuse.ort.levels import DEFAULT_ORT_LEVEL, ORT_LEVELS
+from onnxfuse.ort.levels import DEFAULT_ORT_LEVEL as DEFAULT_ORT_LEVEL  # re-exported: cli/report.py, cli/batch.py
+from onnxfuse.ort.levels import ORT_LEVELS
 
 if TYPE_CHECKING:
     from onnxfuse import pipeline
@@ -83,25 +83,40 @@ def optimization_options(fn: F) -> F:
                      help="Treat initializers that are also graph inputs (IR version 4 or later; before IR 4 they "
                           "are constants anyway, as in onnxruntime) as constants, so they can be folded. Only if "
                           "nobody feeds those inputs at run time."),
+        click.option("--materialize-weights", type=click.FloatRange(min=0), default=0, metavar="MIB",
+                     help="Let the output grow by up to this many MiB (2^20 bytes) to store conv/Gemm weights that "
+                          "the model computes from compact constants (int8 x scale, ConstantOfShape) as plain "
+                          "floats. Default 0: they stay compact and folds go into their scale; onnxruntime "
+                          "computes them at load. Folds that give a node its own copy of a weight other nodes "
+                          "share spend it too, after a free 1 MiB for the whole model (fold-copies-shared-weight)."),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
     return fn
 
 
+def optimization_option_names() -> tuple[str, ...]:
+    """The parameter names :func:`optimization_options` declares, read from the declaration itself (so that a
+    command that must refuse them, ``bench`` with OPTIMIZED, never misses a new one)."""
+    @optimization_options
+    def declared() -> None:  # pragma: no cover - never called, only decorated
+        pass
+
+    return tuple(reversed([p.name for p in getattr(declared, "__click_params__", []) if p.name]))  # as declared
+
+
 def to_options(target: str, only: Iterable[str], skip: Iterable[str], input_shape: Iterable[str],
-               constant_initializer_inputs: bool, ort_level: str | None,
-               ort_version: str | None = None) -> pipeline.Options:
-    """The values of :func:`optimization_options` as ``pipeline.Options`` (``ort_level`` None: the default).
+               constant_initializer_inputs: bool, ort_level: str | None, ort_version: str | None = None,
+               materialize_weights: float = 0.0) -> pipeline.Options:
+    """The values of :func:`optimization_options` as ``pipeline.Options``, built by ``pipeline.make_options`` as
+    the API builds them (``ort_level`` None: the default).
 
     Raises:
-        InputError: ``--only`` and ``--skip`` leave no pass, or a malformed ``--input-shape``.
+        InputError: ``--only`` and ``--skip`` leave no pass, a malformed ``--input-shape``, or another value
+            ``make_options`` refuses.
     """
     from onnxfuse import pipeline
 
-    only, skip = tuple(only), tuple(skip)
-    if only and set(only) <= set(skip):
-        raise InputError("--only and --skip leave no pass to run")
-    return pipeline.Options(target=target, only=only, skip=skip, input_shapes=parse_input_shapes(input_shape),
-                            constant_initializer_inputs=constant_initializer_inputs,
-                            ort_level=ort_level or DEFAULT_ORT_LEVEL, ort_version=ort_version)
+    return pipeline.make_options(target=target, only=only, skip=skip, input_shapes=parse_input_shapes(input_shape),
+                                 constant_initializer_inputs=constant_initializer_inputs, ort_level=ort_level,
+                                 ort_version=ort_version, materialize_weights=materialize_weights)
