@@ -7,8 +7,12 @@ Before => after::
     Conv -> [wrappers] -> wrapper -> Add(., c)  =>  Conv -> [wrappers] -> Add(., c') -> wrapper
     Conv -> [wrappers] -> wrapper -> Relu       =>  Conv -> [wrappers] -> Relu -> wrapper
 
-(wrapper: Transpose, Squeeze, Unsqueeze or Reshape; Sub/Mul/Div as Add; Tanh, Sigmoid, LeakyRelu, Clip,
-HardSigmoid, HardSwish as Relu)
+    Add(x, c) -> wrapper -> [wrappers] -> Conv   =>  wrapper -> Add(., c') -> [wrappers] -> Conv
+
+(wrapper: Transpose, Squeeze, Unsqueeze or Reshape; Sub/Mul/Div as Add, but never c / x; Tanh, Sigmoid,
+LeakyRelu, Clip, HardSigmoid, HardSwish as Relu). The first two feed conv_affine and conv_activation; the third
+(TensorFlow's input normalization x * s[C] + o[C] on NHWC before the Transpose into the first Conv) feeds
+affine_conv. An op with a Conv behind it moves towards that Conv only, so no op moves back and forth.
 
 The exporters of TensorFlow graphs write NHWC convs as ``Transpose(NHWC->NCHW) -> Conv -> Transpose(NCHW->NHWC)``
 with the bias or scale on the last axis after the second Transpose; audio toolkits write a Conv1d as
@@ -63,13 +67,16 @@ ACTIVATIONS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid", "H
 
 @dataclass
 class LayoutMatch(Match):
-    """``nodes`` = [wrapper, op]. ``data`` is the index of the op's input the wrapper feeds; ``constant`` the new
-    operand shaped for the conv side (None for an activation, whose other inputs, Clip's bounds, are
-    ``extra``: constants re-stored as fresh initializers so the op may run where the wrapper ran)."""
+    """``nodes`` = [wrapper, op] (an op after the wrapper, moved before it), or [op, wrapper] with ``forward`` (an
+    affine before a wrapper that leads to a Conv, moved after it). ``data`` is the index of the op's run-time
+    input; ``constant`` the new operand shaped for the op's new place (None for an activation, whose other inputs,
+    Clip's bounds, are ``extra``: constants re-stored as fresh initializers so the op may run where the wrapper
+    ran; with ``forward`` ``extra`` holds the wrapper's shape or axes input, re-stored the same way)."""
 
     data: int = 0
     constant: np.ndarray | None = None
     extra: tuple[tuple[int, np.ndarray], ...] = ()
+    forward: bool = False
 
 
 class _Refused(Exception):
@@ -161,18 +168,20 @@ class LayoutWrapper(Pass[LayoutMatch]):
                "Reshape of a Conv's output to before it, where it folds or fuses into the Conv")
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.INITIALIZER_IS_INPUT, Reason.NOT_PER_CHANNEL,
                Reason.CONV_IS_DIVISOR, Reason.LAYOUT_SHAPE, Reason.LAYOUT_SPLIT)
-    anchors = AFFINE + ACTIVATIONS
+    anchors = AFFINE + ACTIVATIONS + WRAPPERS
 
     def match(self, node: gs.Node, ctx: Context) -> LayoutMatch | Skip | None:
         if not is_op(node, *self.anchors) or not node.inputs or len(node.outputs) != 1:
             return None
+        if node.op in WRAPPERS:
+            return self._before_conv(node, ctx)
         sides = (0, 1) if node.op in AFFINE and len(node.inputs) == 2 else (0,)
         for side in sides:
             wrapper = edit.producer(node.inputs[side])
             if not is_op(wrapper, *WRAPPERS) or len(wrapper.outputs) != 1 or not wrapper.inputs:
                 continue
             nodes, out = [wrapper, node], node.outputs[0]
-            chain = self._to_conv(wrapper)
+            chain = self._to_conv(wrapper.inputs[0])
             if chain is None:
                 continue
             bad = private_check([wrapper.inputs[0], wrapper.outputs[0]], nodes, ctx, nodes, out)
@@ -191,12 +200,92 @@ class LayoutWrapper(Pass[LayoutMatch]):
                 return skip(refused.reason, refused.detail, nodes, out)
         return None
 
+    def _before_conv(self, wrapper: gs.Node, ctx: Context) -> LayoutMatch | Skip | None:
+        """An Add/Sub/Mul/Div by a constant before ``wrapper``, whose output reaches input 0 of a Conv through
+        wrappers only: the op moves after ``wrapper`` (affine_conv folds it into the Conv), its constant following
+        the axis it varies along to the conv's channel axis (1)."""
+        op = edit.producer(wrapper.inputs[0])
+        if not is_op(op, *AFFINE) or len(op.inputs) != 2 or len(op.outputs) != 1:
+            return None
+        values = [ctx.constant(t) for t in op.inputs]
+        runtime = [i for i, (v, why) in enumerate(values) if v is None and why != Reason.INITIALIZER_IS_INPUT]
+        if len(runtime) != 1 or (op.op == "Div" and runtime[0] == 1):
+            return None  # two run-time operands, two constants, or c / x (1/x is not affine)
+        data = runtime[0]
+        if self._to_conv(op.inputs[data]) is not None:
+            return None  # a Conv before: the op moves towards it (folded there), never both ways
+        nxt, wrappers, last = wrapper, [wrapper], wrapper.outputs[0]
+        for _ in range(32):
+            readers = edit.consumers(last)
+            if len(readers) != 1:
+                return None
+            nxt = readers[0]
+            if is_op(nxt, *CONV_OPS) and nxt.inputs[0] is last:
+                break
+            if len(nxt.outputs) != 1 or not (is_op(nxt, *WRAPPERS) or self._moved_affine(nxt, last)):
+                return None
+            if nxt.op in WRAPPERS:
+                wrappers.append(nxt)
+            last = nxt.outputs[0]
+        else:
+            return None
+        nodes, out = [op, wrapper], wrapper.outputs[0]
+        bad = private_check([op.outputs[0]], [wrapper], ctx, nodes, out)
+        if bad:
+            return bad
+        c_tensor = op.inputs[1 - data]
+        c = values[1 - data][0]
+        if c is None:
+            return skip(Reason.INITIALIZER_IS_INPUT, f"{c_tensor.name} is an initializer listed as a graph input "
+                        "(overridable)", nodes, out)
+        c = np.asarray(c)
+        x_shape, y_shape = ctx.shape(op.inputs[data]), ctx.shape(wrapper.outputs[0])
+        try:
+            if x_shape is None or y_shape is None:
+                raise _Refused(Reason.LAYOUT_SHAPE, f"the rank of {op.inputs[data].name} or of {out.name} is not "
+                               "known")
+            aligned = (1,) * (len(x_shape) - c.ndim) + tuple(c.shape)
+            if c.ndim > len(x_shape) or any(d != 1 and d != x for d, x in zip(aligned, x_shape, strict=True)):
+                return skip(Reason.NOT_PER_CHANNEL, f"{c_tensor.name} of shape {list(c.shape)} broadcasts "
+                            f"{op.inputs[data].name} {list(x_shape)} to a larger shape", nodes, out)
+            extra = []
+            for i, t in enumerate(wrapper.inputs[1:], start=1):
+                if t.name and edit.producer(t) is not None:  # a Constant node: re-stored where the wrapper moves
+                    value, _ = ctx.constant(t)
+                    if value is None:
+                        raise _Refused(Reason.LAYOUT_SHAPE, f"input {t.name} of {wrapper.name} is computed at run "
+                                       "time")
+                    extra.append((i, np.asarray(value)))
+            if c.size == 1:
+                return LayoutMatch(nodes, data=data, constant=c.reshape((1,) * min(max(c.ndim, 1), len(y_shape))),
+                                   extra=tuple(extra), forward=True)
+            varying = [i for i, d in enumerate(aligned) if d != 1]
+            axis = channel_axis(wrapper, varying[0], ctx) if len(varying) == 1 else -1
+            landed = axis
+            for w in wrappers[1:]:
+                landed = channel_axis(w, landed, ctx) if landed >= 0 else -1
+            if landed != 1:
+                return skip(Reason.NOT_PER_CHANNEL, f"{c_tensor.name} of shape {list(c.shape)} does not vary along "
+                            f"the axis that becomes the channel axis of the Conv after {wrapper.name}", nodes, out)
+        except _Refused as refused:
+            return skip(refused.reason, refused.detail, nodes, out)
+        shape = [1] * len(y_shape)
+        shape[axis] = int(aligned[varying[0]])
+        return LayoutMatch(nodes, data=data, constant=c.reshape(shape).copy(), extra=tuple(extra), forward=True)
+
     @staticmethod
-    def _to_conv(wrapper: gs.Node) -> list[gs.Node] | None:
-        """The nodes from a Conv to the node before ``wrapper`` (Conv first; wrappers, per-channel affines and
-        activations moved before them), or None when the walk back from ``wrapper`` meets anything else."""
+    def _moved_affine(node: gs.Node, data: gs.Tensor) -> bool:
+        """True for an Add/Sub/Mul/Div of ``data`` by a constant (one moved after a wrapper before), not c / x."""
+        if not is_op(node, *AFFINE) or len(node.inputs) != 2 or data not in node.inputs:
+            return False
+        side = 0 if node.inputs[0] is data else 1
+        return constants.is_constant(node.inputs[1 - side]) and not (node.op == "Div" and side == 1)
+
+    @staticmethod
+    def _to_conv(t: gs.Tensor) -> list[gs.Node] | None:
+        """The nodes from a Conv to the one that writes ``t`` (Conv first; wrappers, per-channel affines and
+        activations moved before them), or None when the walk back from ``t`` meets anything else."""
         chain: list[gs.Node] = []
-        t = wrapper.inputs[0]
         for _ in range(32):
             n = edit.producer(t)
             if is_op(n, *CONV_OPS):
@@ -262,6 +351,8 @@ class LayoutWrapper(Pass[LayoutMatch]):
         return LayoutMatch(nodes, data=side, constant=c.reshape(shape).copy())
 
     def rewrite(self, match: LayoutMatch, ctx: Context) -> Fusion:
+        if match.forward:
+            return self._rewrite_forward(match, ctx)
         wrapper, node = match.nodes
         original = replaced(match.nodes)
         order = ctx.edit_order
@@ -283,4 +374,27 @@ class LayoutWrapper(Pass[LayoutMatch]):
         order.delete([wrapper, node])
         order.place(node, a)
         order.place(wrapper, b)
+        return Fusion(self.name, node.name, node.op, original, None, out.name, self.kind)
+
+    def _rewrite_forward(self, match: LayoutMatch, ctx: Context) -> Fusion:
+        """X -> op(c) -> wrapper -> Y  =>  X -> wrapper -> op(c') -> Y: the wrapper takes the op's slot (its
+        inputs are X and fresh initializers), the op the wrapper's."""
+        node, wrapper = match.nodes
+        original = replaced(match.nodes)
+        order = ctx.edit_order
+        source, out = node.inputs[match.data], wrapper.outputs[0]
+        moved = gs.Variable(ctx.namer.fresh(f"{node.name}_input_{wrapper.op.lower()}"), dtype=ctx.dtype(out),
+                            shape=ctx.shape(out))
+        for i, value in match.extra:
+            wrapper.inputs[i] = constants.new_constant(ctx.namer, f"{wrapper.name}_in{i}", np.array(value))
+        wrapper.inputs[0] = source
+        wrapper.outputs = [moved]
+        node.inputs[match.data] = moved
+        if match.constant is not None:
+            node.inputs[1 - match.data] = constants.new_constant(ctx.namer, f"{node.name}_c", match.constant)
+        node.outputs = [out]
+        a, b = order.slot(node), order.slot(wrapper)
+        order.delete([wrapper, node])
+        order.place(wrapper, a)
+        order.place(node, b)
         return Fusion(self.name, node.name, node.op, original, None, out.name, self.kind)

@@ -212,3 +212,65 @@ def test_residual_after_the_wrapper_is_no_pattern(fuse):
     model = b.build(b.op("Add", [t, b.input("r", [1, 8, 8, 4])]))
     result = fuse(model)
     assert not result.fusions and not result.skips
+
+
+def nhwc_input_affine(pads=0, scale_shape=(3,), shift=True, extra_reader=False):
+    """TensorFlow's preprocessing before an NHWC conv: x * s[C] + o[C] -> Transpose(NHWC->NCHW) -> Conv."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 8, 8, 3])
+    y = b.op("Mul", [x, b.const(b.rng.uniform(0.5, 2.0, scale_shape).astype(np.float32))])
+    z = b.op("Add", [y, b.const(b.rand(3))]) if shift else y
+    conv = b.conv(b.op("Transpose", [z], perm=[0, 3, 1, 2]), 3, 4, pads=[pads] * 4)
+    return b.build([conv, b.op("Neg", [z])] if extra_reader else conv)
+
+
+def test_affine_before_the_wrapper_moves_after_it_exactly(fuse):
+    model = nhwc_input_affine()
+    result = fuse(model)
+    assert [n.op_type for n in result.model.graph.node] == ["Transpose", "Mul", "Add", "Conv"]
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+def test_affine_before_the_wrapper_folds_into_the_conv(fuse):
+    model = nhwc_input_affine()
+    result = fuse(model, only=(PASS, "affine_conv"))
+    assert op_counts(result.model) == {"Transpose": 1, "Conv": 1}
+    assert_same_outputs(model, result.model)
+
+
+def test_conv1d_input_scale_folds(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 12])
+    y = b.op("Mul", [x, b.const(b.rng.uniform(0.5, 2.0, (3, 1)).astype(np.float32))])
+    axes = b.const(np.array([2], np.int64), as_node=True)  # a Constant node: re-stored where the Unsqueeze moves
+    conv = b.conv(b.op("Unsqueeze", [y, axes]), 3, 4, k=(1, 3), pads=[0, 0, 0, 0])
+    model = b.build(conv)
+    result = fuse(model, only=(PASS, "affine_conv"))
+    assert op_counts(result.model) == {"Unsqueeze": 1, "Conv": 1}
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model)
+
+
+def test_between_two_convs_the_op_moves_towards_the_first_only(fuse):
+    """Conv -> Transpose -> Add(c) -> Transpose -> Conv: the Add moves before the first Transpose (and folds into
+    the first Conv), never back and forth."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8, 8])
+    y = b.op("Transpose", [b.conv(x, 3, 4)], perm=[0, 2, 3, 1])
+    y = b.op("Add", [y, b.const(b.rand(4))])
+    model = b.build(b.conv(b.op("Transpose", [y], perm=[0, 3, 1, 2]), 4, 5))
+    result = fuse(model, only=FOLDS)
+    assert [f.pass_name for f in result.fusions].count(PASS) == 1
+    assert op_counts(result.model) == {"Conv": 2}
+    assert_same_outputs(model, result.model)
+
+
+def test_skip_intermediate_has_other_consumers_before_the_wrapper(fuse):
+    model = nhwc_input_affine(shift=False, extra_reader=True)
+    assert_skipped(fuse(model), model, Reason.NOT_PRIVATE, PASS)
+
+
+def test_skip_constant_not_per_channel_before_the_wrapper(fuse):
+    model = nhwc_input_affine(shift=False, scale_shape=(8, 1, 1))  # varies along H of the NHWC input
+    assert_skipped(fuse(model), model, Reason.NOT_PER_CHANNEL, PASS)
