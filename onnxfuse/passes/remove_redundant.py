@@ -98,12 +98,13 @@ def _read(t: gs.Tensor, ctx: Context) -> bool:
 
 
 class RemoveRedundant(Pass[BypassMatch]):
-    """Identity / inference Dropout / Cast to the same dtype / cancelling Transpose pair => nothing."""
+    """Identity / inference Dropout / Cast to the same dtype / cancelling Transpose or Squeeze/Unsqueeze pair =>
+    nothing."""
 
     name = "remove_redundant"
     kind = RewriteKind.CANONICALIZE
     summary = ("remove Identity, inference Dropout, Cast to the same dtype, widening Cast round trips, zero Pads "
-               "and Transposes that cancel; compose Transpose pairs")
+               "and Transposes or Squeeze/Unsqueeze pairs that cancel; compose Transpose pairs")
     reasons = (Reason.GRAPH_OUTPUT, Reason.DROPOUT_TRAINING, Reason.DROPOUT_MASK)
     anchors = ("Identity", "Dropout", "Cast", "Transpose", "Pad", "Squeeze", "Unsqueeze")
 

@@ -274,3 +274,32 @@ def test_skip_intermediate_has_other_consumers_before_the_wrapper(fuse):
 def test_skip_constant_not_per_channel_before_the_wrapper(fuse):
     model = nhwc_input_affine(shift=False, scale_shape=(8, 1, 1))  # varies along H of the NHWC input
     assert_skipped(fuse(model), model, Reason.NOT_PER_CHANNEL, PASS)
+
+
+def test_whole_pipeline_on_nhwc_and_conv1d_chains(fuse):
+    """Every pass (the default order and fixpoint): TensorFlow's NHWC chain keeps one Transpose at each end, an
+    audio Conv1d chain one Unsqueeze and one Squeeze (remove_redundant cancels the pairs between convs)."""
+    nhwc = nhwc_model(blocks=3)
+    result = fuse(nhwc, skip=())
+    assert op_counts(result.model) == {"Transpose": 2, "FusedConv": 3}
+    assert_same_outputs(nhwc, result.model)
+    b = GraphBuilder()
+    y, axes = b.input("x", [1, 4, 16]), b.const(np.array([2], np.int64))
+    for _ in range(3):
+        y = b.op("Squeeze", [b.conv(b.op("Unsqueeze", [y, axes]), 4, 4, k=(1, 3), pads=[0, 1, 0, 1]), axes])
+        y = b.op("Relu", [b.op("Mul", [y, b.const(b.rng.uniform(0.5, 1.5, (4, 1)).astype(np.float32))])])
+    audio = b.build(y)
+    result = fuse(audio, skip=())
+    assert [n.op_type for n in result.model.graph.node] == ["Unsqueeze", "FusedConv", "FusedConv", "FusedConv",
+                                                            "Squeeze"]
+    assert_same_outputs(audio, result.model)
+
+
+def test_skip_layout_wrapper_shape_unknown_before_the_wrapper(fuse):
+    """x * s[C] -> Reshape(target computed at run time) -> Conv: the Reshape's axis mapping is not known."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 36])
+    target = b.input("target", [4], dtype=np.int64)
+    y = b.op("Mul", [x, b.const(b.rng.uniform(0.5, 2.0, (3, 1)).astype(np.float32))])
+    model = b.build(b.conv(b.op("Reshape", [y, target]), 3, 4, pads=[0, 0, 0, 0]))
+    assert_skipped(fuse(model), model, Reason.LAYOUT_SHAPE, PASS)
