@@ -303,3 +303,54 @@ def test_skip_layout_wrapper_shape_unknown_before_the_wrapper(fuse):
     y = b.op("Mul", [x, b.const(b.rng.uniform(0.5, 2.0, (3, 1)).astype(np.float32))])
     model = b.build(b.conv(b.op("Reshape", [y, target]), 3, 4, pads=[0, 0, 0, 0]))
     assert_skipped(fuse(model), model, Reason.LAYOUT_SHAPE, PASS)
+
+
+def _random_wrapped_conv(seed):
+    """Conv [1, 4, 6, 5] -> 1-3 random wrappers (Transpose of a random perm, Reshape merging two neighbouring axes,
+    Unsqueeze at a random axis, Squeeze of an axis of extent 1) -> op(c) -> Relu. Numpy applies the same wrappers
+    to an array of channel indices, which says independently of the pass which axis (if any) holds the channels
+    alone: c varies along it (else along the last axis, which must be refused or left, never moved wrongly).
+    Returns (model, whether a per-channel axis exists)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder(seed=seed)
+    x = b.input("x", [1, 3, 6, 5])
+    y = b.conv(x, 3, 4)
+    labels = np.broadcast_to(np.arange(4).reshape(1, 4, 1, 1), (1, 4, 6, 5)).copy()
+    for _ in range(rng.integers(1, 4)):
+        kind = rng.choice(["Transpose", "Reshape", "Unsqueeze", "Squeeze"])
+        if kind == "Transpose":
+            perm = [int(p) for p in rng.permutation(labels.ndim)]
+            y, labels = b.op("Transpose", [y], perm=perm), labels.transpose(perm)
+        elif kind == "Reshape" and labels.ndim >= 2:
+            a = int(rng.integers(0, labels.ndim - 1))
+            shape = [*labels.shape[:a], labels.shape[a] * labels.shape[a + 1], *labels.shape[a + 2:]]
+            y, labels = b.op("Reshape", [y, b.const(np.array(shape, np.int64))]), labels.reshape(shape)
+        elif kind == "Unsqueeze":
+            a = int(rng.integers(0, labels.ndim + 1))
+            y, labels = b.op("Unsqueeze", [y, b.const(np.array([a], np.int64))]), np.expand_dims(labels, a)
+        else:
+            ones = [i for i, d in enumerate(labels.shape) if d == 1]
+            if ones:
+                a = ones[int(rng.integers(0, len(ones)))]
+                y, labels = b.op("Squeeze", [y, b.const(np.array([a], np.int64))]), np.squeeze(labels, a)
+    axes = [j for j in range(labels.ndim) if labels.shape[j] == 4
+            and np.array_equal(labels, np.broadcast_to(np.moveaxis(np.arange(4).reshape(4, *([1] * (labels.ndim - 1))),
+                                                                   0, j), labels.shape))]
+    j = axes[0] if axes else labels.ndim - 1
+    shape = [1] * labels.ndim
+    shape[j] = labels.shape[j]
+    c = b.const(rng.uniform(0.5, 1.5, shape).astype(np.float32))
+    op = str(rng.choice(["Add", "Sub", "Mul", "Div"]))
+    inputs = [y, c] if op == "Div" or rng.integers(0, 2) else [c, y]
+    return b.build(b.op("Relu", [b.op(op, inputs)])), bool(axes)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_wrapper_chains_are_exact(fuse, seed):
+    model, per_channel = _random_wrapped_conv(seed)
+    result = fuse(model, skip=())
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model)
+    counts = op_counts(result.model)
+    if per_channel:  # the constant and the Relu are in the conv now
+        assert counts.get("FusedConv") == 1 and not any(counts.get(op) for op in ("Add", "Sub", "Mul", "Div"))
