@@ -165,7 +165,8 @@ class LayoutWrapper(Pass[LayoutMatch]):
     name = "layout_wrapper"
     kind = RewriteKind.CANONICALIZE
     summary = ("move a per-channel Add/Sub/Mul/Div or an activation from after a Transpose/Squeeze/Unsqueeze/"
-               "Reshape of a Conv's output to before it, where it folds or fuses into the Conv")
+               "Reshape of a Conv's output to before it, where it folds or fuses into the Conv (and a per-channel "
+               "Add/Sub/Mul/Div before a wrapper into a Conv to after it, where affine_conv folds it)")
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.INITIALIZER_IS_INPUT, Reason.NOT_PER_CHANNEL,
                Reason.CONV_IS_DIVISOR, Reason.LAYOUT_SHAPE, Reason.LAYOUT_SPLIT)
     anchors = AFFINE + ACTIVATIONS + WRAPPERS
