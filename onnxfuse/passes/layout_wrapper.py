@@ -357,7 +357,7 @@ class LayoutWrapper(Pass[LayoutMatch]):
         wrapper, node = match.nodes
         original = replaced(match.nodes)
         order = ctx.edit_order
-        source, wrapped, out = wrapper.inputs[0], wrapper.outputs[0], node.outputs[0]
+        source, out = wrapper.inputs[0], node.outputs[0]
         moved = gs.Variable(ctx.namer.fresh(f"{out.name}_before_{wrapper.op.lower()}"), dtype=ctx.dtype(source),
                             shape=ctx.shape(source))
         node.inputs[match.data] = source
@@ -367,8 +367,7 @@ class LayoutWrapper(Pass[LayoutMatch]):
             node.inputs[i] = constants.new_constant(ctx.namer, f"{node.name}_in{i}", np.array(value))
         node.outputs = [moved]
         wrapper.inputs[0] = moved
-        wrapper.outputs = [out]
-        del wrapped
+        wrapper.outputs = [out]  # the wrapper's old output tensor is left with neither producer nor reader
         # the op now runs where the wrapper ran (its inputs are the wrapper's input and fresh initializers), the
         # wrapper where the op ran (before every reader of the output)
         a, b = order.slot(wrapper), order.slot(node)
