@@ -10,7 +10,12 @@ Synthetic models (built here, float32 unless named; weights seeded):
 * ``float16_block``: a float16 MobileNetV2-style chain, 6 x (Conv 1x1 -> Clip(0, 6) -> depthwise Conv 3x3 -> Clip),
   which float16_body runs in float32;
 * ``hardswish_heads``: a stem and 4 heads Conv -> HardSwish whose outputs are graph outputs (onnxruntime does not
-  fuse a HardSwish whose output is a graph output; FusedConv(HardSwish) is kept there).
+  fuse a HardSwish whose output is a graph output; FusedConv(HardSwish) is kept there);
+* ``nhwc_convs``: a TensorFlow-style NHWC chain, 4 x (Transpose(NHWC->NCHW) -> Conv 3x3 32ch -> Transpose(NCHW->NHWC)
+  -> Mul(s[C]) -> Add(o[C]) -> Relu, the constants on the last axis), which layout_wrapper moves before the
+  Transposes (conv_affine folds them, the Transpose pairs between convs cancel);
+* ``conv1d_audio``: an audio encoder's Conv1d written as Conv2d, 4 x (Unsqueeze -> Conv 1x3 64ch -> Squeeze ->
+  Mul(s[C, 1]) -> Add(o[C, 1]) -> Relu) over 1x64x2000, which layout_wrapper moves before the Squeeze.
 
 Writes a Markdown table (ratio, interval, verdict per model, level and thread count) and the geometric mean of the
 ratios per level and thread count to stdout, and the raw JSON to benchmarks/results/zoo.json (model names only, no
@@ -126,12 +131,38 @@ def hardswish_heads() -> onnx.ModelProto:
     return g.model([1, 3, 96, 96], heads, opset=14)
 
 
+def nhwc_convs() -> onnx.ModelProto:
+    g = _Graph()
+    y, c = "x", 3
+    for _ in range(4):
+        t = g.op("Transpose", [y], perm=[0, 3, 1, 2])
+        y = g.op("Transpose", [g.conv(t, c, 32)], perm=[0, 2, 3, 1])
+        c = 32
+        y = g.op("Mul", [y, g.const(g.rng.uniform(0.5, 1.5, c).astype(np.float32))])
+        y = g.op("Relu", [g.op("Add", [y, g.const((g.rng.standard_normal(c) * 0.1).astype(np.float32))])])
+    return g.model([1, 56, 56, 3], [y])
+
+
+def conv1d_audio() -> onnx.ModelProto:
+    g = _Graph()
+    y, axes = "x", g.const(np.array([2], np.int64))
+    for _ in range(4):
+        w = g.rng.standard_normal((64, 64, 1, 3)) / math.sqrt(64 * 3)
+        conv = g.op("Conv", [g.op("Unsqueeze", [y, axes]), g.const(w.astype(np.float32)),
+                             g.const((g.rng.standard_normal(64) * 0.1).astype(np.float32))], pads=[0, 1, 0, 1])
+        y = g.op("Mul", [g.op("Squeeze", [conv, axes]), g.const(g.rng.uniform(0.5, 1.5, (64, 1)).astype(np.float32))])
+        y = g.op("Relu", [g.op("Add", [y, g.const((g.rng.standard_normal((64, 1)) * 0.1).astype(np.float32))])])
+    return g.model([1, 64, 2000], [y])
+
+
 #: Synthetic model name -> (builder, input shapes).
 SYNTHETIC = {
     "prelu_uniform": (prelu_uniform, ["x=1x3x56x56"]),
     "resize_nearest": (resize_nearest, ["x=1x64x40x40"]),
     "float16_block": (float16_block, ["x=1x3x112x112"]),
     "hardswish_heads": (hardswish_heads, ["x=1x3x96x96"]),
+    "nhwc_convs": (nhwc_convs, ["x=1x56x56x3"]),
+    "conv1d_audio": (conv1d_audio, ["x=1x64x2000"]),
 }
 
 

@@ -34,7 +34,8 @@ class RewriteKind(str, Enum):
 #: Names of the canonicalization passes (``RewriteKind.CANONICALIZE``; the stage ``onnxfuse.passes.CANONICALIZE``
 #: runs before the others). The report counts their rewrites as removed nodes, not as fused ones.
 CANONICALIZE_NAMES: frozenset[str] = frozenset({"constant_fold", "remove_redundant", "pad_conv",
-                                                "prelu_leaky_relu", "resize_nearest", "float16_body"})
+                                                "prelu_leaky_relu", "resize_nearest", "float16_body",
+                                                "layout_wrapper"})
 
 
 class Reason(str, Enum):
@@ -176,6 +177,14 @@ class Reason(str, Enum):
         "fold-copies-shared-weight",
         "--materialize-weights MIB lets the model grow by a folded copy of a weight other nodes also read (the "
         "first 1 MiB of such copies in all is free); or export one weight per node")
+    LAYOUT_SHAPE = (
+        "layout-wrapper-shape-unknown",
+        "--input-shape (or a static Reshape shape / Squeeze axes in the export): the wrapper's axis mapping needs "
+        "the rank and extents it moves")
+    LAYOUT_SPLIT = (
+        "layout-wrapper-splits-channels",
+        "none: the Reshape or Squeeze merges or removes the conv's channel axis, so no per-channel constant maps "
+        "across it")
 
     def __str__(self) -> str:
         return self.value

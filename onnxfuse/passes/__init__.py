@@ -24,6 +24,7 @@ from onnxfuse.passes.float16_body import Float16Body
 from onnxfuse.passes.gemm_activation import GemmActivation
 from onnxfuse.passes.gemm_affine import GemmAffine
 from onnxfuse.passes.gemm_batchnorm import GemmBatchNorm
+from onnxfuse.passes.layout_wrapper import LayoutWrapper
 from onnxfuse.passes.matmul_add import MatMulAdd
 from onnxfuse.passes.pad_conv import PadConv
 from onnxfuse.passes.prelu_leaky_relu import PReluLeakyRelu
@@ -47,6 +48,10 @@ CANONICALIZE: tuple[Pass, ...] = (
     PReluLeakyRelu(),
     # Exact for integer scales: the mapping onnxruntime's blocked layout keeps the Resize in.
     ResizeNearest(),
+    # Last: a per-channel affine or activation after a Transpose/Squeeze/Unsqueeze/Reshape of a Conv's output
+    # moves before it (TensorFlow NHWC, Conv1d written as Conv2d), where conv_affine and conv_activation see it;
+    # the Transpose pairs it leaves adjacent cancel in remove_redundant's next round.
+    LayoutWrapper(),
 )
 
 DEFAULT_PASSES: tuple[Pass, ...] = (

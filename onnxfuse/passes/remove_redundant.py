@@ -11,6 +11,7 @@ Before => after::
     Cast(x: T, to=W) -> Cast(., to=T) -> y   =>  readers of y read x       when every T value is exactly a W value
     Dropout(x, ratio=0, training_mode=1)     =>  readers of y read x
     Pad(x, pads all 0) -> y                  =>  readers of y read x
+    Squeeze(x, A) -> Unsqueeze(., A) -> y    =>  readers of y read x       (and Unsqueeze(x, A) -> Squeeze(., A))
 
 Exporters leave these between a Conv and what follows it (paddle2onnx: ``Conv -> Add -> Identity -> Relu``), and
 they break the chains the fusion passes look for. Dropout is the identity at inference (ONNX Operators.md,
@@ -24,7 +25,10 @@ trip (float16 -> float32 -> float16, int8 -> int32 -> int8: :data:`WIDENING`) gi
 Cast: every value of the narrower type is a value of the wider one, and casting it back is exact). Dropout in
 training mode with ratio 0 drops nothing and scales by 1 / (1 - 0): its output is its input (Operators.md,
 Dropout: ``output = scale * data * mask``, ``scale = 1 / (1 - ratio)``). A Pad whose pads are all 0 adds
-nothing, whatever its mode (Operators.md, Pad).
+nothing, whatever its mode (Operators.md, Pad). Squeeze removes axes of extent 1 and Unsqueeze inserts them
+(Operators.md), so a Squeeze of axes A followed by an Unsqueeze of the same axes A (normalized in the same rank),
+or the other way round, gives back x's shape and its elements in their order: audio exports write each Conv1d as
+``Unsqueeze -> Conv -> Squeeze``, leaving ``Squeeze -> Unsqueeze`` between two convs.
 
 When the removed node's output is a graph output (exporters often end a graph, or every Loop body, in an
 Identity), the node that computes its input takes over the graph output's name, so the model's interface stays
@@ -94,14 +98,15 @@ def _read(t: gs.Tensor, ctx: Context) -> bool:
 
 
 class RemoveRedundant(Pass[BypassMatch]):
-    """Identity / inference Dropout / Cast to the same dtype / cancelling Transpose pair => nothing."""
+    """Identity / inference Dropout / Cast to the same dtype / cancelling Transpose or Squeeze/Unsqueeze pair =>
+    nothing."""
 
     name = "remove_redundant"
     kind = RewriteKind.CANONICALIZE
     summary = ("remove Identity, inference Dropout, Cast to the same dtype, widening Cast round trips, zero Pads "
-               "and Transposes that cancel; compose Transpose pairs")
+               "and Transposes or Squeeze/Unsqueeze pairs that cancel; compose Transpose pairs")
     reasons = (Reason.GRAPH_OUTPUT, Reason.DROPOUT_TRAINING, Reason.DROPOUT_MASK)
-    anchors = ("Identity", "Dropout", "Cast", "Transpose", "Pad")
+    anchors = ("Identity", "Dropout", "Cast", "Transpose", "Pad", "Squeeze", "Unsqueeze")
 
     def match(self, node: gs.Node, ctx: Context) -> BypassMatch | Skip | None:
         if not is_op(node, *self.anchors) or not node.inputs or not node.outputs:
@@ -110,6 +115,8 @@ class RemoveRedundant(Pass[BypassMatch]):
             return self._transpose(node, ctx)
         if node.op == "Pad":
             return _bypass([node], node.inputs[0], [], ctx) if _zero_pads(node, ctx) else None
+        if node.op in ("Squeeze", "Unsqueeze"):
+            return self._squeeze_pair(node, ctx)
         source = node.inputs[0]
         if node.op == "Cast":
             to, dtype = _cast_to(node), ctx.dtype(source)
@@ -146,6 +153,33 @@ class RemoveRedundant(Pass[BypassMatch]):
         if not private:
             return None
         return BypassMatch([first, node], source=source, removed=removed, perm=composed)
+
+    @staticmethod
+    def _squeeze_pair(node: gs.Node, ctx: Context) -> BypassMatch | Skip | None:
+        """Squeeze(x, A) -> Unsqueeze(., A) or Unsqueeze(x, A) -> Squeeze(., A) in one graph: ``node``'s readers
+        read x; the first node goes too when nothing else reads it. The axes must be constants, normalized in the
+        rank of x (a Squeeze without axes: x's extents must be known)."""
+        other = "Unsqueeze" if node.op == "Squeeze" else "Squeeze"
+        first = edit.producer(node.inputs[0])
+        if not is_op(first, other) or not first.inputs or (ctx.members and id(first) not in ctx.members):
+            return None
+        source = first.inputs[0]
+        shape = ctx.shape(source)
+        if shape is None:
+            return None
+        axes = [_squeeze_axes(n, ctx) for n in (first, node)]
+        if axes[0] is None or axes[1] is None:
+            return None
+        rank = len(shape) + (len(axes[0]) if first.op == "Unsqueeze" else 0)  # the rank both axes lists count in
+        if not axes[0] and first.op == "Squeeze":  # no axes: every axis of extent 1, if all are known
+            if not all(isinstance(d, int) for d in shape):
+                return None
+            axes[0] = [i for i, d in enumerate(shape) if d == 1]
+        if not axes[0] or not axes[1] or {a % rank for a in axes[0]} != {a % rank for a in axes[1]}:
+            return None
+        private = len(edit.consumers(first.outputs[0])) == 1 and not edit.is_graph_output(first.outputs[0], ctx.graph)
+        removed = [first] if private else []
+        return _bypass([*removed, node], source, removed, ctx)
 
     @staticmethod
     def _cast_round_trip(node: gs.Node, to: np.dtype, dtype: np.dtype, ctx: Context) -> BypassMatch | Skip | None:
@@ -190,6 +224,16 @@ class RemoveRedundant(Pass[BypassMatch]):
             edit.take_over_output(ctx.graph, out, match.source)
         # node and op "": nothing computes it now
         return Fusion(self.name, "", "", original, None, original[-1][2], self.kind)
+
+
+def _squeeze_axes(node: gs.Node, ctx: Context) -> list[int] | None:
+    """Squeeze/Unsqueeze ``axes`` (attribute before opset 13, input since), [] when absent, None when computed."""
+    if "axes" in node.attrs:
+        return [int(a) for a in node.attrs["axes"]]
+    if len(node.inputs) > 1 and node.inputs[1].name:
+        value, _ = ctx.constant(node.inputs[1])
+        return None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
+    return []
 
 
 def _cast_to(node: gs.Node) -> np.dtype | None:

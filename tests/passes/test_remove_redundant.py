@@ -411,3 +411,39 @@ def test_skip_dropout_mask_used_says_the_mask_is_a_graph_output(fuse):
         out.type.CopyFrom(helper.make_tensor_type_proto(elem, [1, 4]))
     s = skip_of(fuse(model), PASS)
     assert s.reason == Reason.DROPOUT_MASK and "mask" in s.detail and "graph output" in s.detail
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_squeeze_unsqueeze_pair_between_conv1d_convs_is_removed(fuse, opset):
+    """Audio exports: Unsqueeze -> Conv -> Squeeze -> Unsqueeze -> Conv -> Squeeze; the middle pair cancels."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 10])
+
+    def axes_of(n):
+        return {"axes": [n]} if opset < 13 else {}
+
+    def squeeze_op(op, t, n):
+        extra = [] if opset < 13 else [b.const(np.array([n], np.int64))]
+        return b.op(op, [t, *extra], **axes_of(n))
+
+    y = squeeze_op("Squeeze", b.conv(squeeze_op("Unsqueeze", x, 2), 3, 4, k=(1, 3), pads=[0, 1, 0, 1]), 2)
+    y = squeeze_op("Squeeze", b.conv(squeeze_op("Unsqueeze", y, -2), 4, 5, k=(1, 3), pads=[0, 1, 0, 1]), -2)
+    model = b.build(y, opset=opset)
+    result = fuse(model)
+    assert [n.op_type for n in result.model.graph.node] == ["Unsqueeze", "Conv", "Conv", "Squeeze"]
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+def test_unsqueeze_squeeze_pair_is_removed_and_other_axes_are_not(fuse):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 6])
+    same = b.op("Squeeze", [b.op("Unsqueeze", [x, b.const(np.array([0, 3], np.int64))]),
+                            b.const(np.array([3, -5], np.int64))])  # axes 3 and 0 of the rank-5 tensor
+    other = b.op("Unsqueeze", [b.op("Squeeze", [b.conv(b.op("Unsqueeze", [x, b.const(np.array([2], np.int64))]),
+                                                       4, 4, k=(1, 1)), b.const(np.array([2], np.int64))]),
+                               b.const(np.array([3], np.int64))])  # [1, 4, 6] -> [1, 4, 6, 1]: no pair
+    model = b.build([b.op("Relu", [same]), other])
+    result = fuse(model)
+    assert op_counts(result.model) == {"Relu": 1, "Unsqueeze": 2, "Conv": 1, "Squeeze": 1}
+    assert_same_outputs(model, result.model, rtol=0, atol=0)
