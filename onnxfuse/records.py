@@ -183,6 +183,10 @@ class Reason(str, Enum):
     ATTENTION_PROJECTION = (
         "matmul-is-attention-projection",
         "none needed: onnxruntime's own attention fusion takes this MatMul + Add as it is, a Gemm would hide it")
+    BN_AXIS_NOT_FEATURE = (
+        "batchnorm-axis-not-matmul-feature",
+        "none: the BatchNormalization normalizes another axis than the MatMul's output columns (or a Reshape "
+        "between them has shapes that are not known: --fix-input-shape)")
 
     def __str__(self) -> str:
         return self.value

@@ -25,6 +25,7 @@ from onnxfuse.passes.gemm_activation import GemmActivation
 from onnxfuse.passes.gemm_affine import GemmAffine
 from onnxfuse.passes.gemm_batchnorm import GemmBatchNorm
 from onnxfuse.passes.matmul_add import MatMulAdd
+from onnxfuse.passes.matmul_batchnorm import MatMulBatchNorm
 from onnxfuse.passes.pad_conv import PadConv
 from onnxfuse.passes.prelu_leaky_relu import PReluLeakyRelu
 from onnxfuse.passes.remove_redundant import RemoveRedundant
@@ -66,6 +67,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     # Fully connected layers. MatMul + bias Add becomes a Gemm first, so the folds below see it. Folds of what
     # follows a Gemm run before batchnorm_gemm, so Gemm -> BN -> Gemm folds the BN forward (into the Gemm before
     # it), and all folds run before gemm_activation (Gemm -> BN -> Relu needs the BN gone first).
+    # A BN over a MatMul's output columns (through Reshape/Transpose) first: it leaves MatMul + Add for matmul_add.
+    MatMulBatchNorm(),
     MatMulAdd(),
     GemmBatchNorm(),
     GemmAffine(),
