@@ -5,13 +5,13 @@ Before => after (W a constant [K, N]; zero or more Reshape/Transpose nodes betwe
     MatMul(X, W) -> [Reshape | Transpose]* -> BatchNormalization(scale, bias, mean, var, epsilon)
         =>  MatMul(X, W') -> Add(t) -> [Reshape | Transpose]*
 
-The pattern is onnxruntime's MatmulBNFusion (onnxruntime/core/optimizer/matmul_bn_fusion.cc). That fusion checks
-only that the BN has N values; onnxfuse folds only where it is exact: where the BN's channel axis (axis 1,
-ONNX Operators.md, BatchNormalization) is, traced back through the Transposes and Reshapes, the last axis of
-the MatMul output, the N columns of W. A Transpose's output axis a is its input axis ``perm[a]`` (Operators.md,
-Transpose); a Reshape's output axis a is its input axis j when both are known numbers, equal, and the dims
-before them hold the same number of elements (the same row-major slices). The matmul_add pass then makes the
-MatMul + Add one Gemm (with a Reshape pair where X is not 2-D).
+The pattern is onnxruntime's MatmulBNFusion (onnxruntime/core/optimizer/matmul_bn_fusion.cc), whose conditions
+name no axis (the BN parameters must have N values); onnxfuse folds only where it is exact: where the BN's
+channel axis (axis 1, ONNX Operators.md, BatchNormalization) is, traced back through the Transposes and
+Reshapes, the last axis of the MatMul output, the N columns of W. A Transpose's output axis a is its input
+axis ``perm[a]`` (Operators.md, Transpose); a Reshape's output axis a is its input axis j when both are known
+numbers, equal, and the dims before them hold the same number of elements (the same row-major slices). The
+matmul_add pass then makes the MatMul + Add one Gemm (with a Reshape pair where X is not 2-D).
 
 Math (Operators.md, BatchNormalization: ``Z = (Y - mean) / sqrt(var + epsilon) * scale + bias``, per channel c;
 MatMul: ``Y[..., n] = sum_k X[..., k] W[k, n]``)::

@@ -96,8 +96,8 @@ def test_float16(fuse):
 
 
 def test_skip_batchnorm_axis_not_matmul_feature(fuse):
-    # no Transpose: BN's channel axis 1 of [B, S, N] is S, not W's columns (with S == N ... the count alone would
-    # let onnxruntime's MatmulBNFusion fold it along the wrong axis)
+    # no Transpose: BN's channel axis 1 of [B, S, N] is S, not W's columns; S == N, so the parameter count alone
+    # would not tell
     b, y = conformer_like(transpose=False, x_shape=(B, N, K))
     model = b.build(y)
     s = assert_skipped(fuse(model), model, Reason.BN_AXIS_NOT_FEATURE)
@@ -105,7 +105,7 @@ def test_skip_batchnorm_axis_not_matmul_feature(fuse):
 
 
 def test_skip_batchnorm_axis_not_matmul_feature_through_a_splitting_reshape(fuse):
-    # [B, S, N] -> [B, S, 2, 2]: N split in two, the channel axis (here S after the Transpose) ... is no input axis
+    # [B, S, N] = [2, 6, 4] -> [2, 2, 12]: the channel axis (size 2) is no axis of the MatMul output
     b = GraphBuilder(seed=4)
     mm = b.op("MatMul", [b.input("x", [B, S, K]), b.const(b.rand(K, N))])
     r = b.op("Reshape", [mm, b.const(np.array([B, 2, S * 2], np.int64))])
