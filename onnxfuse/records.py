@@ -187,6 +187,10 @@ class Reason(str, Enum):
         "batchnorm-axis-not-matmul-feature",
         "none: the BatchNormalization normalizes another axis than the MatMul's output columns (or a Reshape "
         "between them has shapes that are not known: --fix-input-shape)")
+    IN_FUNCTION = (
+        "inside-model-function",
+        "none: onnxfuse leaves the bodies of model-local functions (ModelProto.functions) as they are; an exporter "
+        "option that inlines them (or onnx.inliner.inline_local_functions) puts the pattern in the main graph")
 
     def __str__(self) -> str:
         return self.value
