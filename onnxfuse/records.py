@@ -34,7 +34,8 @@ class RewriteKind(str, Enum):
 #: Names of the canonicalization passes (``RewriteKind.CANONICALIZE``; the stage ``onnxfuse.passes.CANONICALIZE``
 #: runs before the others). The report counts their rewrites as removed nodes, not as fused ones.
 CANONICALIZE_NAMES: frozenset[str] = frozenset({"constant_fold", "remove_redundant", "pad_conv",
-                                                "prelu_leaky_relu", "resize_nearest", "float16_body"})
+                                                "prelu_leaky_relu", "resize_nearest", "float16_body",
+                                                "if_constant"})
 
 
 class Reason(str, Enum):

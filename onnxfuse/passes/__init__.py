@@ -24,6 +24,7 @@ from onnxfuse.passes.float16_body import Float16Body
 from onnxfuse.passes.gemm_activation import GemmActivation
 from onnxfuse.passes.gemm_affine import GemmAffine
 from onnxfuse.passes.gemm_batchnorm import GemmBatchNorm
+from onnxfuse.passes.if_constant import IfConstant
 from onnxfuse.passes.matmul_add import MatMulAdd
 from onnxfuse.passes.matmul_batchnorm import MatMulBatchNorm
 from onnxfuse.passes.pad_conv import PadConv
@@ -40,6 +41,8 @@ CANONICALIZE: tuple[Pass, ...] = (
     # Constants first: a bias computed as Reshape(Constant, Constant) becomes the plain constant conv_affine
     # folds, and a Transpose/Cast of a constant disappears before remove_redundant looks at it.
     ConstantFold(),
+    # An If whose condition constant_fold made (or found) constant: the branch it takes joins the graph.
+    IfConstant(),
     # Identity/Dropout/Cast/Transpose pairs between a Conv and its activation break the chains matched below.
     RemoveRedundant(),
     # After remove_redundant: an Identity between Pad and Conv would hide the pair.
