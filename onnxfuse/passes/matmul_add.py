@@ -168,7 +168,7 @@ class MatMulAdd(Pass[MatMulAddMatch]):
         x, w = mm.inputs[0], mm.inputs[1]
         dtype = ctx.dtype(w) or ctx.dtype(x)
         k, n = in_shape[1], out_shape[-1]
-        m = in_shape[0] if in_shape[0] >= 0 else None  # unknown, never a made-up dim name in the output
+        m = in_shape[0] if in_shape[0] >= 0 else "M"
         x2d = gs.Variable(ctx.namer.fresh(f"{base}.input_2d"), dtype=dtype, shape=[m, k])
         first = gs.Node("Reshape", name=ctx.namer.fresh(f"{base}.reshape_2d"),
                         inputs=[x, constants.new_constant(ctx.namer, f"{base}.shape_2d", np.array(in_shape, np.int64))],
