@@ -188,7 +188,7 @@ class MatMulAdd(Pass[MatMulAddMatch]):
         add.name = ctx.namer.fresh(f"{base}.reshape_back")
         add.inputs = [y2d, constants.new_constant(ctx.namer, f"{base}.shape_back", np.array(out_shape, np.int64))]
         add.outputs = outs
-        return describe(self, mm, original)  # the fused node is the Gemm (the report's row is its traffic)
+        return Fusion(self.name, mm.name, mm.op, original, None, outs[0].name, self.kind)
 
 
 def _check_nd(mm: gs.Node, b, b_tensor: gs.Tensor, x_shape: tuple, ctx: Context, nodes: list[gs.Node],
