@@ -177,13 +177,6 @@ class Reason(str, Enum):
         "fold-copies-shared-weight",
         "--materialize-weights MIB lets the model grow by a folded copy of a weight other nodes also read (the "
         "first 1 MiB of such copies in all is free); or export one weight per node")
-    MATMUL_LEADING_DYNAMIC = (
-        "matmul-leading-dims-dynamic",
-        "--fix-input-shape NAME=DIMS: the Reshape to 2-D and back needs every leading dim of the MatMul input "
-        "but one known")
-    ATTENTION_PROJECTION = (
-        "matmul-is-attention-projection",
-        "none needed: onnxruntime's own attention fusion takes this MatMul + Add as it is, a Gemm would hide it")
     BN_AXIS_NOT_FEATURE = (
         "batchnorm-axis-not-matmul-feature",
         "none: the BatchNormalization normalizes another axis than the MatMul's output columns (or a Reshape "

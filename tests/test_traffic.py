@@ -464,33 +464,3 @@ def test_strided_conv_chain_dims_stay_one_rounding_deep(ceil_mode_pool):
         for h in (1, 2, 3, 7, 64, 65, 224, 1023, 4097, 10 ** 6 + 3):
             assert int(dim.xreplace({H: h})) == expected_dim(h, depth, ceil_mode_pool), (depth, h)
     assert ops[0] == ops[1] == ops[2], ops
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Issue 33: tensors a pass wrote (matmul_add's Reshape -> Gemm -> Reshape) get their sizes from their inputs
-
-
-def _reshape_gemm_reshape(back):
-    b = GraphBuilder()
-    x2d = b.op("Reshape", [b.input("x", [2, 3, 5]), b.const(np.array([-1, 5], np.int64))])
-    y2d = b.op("Gemm", [x2d, b.const(b.rand(5, 4)), b.const(b.rand(4))])
-    return b.model(b.op("Reshape", [y2d, b.const(np.array(back, np.int64))])), x2d, y2d
-
-
-@pytest.mark.parametrize("batch", [2, sympy.Symbol("batch", positive=True, integer=True)])
-def test_sizes_of_a_new_reshape_and_gemm_follow_from_their_inputs(batch):
-    model, x2d, y2d = _reshape_gemm_reshape([-1, 3, 4])
-    known = traffic.Sizes({"x": (batch, 3, 5)}, {"x": TensorProto.FLOAT}).with_model(model)
-    assert known.shapes[x2d] == (3 * batch, 5) and known.shapes[y2d] == (3 * batch, 4)
-    out = model.graph.output[0].name
-    assert known.shapes[out] == (batch, 3, 4)
-    assert known.bytes(y2d) == 4 * 3 * batch * 4 and known.elem_types[y2d] == TensorProto.FLOAT
-    assert all(r.unknown == () for r in traffic.node_traffic(model, known))
-
-
-def test_sizes_of_a_reshape_stay_unknown_where_its_input_is():
-    model, x2d, y2d = _reshape_gemm_reshape([-1, -1, 4])  # two -1: no shape (onnxruntime refuses it too)
-    known = traffic.Sizes({"x": (2, None, 5)}, {"x": TensorProto.FLOAT}).with_model(model)
-    assert x2d not in known.shapes and y2d not in known.shapes
-    known = traffic.Sizes({"x": (2, 3, 5)}, {"x": TensorProto.FLOAT}).with_model(model)
-    assert known.shapes[y2d] == (6, 4) and model.graph.output[0].name not in known.shapes

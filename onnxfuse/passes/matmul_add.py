@@ -7,23 +7,6 @@ Before => after (X is [M, K], W a constant [K, N], b broadcasts to [M, N] withou
     Transpose(A, perm=[1, 0]) -> MatMul(., W) -> Add(b)
                                                =>  Gemm(A, W, b, transA=1)
 
-A MatMul input X that is not 2-D ([..., M, K] of rank 3 or more, or a vector [K]) takes onnxruntime's own rewrite
-(onnxruntime/core/optimizer/matmul_add_fusion.cc, MatMulAddFusion, ``need_reshape``)::
-
-    MatMul(X[d1, ..., dr, K], W[K, N]) -> Add(b)
-        =>  Reshape(X, [d1*...*dr, K]) -> Gemm(., W, C) -> Reshape(., [d1, ..., dr, N])
-
-ONNX MatMul (Operators.md: numpy.matmul semantics) multiplies each row of X's last axis by W, so flattening the
-leading dims to one and back is the same arithmetic on the same rows. onnxruntime requires X's shape fully static
-there; onnxfuse also takes one symbolic leading dim, written -1 in both Reshape shapes (ONNX Reshape: "at most one
-dimension of the new shape can be -1", inferred from the element count, which K and the other leading dims make
-exact; no known dim may be 0, which Reshape would read as "copy this input dim"). b must broadcast on the last
-axis only (shape [..., 1, N], [..., 1, 1] or [], of rank at most X's, so the Add grows nothing) and becomes the
-1-D C [N] or [1] (matmul_add_fusion.cc takes [N] only; Gemm's unidirectional broadcast takes [1] too). As in
-onnxruntime, an attention output projection (X from Attention/MultiHeadAttention, or from
-Softmax -> MatMul -> Transpose -> Reshape) is left to onnxruntime's attention fusion (``IsAttentionProjectionInput``).
-The Add's output keeps its name (the second Reshape writes it).
-
 Math (ONNX Operators.md, Gemm: ``Y = alpha * A @ B + beta * C``, C unidirectionally broadcast to [M, N]): with
 alpha = beta = 1 this is ``X @ W + b``, the same arithmetic in the same order, so the result is the original's up
 to the kernel's summation order. Gemm's C must be unidirectionally broadcastable to [M, N] (Operators.md, Gemm;
@@ -36,18 +19,13 @@ The Gemm can then take the folds of ``gemm_batchnorm``/``gemm_affine``/``batchno
 Skipped when:
     intermediate-has-other-consumers   the MatMul output is read by another node too
     intermediate-is-graph-output       the MatMul output is a graph output
-    matmul-input-not-2d                X's rank is unknown to shape inference, X has a dim known to be 0 (the
-                                       Reshape pair would be ambiguous), or W is not a 2-D matrix: Gemm is 2-D
-                                       only
-    matmul-leading-dims-dynamic        X is not 2-D and more than one of its leading dims is not a known number
-                                       (one Reshape shape can infer one dim only)
-    matmul-is-attention-projection     X is not 2-D and is an attention output (see above)
+    matmul-input-not-2d                X is not 2-D (a batched [B, S, K] MatMul, or a rank shape inference does
+                                       not know), or W is not a 2-D matrix: Gemm is 2-D only
     weights-not-constant               W is computed at run time
     initializer-is-graph-input         W or b is an overridable initializer (a graph input, IR >= 4)
     constant-not-per-feature           b does not broadcast to [M, N] as Gemm's C must: rank above 2, a column
                                        count other than 1 or N, or rows other than 1 while M is symbolic or
-                                       different (the Add would then grow the output); for X not 2-D, b varies
-                                       along another axis than the last or has a higher rank than X
+                                       different (the Add would then grow the output)
     parameters-not-constant            b is computed at run time (a run-time operand shaped like a bias: [N],
                                        [1], [], or [1, N] while M is a known number other than 1; an operand
                                        of the output's own shape is a residual and is left alone unlisted)
@@ -59,10 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.ir import constants, edit
+from onnxfuse.ir import edit
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
 from onnxfuse.passes._fold import FOLDABLE_DTYPES
 from onnxfuse.passes._gemm import gemm_qdq_check
@@ -76,8 +53,6 @@ class MatMulAddMatch(Match):
 
     bias: gs.Tensor
     transposed: gs.Node | None = None
-    #: for an X that is not 2-D: the Reshape shapes (X to [M, K], the Gemm's output back to the Add's shape)
-    reshape: tuple[list[int], list[int]] | None = None
 
 
 class MatMulAdd(Pass[MatMulAddMatch]):
@@ -88,7 +63,7 @@ class MatMulAdd(Pass[MatMulAddMatch]):
     summary = "turn a 2-D MatMul by a constant matrix + bias Add into Gemm"
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.MATMUL_NOT_2D, Reason.WEIGHTS_NOT_CONSTANT,
                Reason.INITIALIZER_IS_INPUT, Reason.NOT_PER_FEATURE, Reason.DTYPE_NOT_FOLDABLE, Reason.QDQ_GEMM,
-               Reason.PARAMS_NOT_CONSTANT, Reason.MATMUL_LEADING_DYNAMIC, Reason.ATTENTION_PROJECTION)
+               Reason.PARAMS_NOT_CONSTANT)
     anchors = ("Add",)
 
     def match(self, node: gs.Node, ctx: Context) -> MatMulAddMatch | Skip | None:
@@ -113,9 +88,6 @@ class MatMulAdd(Pass[MatMulAddMatch]):
             bad = private_check([mm.outputs[0]], [node], ctx, nodes, out) or gemm_qdq_check(mm, out, nodes)
             if bad:
                 return bad
-            x_shape = ctx.shape(mm.inputs[0])
-            if x_shape is not None and len(x_shape) != 2:
-                return _check_nd(mm, b, b_tensor, x_shape, ctx, nodes, out)
             return self._check(mm, b, ctx, nodes, out) or MatMulAddMatch(nodes, bias=b_tensor,
                                                                           transposed=_private_transpose(mm, ctx))
         return None
@@ -142,8 +114,6 @@ class MatMulAdd(Pass[MatMulAddMatch]):
         return None
 
     def rewrite(self, match: MatMulAddMatch, ctx: Context) -> Fusion:
-        if match.reshape is not None:
-            return self._rewrite_nd(match, ctx)
         mm, add = match.nodes
         t = match.transposed
         original = replaced(([t] if t is not None else []) + match.nodes)
@@ -154,93 +124,6 @@ class MatMulAdd(Pass[MatMulAddMatch]):
         mm.inputs.append(match.bias)
         edit.replace_chain(ctx.edit_order, mm, add, [add])
         return describe(self, mm, original)
-
-    def _rewrite_nd(self, match: MatMulAddMatch, ctx: Context) -> Fusion:
-        """Reshape(X, [M, K]) -> Gemm(., W, C) -> Reshape(., Y's shape): the MatMul node becomes the Gemm, the Add
-        node the second Reshape (which keeps the Add's output, so its name and readers stay), and the first Reshape
-        is new, before the Gemm."""
-        assert match.reshape is not None
-        mm, add = match.nodes
-        original = replaced(match.nodes)
-        order = ctx.edit_order
-        base = mm.name or mm.outputs[0].name
-        in_shape, out_shape = match.reshape
-        x, w = mm.inputs[0], mm.inputs[1]
-        dtype = ctx.dtype(w) or ctx.dtype(x)
-        k, n = in_shape[1], out_shape[-1]
-        m = in_shape[0] if in_shape[0] >= 0 else "M"
-        x2d = gs.Variable(ctx.namer.fresh(f"{base}.input_2d"), dtype=dtype, shape=[m, k])
-        first = gs.Node("Reshape", name=ctx.namer.fresh(f"{base}.reshape_2d"),
-                        inputs=[x, constants.new_constant(ctx.namer, f"{base}.shape_2d", np.array(in_shape, np.int64))],
-                        outputs=[x2d])
-        order.insert_before(first, order.slot(mm))
-        ctx.members.add(id(first))
-        y2d = gs.Variable(ctx.namer.fresh(f"{base}.output_2d"), dtype=dtype, shape=[m, n])
-        bias, b = match.bias, ctx.constant(match.bias)[0]
-        assert b is not None  # match checked it
-        if not (isinstance(bias, gs.Constant) and b.ndim == 1):  # [..., 1, N] becomes C [N] ([] or [1, 1]: [1])
-            bias = constants.new_constant(ctx.namer, f"{base}.bias_1d", np.asarray(b).reshape(-1))
-        mm.op = "Gemm"
-        mm.inputs = [x2d, w, bias]
-        mm.outputs = [y2d]
-        outs = list(add.outputs)
-        add.op, add.attrs, add.domain = "Reshape", {}, ""
-        add.name = ctx.namer.fresh(f"{base}.reshape_back")
-        add.inputs = [y2d, constants.new_constant(ctx.namer, f"{base}.shape_back", np.array(out_shape, np.int64))]
-        add.outputs = outs
-        return Fusion(self.name, mm.name, mm.op, original, None, outs[0].name, self.kind)
-
-
-def _check_nd(mm: gs.Node, b, b_tensor: gs.Tensor, x_shape: tuple, ctx: Context, nodes: list[gs.Node],
-              out: gs.Tensor) -> MatMulAddMatch | Skip:
-    """The Reshape -> Gemm -> Reshape match for an X of rank 1 or 3 or more (``x_shape``), or the reason not."""
-    x = mm.inputs[0]
-    w, why = ctx.constant(mm.inputs[1])
-    if w is None:
-        reason = why if why == Reason.INITIALIZER_IS_INPUT else Reason.WEIGHTS_NOT_CONSTANT
-        return skip(reason, f"MatMul weight {mm.inputs[1].name} is not a constant", nodes, out)
-    if w.ndim != 2:
-        return skip(Reason.MATMUL_NOT_2D, f"MatMul weight {mm.inputs[1].name} is {w.ndim}-D, not a matrix", nodes, out)
-    if w.dtype not in FOLDABLE_DTYPES:
-        return skip(Reason.DTYPE_NOT_FOLDABLE, f"{w.dtype} MatMul is left as it is", nodes, out)
-    k, n = (int(d) for d in w.shape)
-    lead = tuple(x_shape[:-1])
-    if 0 in lead or k == 0 or n == 0:
-        return skip(Reason.MATMUL_NOT_2D, f"MatMul input {x.name} of shape {list(x_shape)} is empty; Gemm takes "
-                    "2-D only and a Reshape to 2-D would read a 0 as 'copy this dim'", nodes, out)
-    dynamic = [d for d in lead if not isinstance(d, int)]
-    if len(dynamic) > 1:
-        return skip(Reason.MATMUL_LEADING_DYNAMIC, f"MatMul input {x.name} is {len(x_shape)}-D of shape "
-                    f"{_dims(x_shape)}: {len(dynamic)} leading dims are not known numbers, a Reshape to 2-D and "
-                    "back infers one only", nodes, out)
-    if _attention_output(x):
-        return skip(Reason.ATTENTION_PROJECTION, f"MatMul input {x.name} is an attention output, which "
-                    "onnxruntime's attention fusion takes with its MatMul + Add", nodes, out)
-    rank = len(x_shape)
-    if b.ndim > rank or any(int(d) != 1 for d in b.shape[:-1]) or (b.ndim and int(b.shape[-1]) not in (1, n)):
-        return skip(Reason.NOT_PER_FEATURE, f"bias of shape {list(b.shape)} does not broadcast on the last axis "
-                    f"only of the {_dims((*lead, n))} output", nodes, out)
-    m = -1 if dynamic else int(np.prod([int(d) for d in lead], dtype=np.int64))
-    back = [-1 if not isinstance(d, int) else int(d) for d in lead] + [n]
-    return MatMulAddMatch(nodes, bias=b_tensor, reshape=([m, k], back))
-
-
-def _dims(shape: tuple) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
-
-
-def _attention_output(x: gs.Tensor) -> bool:
-    """True when ``x`` is an attention output as onnxruntime's MatMulAddFusion recognises one
-    (``IsAttentionProjectionInput``, matmul_add_fusion.cc): written by Attention or MultiHeadAttention, or by
-    Reshape(Transpose(MatMul(Softmax(.), .)))."""
-    p = edit.producer(x)
-    if p is not None and p.op in ("Attention", "MultiHeadAttention"):  # com.microsoft ops
-        return True
-    for op in ("Reshape", "Transpose", "MatMul", "Softmax"):
-        if not is_op(p, op) or not p.inputs:
-            return False
-        p = edit.producer(p.inputs[0])
-    return True
 
 
 def _private_transpose(mm: gs.Node, ctx: Context) -> gs.Node | None:
