@@ -35,7 +35,7 @@ class RewriteKind(str, Enum):
 #: runs before the others). The report counts their rewrites as removed nodes, not as fused ones.
 CANONICALIZE_NAMES: frozenset[str] = frozenset({"constant_fold", "remove_redundant", "pad_conv",
                                                 "prelu_leaky_relu", "resize_nearest", "float16_body",
-                                                "layout_wrapper"})
+                                                "layout_wrapper", "if_constant"})
 
 
 class Reason(str, Enum):
@@ -185,6 +185,14 @@ class Reason(str, Enum):
         "layout-wrapper-splits-channels",
         "none: the Reshape or Squeeze merges or removes the conv's channel axis, so no per-channel constant maps "
         "across it")
+    BN_AXIS_NOT_FEATURE = (
+        "batchnorm-axis-not-matmul-feature",
+        "none: the BatchNormalization normalizes another axis than the MatMul's output columns (or a Reshape "
+        "between them has shapes that are not known: --fix-input-shape)")
+    IN_FUNCTION = (
+        "inside-model-function",
+        "none: onnxfuse leaves the bodies of model-local functions (ModelProto.functions) as they are; an exporter "
+        "option that inlines them (or onnx.inliner.inline_local_functions) puts the pattern in the main graph")
 
     def __str__(self) -> str:
         return self.value

@@ -134,3 +134,25 @@ def test_a_graph_input_without_a_shape_is_analysed_with_unknown_sizes(tmp_path):
     out = onnx.load(dst)
     assert not out.graph.input[0].type.tensor_type.HasField("shape")
     assert op_counts(out) == {"FusedConv": 1}
+
+
+def test_an_initializer_that_is_a_graph_output_without_a_shape_is_typed_from_itself(tmp_path):
+    # onnx shape inference lists no type for an initializer that is a graph output, and reads the output's own
+    # shapeless declaration for it, so nothing after it got a shape either (issue 33): onnxruntime loads it
+    b = GraphBuilder(seed=2)
+    x = b.input("x", [1, 3])
+    w = b.const(b.rand(2, 3))
+    model = b.model([b.op("MatMul", [x, b.op("Transpose", [w], perm=[1, 0])]), w])
+    assert rejected_by_checker(model)
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    result = CliRunner().invoke(main, ["optimize", str(src), str(dst)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "had no type or shape" in result.output
+    out = onnx.load(dst)
+    onnx.checker.check_model(out, full_check=True)
+    shapes = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in out.graph.output}
+    assert shapes == {model.graph.output[0].name: [1, 2], w: [2, 3]}
+    assert "Transpose" not in op_counts(out)  # folded: the initializer stays an output, its transpose a constant
+    assert_same_outputs(model, out)

@@ -142,16 +142,22 @@ class Sizes:
     def with_model(self, model: onnx.ModelProto) -> Sizes:
         """A copy that also knows every initializer and ``Constant`` value of ``model`` (new folded weights)."""
         shapes, elem = dict(self.shapes), dict(self.elem_types)
+        values: dict[str, onnx.TensorProto] = {}
         for graph, _ in proto_graphs(model.graph):
             for t in graph.initializer:
                 shapes[t.name] = tuple(t.dims)
                 elem[t.name] = t.data_type
+                values[t.name] = t
             for node in graph.node:
                 if node.op_type == "Constant" and node.output:
                     for attr in node.attribute:
                         if attr.name == "value":
                             shapes[node.output[0]] = tuple(attr.t.dims)
                             elem[node.output[0]] = attr.t.data_type
+                            values[node.output[0]] = attr.t
+        for graph, _ in proto_graphs(model.graph):
+            for node in graph.node:
+                _derive_shape(node, shapes, elem, values)
         return Sizes(shapes, elem, self.reasons)
 
     def bytes(self, name: str) -> Bytes | None:
@@ -159,6 +165,46 @@ class Sizes:
         if name not in self._cache:
             self._cache[name] = tensor_bytes(self.shapes.get(name), self.elem_types.get(name))
         return self._cache[name]
+
+
+def _derive_shape(node: onnx.NodeProto, shapes: dict[str, tuple | None], elem: dict[str, int],
+                  values: dict[str, onnx.TensorProto]) -> None:
+    """Give the output of a Reshape or Gemm that a pass wrote (a tensor the original's shape inference never saw)
+    its shape from its inputs', in place, where every dim needed is known; anything else is left unknown.
+
+    Reshape (ONNX Operators.md, Reshape): the constant shape's 0 copies the input dim (``allowzero`` 0), one -1 is
+    the element count over the other dims. Gemm (Operators.md, Gemm): ``[M, N]`` with M from A (``transA``) and
+    N from B (``transB``).
+    """
+    if not node.output or node.output[0] in shapes or not is_default_domain(node.domain):
+        return
+    out = node.output[0]
+    attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+    if node.op_type == "Reshape" and len(node.input) == 2 and node.input[1] in values and not attrs.get("allowzero"):
+        src = shapes.get(node.input[0])
+        if src is None or any(d is None for d in src):
+            return
+        target = [int(v) for v in onnx.numpy_helper.to_array(values[node.input[1]]).reshape(-1)]
+        dims = [src[i] if v == 0 and i < len(src) else v for i, v in enumerate(target)]
+        if dims.count(-1) > 1:
+            return
+        if -1 in dims:
+            known = math.prod(d for d in dims if not (type(d) is int and d == -1))
+            count = math.prod(src)
+            if type(known) is int and known == 0:
+                return
+            rest = count // known if type(count) is int and type(known) is int else count / known
+            dims = [rest if type(d) is int and d == -1 else d for d in dims]
+        shapes[out] = tuple(dims)
+    elif node.op_type == "Gemm" and len(node.input) >= 2:
+        a, b = shapes.get(node.input[0]), shapes.get(node.input[1])
+        if a is None or b is None or len(a) != 2 or len(b) != 2:
+            return
+        shapes[out] = (a[1] if attrs.get("transA") else a[0], b[0] if attrs.get("transB") else b[1])
+    else:
+        return
+    if node.input[0] in elem:
+        elem[out] = elem[node.input[0]]
 
 
 def node_traffic(model: onnx.ModelProto, sizes: Sizes) -> list[NodeTraffic]:

@@ -50,6 +50,7 @@ class NodeOrder:
         self.graph = graph
         self.slots: list[gs.Node | None] = list(graph.nodes)
         self.position = {id(n): i for i, n in enumerate(self.slots)}
+        self.before: dict[int, list[gs.Node]] = {}
 
     def move_and_delete(self, keep: gs.Node, last: gs.Node, removed: list[gs.Node]) -> None:
         """Put ``keep`` in ``last``'s slot and empty the slots of ``keep`` and ``removed``."""
@@ -75,13 +76,25 @@ class NodeOrder:
         self.slots[slot] = node
         self.position[id(node)] = slot
 
+    def insert_before(self, node: gs.Node, slot: int) -> None:
+        """Put a new ``node`` just before whatever ``slot`` holds, when the list is next written back
+        (:meth:`compact`): a rewrite that makes more nodes than it removes (a Reshape before a Gemm). Until then
+        ``node`` has no slot of its own, so no rewrite may move or delete it before :meth:`compact`."""
+        self.before.setdefault(slot, []).append(node)
+
     def slot(self, node: gs.Node) -> int:
         """The slot that ``node`` is in now."""
         return self.position[id(node)]
 
     def compact(self) -> None:
         """Give the graph its node list back, in slot order."""
-        self.graph.nodes = [n for n in self.slots if n is not None]
+        nodes: list[gs.Node] = []
+        for i, n in enumerate(self.slots):
+            nodes.extend(self.before.get(i, ()))
+            if n is not None:
+                nodes.append(n)
+        self.graph.nodes = nodes
+        self.before = {}
         self.slots = list(self.graph.nodes)
         self.position = {id(n): i for i, n in enumerate(self.slots)}
 

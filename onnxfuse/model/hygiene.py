@@ -141,8 +141,9 @@ def _lacks_tensor_type(vi: onnx.ValueInfoProto) -> bool:
 def type_untyped_outputs(model: onnx.ModelProto, inferred: onnx.ModelProto | None) -> tuple[list[str], list[str]]:
     """Give each main-graph output that has no type, no element type or no shape (onnxruntime loads such a
     model: it infers them) the type and shape that ``inferred`` (onnx shape inference of ``model``, or of its
-    weight-free skeleton) gives it, keeping a declared element type. Returns ``(outputs typed, outputs left as
-    they were: inference gave no shape)``."""
+    weight-free skeleton) gives it, or, for an initializer that is a graph output (which shape inference does not
+    list), the initializer's own dtype and dims; a declared element type is kept. Returns ``(outputs typed,
+    outputs left as they were: inference gave no shape)``."""
     lacking = [vi for vi in model.graph.output if _lacks_tensor_type(vi)]
     if not lacking:
         return [], []
@@ -152,6 +153,8 @@ def type_untyped_outputs(model: onnx.ModelProto, inferred: onnx.ModelProto | Non
             tt = vi.type.tensor_type
             if vi.type.WhichOneof("value") == "tensor_type" and tt.elem_type and tt.HasField("shape"):
                 known.setdefault(vi.name, vi.type)
+    for t in model.graph.initializer:  # an initializer that is a graph output: its type is its own (IR.md)
+        known.setdefault(t.name, onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims)))
     typed, left = [], []
     for vi in lacking:
         got = known.get(vi.name)

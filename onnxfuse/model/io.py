@@ -501,11 +501,13 @@ def repair_for_checker(model: onnx.ModelProto) -> tuple[Exception | None, list[s
         notes.append(f"initializer {_names(listed)} {'was' if len(listed) == 1 else 'were'} not listed as a "
                      "graph input, which IR version 3 requires (onnx.checker refuses it; onnxruntime loads it): "
                      "the output lists every initializer")
+    # initializers that are graph outputs first: shape inference reads their declared (shapeless) output type
+    typed, _ = hygiene.type_untyped_outputs(model, None)
     try:
         inferred: onnx.ModelProto | None = onnx.shape_inference.infer_shapes(proto.skeleton(model))
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
         inferred = None
-    typed, _ = hygiene.type_untyped_outputs(model, inferred)
+    typed += hygiene.type_untyped_outputs(model, inferred)[0]
     if typed:
         notes.append(f"graph output {_names(typed)} had no type or shape (onnx.checker refuses it; onnxruntime "
                      "infers it): the output declares the one onnx shape inference gives")

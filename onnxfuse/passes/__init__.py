@@ -24,8 +24,10 @@ from onnxfuse.passes.float16_body import Float16Body
 from onnxfuse.passes.gemm_activation import GemmActivation
 from onnxfuse.passes.gemm_affine import GemmAffine
 from onnxfuse.passes.gemm_batchnorm import GemmBatchNorm
+from onnxfuse.passes.if_constant import IfConstant
 from onnxfuse.passes.layout_wrapper import LayoutWrapper
 from onnxfuse.passes.matmul_add import MatMulAdd
+from onnxfuse.passes.matmul_batchnorm import MatMulBatchNorm
 from onnxfuse.passes.pad_conv import PadConv
 from onnxfuse.passes.prelu_leaky_relu import PReluLeakyRelu
 from onnxfuse.passes.remove_redundant import RemoveRedundant
@@ -40,6 +42,8 @@ CANONICALIZE: tuple[Pass, ...] = (
     # Constants first: a bias computed as Reshape(Constant, Constant) becomes the plain constant conv_affine
     # folds, and a Transpose/Cast of a constant disappears before remove_redundant looks at it.
     ConstantFold(),
+    # An If whose condition constant_fold made (or found) constant: the branch it takes joins the graph.
+    IfConstant(),
     # Identity/Dropout/Cast/Transpose pairs between a Conv and its activation break the chains matched below.
     RemoveRedundant(),
     # After remove_redundant: an Identity between Pad and Conv would hide the pair.
@@ -71,6 +75,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     # Fully connected layers. MatMul + bias Add becomes a Gemm first, so the folds below see it. Folds of what
     # follows a Gemm run before batchnorm_gemm, so Gemm -> BN -> Gemm folds the BN forward (into the Gemm before
     # it), and all folds run before gemm_activation (Gemm -> BN -> Relu needs the BN gone first).
+    # A BN over a MatMul's output columns (through Reshape/Transpose) first: it leaves MatMul + Add for matmul_add.
+    MatMulBatchNorm(),
     MatMulAdd(),
     GemmBatchNorm(),
     GemmAffine(),

@@ -13,6 +13,7 @@ from onnxfuse.ir import edit
 from onnxfuse.passes._checks import replaced
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.passes.constant_fold import SHAPE_OPS, refresh_shapes
+from onnxfuse.passes.functions import function_skips
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
 #: Upper bound on rounds of the pass list per graph. Each round that changes nothing ends the loop; a chain
@@ -57,6 +58,8 @@ def run_passes(graph: gs.Graph, selected: tuple[Pass, ...], ctx: Context) -> tup
                                     for f in fusions[done:]):
                 refresh_shapes(sub, ctx)  # a Reshape of a folded static Shape now has a shape the passes can see
         edit.remove_unused_constant_nodes(sub)
+    for found in function_skips(graph, selected, ctx):  # named, never rewritten (passes/functions.py)
+        skips.extend(longest_per_conv(found))
     return fusions, skips
 
 

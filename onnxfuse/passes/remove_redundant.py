@@ -33,12 +33,15 @@ or the other way round, gives back x's shape and its elements in their order: au
 When the removed node's output is a graph output (exporters often end a graph, or every Loop body, in an
 Identity), the node that computes its input takes over the graph output's name, so the model's interface stays
 the same; that needs an input computed by a node of the same graph that is no graph output itself and is read
-by no node of a subgraph (it is renamed).
+by no node of a subgraph (it is renamed). Where the input cannot take the name (a graph input, a constant,
+another graph output, ...), the graph output still needs a node to write it under its own name: the no-op (or
+the pair) becomes one ``Identity(x)`` (Operators.md, Identity), the same values; only a lone Identity is left as
+it is.
 
 Skipped when:
-    intermediate-is-graph-output   the node's output is a graph output and its input cannot take over the name
-                                   (a graph input, a constant, another graph output, a tensor of an enclosing
-                                   graph or one a subgraph reads)
+    intermediate-is-graph-output   the node is an Identity, its output is a graph output and its input cannot
+                                   take over the name (a graph input, a constant, another graph output, a
+                                   tensor of an enclosing graph or one a subgraph reads): the minimal form
     dropout-training-mode          Dropout's training_mode is true (and its ratio is not a constant 0) or
                                    computed at run time
     dropout-mask-used              Dropout's mask output is read
@@ -83,6 +86,8 @@ class BypassMatch(Match):
     removed: list[gs.Node] = field(default_factory=list)
     perm: list[int] | None = None
     takes_output: bool = False
+    #: ``nodes[-1]`` becomes ``Identity(source)`` writing its graph output (whose name no other tensor can take)
+    as_identity: bool = False
 
 
 def _perm(node: gs.Node, ctx: Context) -> list[int] | None:
@@ -219,6 +224,12 @@ class RemoveRedundant(Pass[BypassMatch]):
             edit.replace_input(ctx.edit_order, node, 0, match.source, match.removed)
             return Fusion(self.name, node.name, node.op, original, None, original[-1][2], self.kind)
         out = node.outputs[0]
+        if match.as_identity:
+            assert match.source is not None
+            node.op, node.attrs, node.domain = "Identity", {}, ""
+            node.inputs, node.outputs = [match.source], [out]
+            edit.replace_input(ctx.edit_order, node, 0, match.source, match.removed)
+            return Fusion(self.name, node.name, node.op, original, None, out.name, self.kind)
         edit.bypass(ctx.edit_order, node, match.source, match.removed)
         if match.takes_output:
             edit.take_over_output(ctx.graph, out, match.source)
@@ -264,8 +275,10 @@ def _bypass(nodes: list[gs.Node], source: gs.Tensor, removed: list[gs.Node], ctx
     if not edit.is_graph_output(out, ctx.graph):
         return BypassMatch(nodes, source=source, removed=removed)
     why = _takeover_blocker(source, ctx)
-    if why:
+    if why and len(nodes) == 1 and nodes[0].op == "Identity":
         return skip(Reason.GRAPH_OUTPUT, f"{out.name} is a graph output and {why}", nodes, out)
+    if why:  # the output keeps its name: one Identity copies the source to it
+        return BypassMatch(nodes, source=source, removed=removed, as_identity=True)
     return BypassMatch(nodes, source=source, removed=removed, takes_output=True)
 
 

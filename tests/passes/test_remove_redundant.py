@@ -447,3 +447,73 @@ def test_unsqueeze_squeeze_pair_is_removed_and_other_axes_are_not(fuse):
     result = fuse(model)
     assert op_counts(result.model) == {"Relu": 1, "Unsqueeze": 2, "Conv": 1, "Squeeze": 1}
     assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Issue 33: a no-op between a graph input and a graph output becomes one Identity (the output keeps its name)
+
+
+def _between_input_and_output(kind: str):
+    b = GraphBuilder(seed=3)
+    x = b.input("x", [2, 3, 4])
+    if kind == "transpose":
+        y = b.op("Transpose", [x], perm=[0, 1, 2])
+    elif kind == "cast":
+        y = b.op("Cast", [x], to=TensorProto.FLOAT)
+    elif kind == "dropout":
+        y = b.op("Dropout", [x])
+    elif kind == "dropout_ratio_0_training":
+        y = b.op("Dropout", [x, b.const(np.float32(0.0)), b.const(np.bool_(True))])
+    elif kind == "pad":
+        y = b.op("Pad", [x, b.const(np.zeros(6, np.int64))])
+    elif kind == "transpose_pair":
+        y = b.op("Transpose", [b.op("Transpose", [x], perm=[2, 0, 1])], perm=[1, 2, 0])
+    elif kind == "cast_round_trip":
+        y = b.op("Cast", [b.op("Cast", [x], to=TensorProto.DOUBLE)], to=TensorProto.FLOAT)
+    else:  # identity chain
+        y = b.op("Identity", [b.op("Identity", [x])])
+    return b.build(y)
+
+
+@pytest.mark.parametrize("kind", ["transpose", "cast", "dropout", "dropout_ratio_0_training", "pad",
+                                  "transpose_pair", "cast_round_trip", "identity_chain"])
+def test_no_op_between_graph_input_and_output_becomes_one_identity(fuse, kind):
+    model = _between_input_and_output(kind)
+    result = fuse(model)
+    checked(result.model)
+    assert op_counts(result.model) == {"Identity": 1}, op_counts(result.model)
+    (node,) = result.model.graph.node
+    assert list(node.input) == ["x"] and list(node.output) == output_names(model)
+    assert output_names(result.model) == output_names(model)
+    assert [i.name for i in result.model.graph.input] == ["x"]
+    assert not any(s.pass_name == PASS and s.reason != Reason.GRAPH_OUTPUT for s in result.skips)
+    assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+def test_no_op_of_a_constant_graph_output_leaves_the_constant_output(fuse):
+    # Transpose(identity perm) of an initializer that is the graph output: the output keeps its name and value
+    b = GraphBuilder()
+    b.input("x", [1, 4])
+    w = b.const(b.rand(2, 3))
+    model = b.build([b.op("Relu", ["x"]), b.op("Transpose", [w], perm=[0, 1])])
+    result = fuse(model)
+    checked(result.model)
+    assert op_counts(result.model) == {"Relu": 1, "Identity": 1}
+    result = fuse(model, only=("constant_fold", PASS))
+    checked(result.model)
+    assert op_counts(result.model) == {"Relu": 1}
+    assert output_names(result.model) == output_names(model)
+    assert_same_outputs(model, result.model, rtol=0, atol=0)
+
+
+def test_transpose_of_an_initializer_that_is_a_graph_output_is_folded(fuse):
+    # W is a graph output itself and is read transposed: the Transpose folds to a constant, W stays an output
+    b = GraphBuilder()
+    x = b.input("x", [1, 3])
+    w = b.const(b.rand(2, 3))
+    model = b.build([b.op("MatMul", [x, b.op("Transpose", [w], perm=[1, 0])]), w])
+    result = fuse(model, only=("constant_fold", PASS))
+    checked(result.model)
+    assert "Transpose" not in op_counts(result.model)
+    assert output_names(result.model) == output_names(model)
+    assert_same_outputs(model, result.model, rtol=RTOL, atol=ATOL)
