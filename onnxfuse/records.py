@@ -171,8 +171,9 @@ class Reason(str, Enum):
         "none from onnxfuse: the detail says which condition of the plugin pass the pattern fails")
     BROKE_VERIFICATION = (
         "rewrite-broke-verification",
-        "none: this rewrite moved an output beyond verification's tolerance (a bug in onnxfuse; please report it "
-        "with the model); the culprit search left it unfused and verified the rest (--drop-culprits writes that)")
+        "none: this rewrite moved an output beyond verification's tolerance (a bug in the pass the detail names, "
+        "onnxfuse's or a plugin's: please report it to its authors with the model); the culprit search left it "
+        "unfused and verified the rest (--drop-culprits writes that)")
     SHARED_WEIGHT_GROWTH = (
         "fold-copies-shared-weight",
         "--materialize-weights MIB lets the model grow by a folded copy of a weight other nodes also read (the "

@@ -109,7 +109,8 @@ def test_json_comparison_and_report_file(model_path, tmp_path):
 
 @pytest.mark.parametrize("option, args", [("--target cpu, now onnx", ["--target", "onnx"]),
                                           ("--ort-level all, now extended", ["--ort-level", "extended"]),
-                                          ("--input-shape none, now x=1x3x8x8", ["--input-shape", "x=1x3x8x8"])])
+                                          ("--input-shape none, now x=1x3x8x8", ["--input-shape", "x=1x3x8x8"]),
+                                          ("passes: no longer pad_conv", ["--skip", "pad_conv"])])
 def test_a_baseline_made_with_other_options_is_refused(model_path, tmp_path, option, args):
     """A change of options reads as a regression of the model: the gate refuses it (exit 2) and says which."""
     old = report(model_path, tmp_path, "cpu", "old.json")
@@ -303,3 +304,14 @@ def test_a_schema_2_baseline_is_still_read(model_path, tmp_path):
     result = gate(model_path, old, "cpu")
     assert result.exit_code == 0, result.output
     assert "result: no regression" in result.output
+
+
+def test_a_pass_added_since_the_baseline_is_named_not_both_lists():
+    """An installed plugin is one more pass in every report: the refusal names it (and how to leave it out), not
+    both lists of 20-odd passes."""
+    from onnxfuse.report.baseline import option_differences
+
+    old, new = {"passes": ["a", "b", "c"]}, {"passes": ["a", "b", "c", "minmax_clip"]}
+    [line] = option_differences(old, new)
+    assert line.startswith("passes: now also minmax_clip") and "--skip" in line and "a,b" not in line
+    assert option_differences(new, old) == ["passes: no longer minmax_clip"]

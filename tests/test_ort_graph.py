@@ -153,3 +153,16 @@ def test_another_ort_version_says_the_comparison_was_measured_with_the_installed
         line = present.runtime_line(report.to_dict())
         assert line is not None and line.startswith(f"vs onnxruntime {installed} (installed, CPU provider")
         assert ("measured with it, not the 1.20 the model is for" in line) is note
+
+
+def test_a_tensor_onnxruntime_recast_still_counts_as_written():
+    """onnxruntime's insert-cast transformer writes a float16 tensor again as ``InsertedPrecisionFreeCast_<name>``
+    (maybe with a ``_N`` suffix) or ``FusedBack_<name>``: the original tensor still makes its round trip, so a
+    fusion that removed it is not one onnxruntime makes itself (it was, by name, before)."""
+    from onnxfuse.ort import optimized_graph as ort_graph
+
+    names = ort_graph.original_names(["conv_out", "InsertedPrecisionFreeCast_getitem",
+                                      "InsertedPrecisionFreeCast_clip_3_1", "FusedBack_relu_out", "other"])
+    assert {"getitem", "clip_3_1", "clip_3", "relu_out", "conv_out"} <= names
+    graphs = ort_graph.RuntimeGraphs(level="all", onnxruntime="x", original_tensors=frozenset(names))
+    assert not graphs.made_by_onnxruntime(["getitem"]) and graphs.made_by_onnxruntime(["gone"])

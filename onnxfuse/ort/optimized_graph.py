@@ -21,6 +21,7 @@ on the CPU execution provider of the installed onnxruntime, which is what these 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -104,9 +105,31 @@ def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto | str, leve
         return result
     result.original_ops = op_counts(original_graph)
     result.optimized_ops = op_counts(optimized_graph)
-    result.original_tensors = frozenset(name for graph in _graphs(original_graph.graph) for node in graph.node
-                                        for name in node.output if name)
+    result.original_tensors = frozenset(original_names(name for graph in _graphs(original_graph.graph)
+                                                       for node in graph.node for name in node.output if name))
     return result
+
+
+#: Prefixes onnxruntime gives a tensor it writes again in another dtype: its insert-cast transformer runs an op
+#: that has no float16 kernel in float32 between Casts, names the cast tensor ``InsertedPrecisionFreeCast_`` + the
+#: original name (``graph.GenerateNodeName``, which may append ``_N``), and renames it ``FusedBack_...`` where it
+#: removes a Cast pair (``onnxruntime/core/optimizer/insert_cast_transformer.cc``).
+_CAST_PREFIXES = ("InsertedPrecisionFreeCast_", "FusedBack_")
+_UNIQUE_SUFFIX = re.compile(r"_\d+$")
+
+
+def original_names(names) -> set[str]:
+    """The tensor names of onnxruntime's optimized graph (``names``), plus, for a tensor onnxruntime renamed when it
+    inserted a Cast (:data:`_CAST_PREFIXES`), the original tensor's name: the model still writes that tensor (in
+    another dtype), so a fusion that removed it is not one onnxruntime makes itself."""
+    out = set()
+    for name in names:
+        out.add(name)
+        for prefix in _CAST_PREFIXES:
+            if name.startswith(prefix):
+                base = name[len(prefix):]
+                out.update((base, _UNIQUE_SUFFIX.sub("", base)))
+    return out
 
 
 def kernels_at(model: onnx.ModelProto, level: str) -> int | None:

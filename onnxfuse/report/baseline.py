@@ -289,8 +289,20 @@ def option_differences(old: dict, new: dict) -> list[str]:
                         ("passes", ("passes",))):
         a, b = pick(old, *keys), pick(new, *keys)
         if a is not None and b is not None and a != b:
-            out.append(f"{label} {_option_text(a)}, now {_option_text(b)}")
+            if label == "passes" and isinstance(a, list) and isinstance(b, list):
+                out.append(_passes_text(a, b))
+            else:
+                out.append(f"{label} {_option_text(a)}, now {_option_text(b)}")
     return out
+
+
+def _passes_text(old: list, new: list) -> str:
+    """The passes that differ, by name (``passes: now also minmax_clip (an installed plugin, --skip minmax_clip
+    leaves it out)``), rather than both lists; the order alone when the same passes run in another order."""
+    added, removed = [p for p in new if p not in old], [p for p in old if p not in new]
+    parts = ([f"now also {_option_text(added)} (a plugin installed or given since: --skip leaves it out)"]
+             if added else []) + ([f"no longer {_option_text(removed)}"] if removed else [])
+    return "passes: " + ("; ".join(parts) if parts else f"the same passes in another order, now {_option_text(new)}")
 
 
 def _option_text(value) -> str:
