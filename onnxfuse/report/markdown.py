@@ -56,8 +56,9 @@ def to_markdown(report: SupportsToDict, show_all: bool = False) -> str:
                             cell(s["written_bytes"], s["written_bytes_expr"], doc, True),
                             cell(s["total_bytes"], s["total_bytes_expr"], doc, True), s["nodes"], s["unknown_nodes"]]))
     pct = f" ({t['saved_percent']:.1f}%)" if t["saved_percent"] is not None else ""
+    beyond = " (the first line above says what is saved beyond onnxruntime)" if doc.get("onnxruntime") else ""
     out += ["", f"Saved {cell(t['saved_bytes'], t['saved_bytes_expr'], doc, True)}{pct} of memory traffic against "
-                f"the graph as exported (the first line above says what is saved beyond onnxruntime) with "
+                f"the graph as exported{beyond} with "
                 f"{fused_count(doc)}; {plural(len(doc['unfused']), 'pattern')} left unfused.", ""]
     if doc["bandwidth"]:
         out += [bandwidth_line(doc["bandwidth"]), ""]
