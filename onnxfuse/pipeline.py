@@ -531,10 +531,12 @@ class _Rewriter:
             if raising:  # again, keeping those chains portable (the input model is not changed until export)
                 fused_out = _plugin_checked(lambda: convert.to_model(graph, model), fusions, self.selected)
                 graph = convert.to_graph(model)
-                portable_run = self._passes_on(graph, raising, excluded)
-                if not _keep_portable(fused_out, convert.to_model(graph, model), self.options):
+                portable = self._passes_on(graph, raising, excluded)
+                portable_out = convert.to_model(graph, model)  # exported once: weighed, and kept if it wins
+                if not _keep_portable(fused_out, portable_out, self.options):
                     return fused_out, fusions, skips
-                fusions, skips = portable_run
+                fusions, skips = portable
+                return _plugin_checked(lambda: portable_out, fusions, self.selected), fusions, skips
             out = _plugin_checked(lambda: convert.to_model(graph, model, reuse_original=True), fusions,
                                   self.selected) if fusions else model
             return out, fusions, skips

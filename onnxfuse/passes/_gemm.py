@@ -178,3 +178,20 @@ def set_gemm_weights(gemm: gs.Node, ctx: Context, b: np.ndarray | None, c: np.nd
     else:
         gemm.inputs.append(new_c)
     gemm.attrs["beta"] = 1.0
+
+
+def matmul_weight(mm: gs.Node, ctx: Context, nodes: list[gs.Node], output: gs.Tensor
+                  ) -> tuple[np.ndarray | None, Skip | None]:
+    """``(W, None)`` for a MatMul whose second input is a constant matrix of a foldable dtype (what ``matmul_add``
+    and ``matmul_batchnorm`` fold into), else ``(None, skip)``: ``initializer-is-graph-input`` or
+    ``weights-not-constant``, ``matmul-input-not-2d`` for a W that is not 2-D, ``dtype-not-foldable``."""
+    w, why = ctx.constant(mm.inputs[1])
+    if w is None:
+        reason = why if why == Reason.INITIALIZER_IS_INPUT else Reason.WEIGHTS_NOT_CONSTANT
+        return None, skip(reason, f"MatMul weight {mm.inputs[1].name} is not a constant", nodes, output)
+    if w.ndim != 2:
+        return None, skip(Reason.MATMUL_NOT_2D, f"MatMul weight {mm.inputs[1].name} is {w.ndim}-D, not a matrix",
+                          nodes, output)
+    if w.dtype not in FOLDABLE_DTYPES:
+        return None, skip(Reason.DTYPE_NOT_FOLDABLE, f"{w.dtype} MatMul weights cannot be folded", nodes, output)
+    return w, None

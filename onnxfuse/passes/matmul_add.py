@@ -41,8 +41,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
-from onnxfuse.passes._fold import FOLDABLE_DTYPES
-from onnxfuse.passes._gemm import gemm_qdq_check
+from onnxfuse.passes._gemm import gemm_qdq_check, matmul_weight
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -99,15 +98,9 @@ class MatMulAdd(Pass[MatMulAddMatch]):
             rank = "of unknown rank" if x_shape is None else f"{len(x_shape)}-D"
             return skip(Reason.MATMUL_NOT_2D, f"MatMul input {mm.inputs[0].name} is {rank}; Gemm takes 2-D only",
                         nodes, out)
-        w, why = ctx.constant(mm.inputs[1])
+        w, bad = matmul_weight(mm, ctx, nodes, out)
         if w is None:
-            reason = why if why == Reason.INITIALIZER_IS_INPUT else Reason.WEIGHTS_NOT_CONSTANT
-            return skip(reason, f"MatMul weight {mm.inputs[1].name} is not a constant", nodes, out)
-        if w.ndim != 2:
-            return skip(Reason.MATMUL_NOT_2D, f"MatMul weight {mm.inputs[1].name} is {w.ndim}-D, not a matrix",
-                        nodes, out)
-        if w.dtype not in FOLDABLE_DTYPES:
-            return skip(Reason.DTYPE_NOT_FOLDABLE, f"{w.dtype} MatMul is left as it is", nodes, out)
+            return bad
         if not _c_broadcasts(b, x_shape[0], int(w.shape[1])):
             return skip(Reason.NOT_PER_FEATURE, f"bias of shape {list(b.shape)} does not broadcast to the "
                         f"[{x_shape[0]}, {w.shape[1]}] output as Gemm's C must", nodes, out)

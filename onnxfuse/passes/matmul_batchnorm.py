@@ -50,7 +50,8 @@ import onnx_graphsurgeon as gs
 from onnxfuse.ir import constants, edit
 from onnxfuse.passes import _growth
 from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
-from onnxfuse.passes._fold import FOLDABLE_DTYPES, batchnorm_mode_check, batchnorm_scale_shift, fold_fits
+from onnxfuse.passes._fold import batchnorm_mode_check, batchnorm_scale_shift, fold_fits
+from onnxfuse.passes._gemm import matmul_weight
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -96,15 +97,9 @@ class MatMulBatchNorm(Pass[MatMulBatchNormMatch]):
         bad = private_check(inner, [*chain, node], ctx, nodes, out) or batchnorm_mode_check(node, ctx, nodes, out)
         if bad:
             return bad
-        w, why = ctx.constant(mm.inputs[1])
+        w, bad = matmul_weight(mm, ctx, nodes, out)
         if w is None:
-            reason = why if why == Reason.INITIALIZER_IS_INPUT else Reason.WEIGHTS_NOT_CONSTANT
-            return skip(reason, f"MatMul weight {mm.inputs[1].name} is not a constant", nodes, out)
-        if w.ndim != 2:
-            return skip(Reason.MATMUL_NOT_2D, f"MatMul weight {mm.inputs[1].name} is {w.ndim}-D, not a matrix",
-                        nodes, out)
-        if w.dtype not in FOLDABLE_DTYPES:
-            return skip(Reason.DTYPE_NOT_FOLDABLE, f"{w.dtype} weights cannot be folded", nodes, out)
+            return bad
         why_axis = _channel_is_last(mm, chain, ctx)
         if why_axis:
             return skip(Reason.BN_AXIS_NOT_FEATURE, why_axis, nodes, out)
