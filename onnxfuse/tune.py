@@ -85,12 +85,15 @@ Timer = Callable[[Group, onnx.ModelProto, onnx.ModelProto, float], dict[str, Any
 def form_of(fusion: Fusion) -> str:
     """What a rewrite emits, as the tune section names it: the FusedConv / FusedGemm form
     (``providers.form_name``, ``gemm_form_name``: ``FusedConv(Z, Relu)``), ``fold BatchNormalization`` for a fold,
-    else ``PRelu -> LeakyRelu`` (the ops it replaced -> the op it wrote, ``nothing`` when it removed them)."""
+    float16_body's ``float32 body between float16 Casts``, else ``PRelu -> LeakyRelu`` (the ops it replaced -> the
+    op it wrote, ``nothing`` when it removed them)."""
     ops = list(dict.fromkeys(op for _, op, _ in fusion.replaced))
     if fusion.op == "FusedConv":
         return form_name(fusion.activation, fusion.pass_name == "conv_residual")
     if fusion.op == "FusedGemm":
         return gemm_form_name(fusion.activation or "")
+    if fusion.pass_name == "float16_body":  # one rewrite of the whole graph: its Casts and float32 body
+        return "float32 body between float16 Casts"
     if fusion.kind is RewriteKind.FOLD:
         folded = [op for op in ops if op not in ("Conv", "ConvTranspose", "Gemm", "MatMul")]
         return f"fold {' + '.join(folded or ops)}"
