@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from onnxfuse.ort.levels import DEFAULT_ORT_LEVEL
-from onnxfuse.ort.providers import form_name, gemm_form_name
+from onnxfuse.ort.providers import REWRITE_FORMS, form_name, gemm_form_name
 from onnxfuse.records import Fusion, Reason, RewriteKind
 
 if TYPE_CHECKING:
@@ -85,15 +85,16 @@ Timer = Callable[[Group, onnx.ModelProto, onnx.ModelProto, float], dict[str, Any
 def form_of(fusion: Fusion) -> str:
     """What a rewrite emits, as the tune section names it: the FusedConv / FusedGemm form
     (``providers.form_name``, ``gemm_form_name``: ``FusedConv(Z, Relu)``), ``fold BatchNormalization`` for a fold,
-    float16_body's ``float32 body between float16 Casts``, else ``PRelu -> LeakyRelu`` (the ops it replaced -> the
-    op it wrote, ``nothing`` when it removed them)."""
+    the form of issue 31's canonicalizations (``providers.REWRITE_FORMS``: ``PRelu -> LeakyRelu``, ``float32 body
+    between float16 Casts``), else ``Pad + Conv -> Conv`` (the ops it replaced -> the op it wrote, ``nothing`` when
+    it removed them)."""
     ops = list(dict.fromkeys(op for _, op, _ in fusion.replaced))
     if fusion.op == "FusedConv":
         return form_name(fusion.activation, fusion.pass_name == "conv_residual")
     if fusion.op == "FusedGemm":
         return gemm_form_name(fusion.activation or "")
-    if fusion.pass_name == "float16_body":  # one rewrite of the whole graph: its Casts and float32 body
-        return "float32 body between float16 Casts"
+    if fusion.pass_name in REWRITE_FORMS:  # issue 31's canonicalizations, named as their speed rules name them
+        return REWRITE_FORMS[fusion.pass_name]
     if fusion.kind is RewriteKind.FOLD:
         folded = [op for op in ops if op not in ("Conv", "ConvTranspose", "Gemm", "MatMul")]
         return f"fold {' + '.join(folded or ops)}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -185,3 +186,24 @@ def test_cli_tune_writes_the_section_and_refuses_a_bad_budget(tmp_path):
     jsonschema.validate(doc, SCHEMA, cls=jsonschema.Draft202012Validator)
     assert doc["tune"]["groups"] and doc["verification"]["status"] == "passed"
     assert "tuned by measurement (--tune" in ok.output
+
+
+def test_every_rewrite_form_has_a_measured_speed_rule_and_names_its_group():
+    """Each canonicalization of issue 31 has its form in the speed rules' data (``providers.REWRITE_FORMS``),
+    timed by ``benchmarks/bench_forms.py`` at every level, and --tune's group of it carries that name."""
+    import importlib.util
+
+    from onnxfuse.ort.providers import REWRITE_FORMS
+
+    spec = importlib.util.spec_from_file_location("bench_forms", REPO / "benchmarks" / "bench_forms.py")
+    assert spec is not None and spec.loader is not None
+    bench_forms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_forms)
+    for pass_name, form in REWRITE_FORMS.items():
+        assert bench_forms.FORMS[form] == ("rewrite", pass_name)
+    b = GraphBuilder()
+    model = b.build(b.op("PRelu", [b.conv(b.input("x", [1, 3, 8, 8]), 3, 4), b.const(np.full((4, 1, 1), 0.5,
+                                                                                          np.float32))]))
+    first = pipeline.optimize(None, pipeline.Options(target="cpu", ort_level="disable"), loaded=_loaded(model))
+    assert ("prelu_leaky_relu", "PRelu -> LeakyRelu") in {(g.pass_name, g.form) for g in tune.groups(first.fusions)}
+
