@@ -241,7 +241,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             representative sizes), against the model with the group left unfused, and leave it unfused when the
             model is faster without it beyond the interval (``--tune``, :mod:`onnxfuse.tune`; the report's
             ``tune`` section, reason ``slower-when-measured``). Default False: the rule-based choice.
-        tune_budget: seconds of timed rounds for all groups together (None:
+        tune_budget: seconds for all groups together (passes rerun, sessions, rounds; None:
             ``pipeline.DEFAULT_TUNE_BUDGET_S``, 60); threads: onnxruntime intra-op threads of the timed sessions.
 
     Returns:

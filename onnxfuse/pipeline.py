@@ -51,8 +51,8 @@ log = logging.getLogger(__name__)
 META_VERSION, META_TARGET, META_PASSES = "onnxfuse.version", "onnxfuse.target", "onnxfuse.passes"
 META_MIN_ORT = "onnxfuse.min_onnxruntime"
 
-#: Default of :attr:`Options.tune_budget_s` (``--tune-budget``): seconds of timed rounds for all the groups that
-#: ``--tune`` times together (:mod:`onnxfuse.tune`; each group runs its minimum rounds even past it).
+#: Default of :attr:`Options.tune_budget_s` (``--tune-budget``): seconds for all the groups that ``--tune`` times
+#: together (:mod:`onnxfuse.tune`; each group timed runs its minimum rounds even past it).
 DEFAULT_TUNE_BUDGET_S = 60.0
 
 
@@ -106,7 +106,8 @@ class Options:
             ``ort_level`` with ``threads`` on the CPU provider, and leave a group unfused when the model runs faster
             without it (``--tune``, :mod:`onnxfuse.tune`, which :func:`optimize` needs as its ``tuner``; the
             report's ``tune`` section). False (default): the rule-based, deterministic choice.
-        tune_budget_s: seconds of timed rounds for all the groups together (``--tune-budget``).
+        tune_budget_s: seconds ``tune`` may spend on all the groups together (``--tune-budget``: passes run again,
+            session loads, timed rounds; each group timed runs its minimum rounds even past it).
         threads: onnxruntime intra-op threads of the sessions ``tune`` times (``--threads``; your sessions' count).
     """
 

@@ -14,8 +14,9 @@ The default choice of what to emit is rule-based and deterministic (``onnxfuse.o
   dropped (greedy, in the passes' order: each group is timed against the model as it stands).
 - **Timing** (:class:`OrtTimer`): ``onnxfuse bench``'s paired ABBA rounds and its distribution-free interval of
   the median ratio (:func:`onnxfuse.bench.measure`, margin 0), ratio = time without the group / time with it.
-  At least :data:`MIN_ROUNDS` rounds per group; the budget (``--tune-budget`` seconds, shared by the groups not yet
-  timed) bounds the rest.
+  At least :data:`MIN_ROUNDS` rounds per group; the budget (``--tune-budget`` seconds for all of --tune's work:
+  the passes run again, the session loads and the rounds; what is left is shared by the groups not yet timed)
+  bounds the rest, and a group reached with none left is not timed.
 - **Verdict** (:func:`verdict`): ``dropped`` only when the whole interval lies below 1.0 (the model is faster
   without the group); ``kept`` when it lies wholly above 1.0; otherwise ``inconclusive``, and the rule's choice
   (the group fused) stays. A dropped group's sites are left unfused with the reason ``slower-when-measured``; the
@@ -166,7 +167,10 @@ class OrtTimer:
 
         if self._fused is None or self._fused[0] != id(fused):
             sess, graph = self._load(fused, "fused")
-            feeds = sessions.make_inputs(sess, self.spec, seed=0)
+            try:
+                feeds = sessions.make_inputs(sess, self.spec, seed=0)
+            except ValueError as exc:  # an input type onnxfuse cannot generate (optional, sequence)
+                raise RuntimeError(f"{exc}; give it with --input-data") from None
             self._fused = (id(fused), sess, graph, feeds)
         _, sess_a, graph_a, feeds = self._fused
         sess_b, graph_b = self._load(alternative, f"{group.pass_name} left out")

@@ -113,8 +113,9 @@ def tune_options(fn: F) -> F:
                           "Default: the rule-based, deterministic choice."),
         click.option("--tune-budget", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TUNE_BUDGET_S,
                      show_default=True, metavar="SECONDS",
-                     help="Seconds of timed rounds for all --tune groups together (each group runs at least 14 "
-                          "paired rounds; a group left without time keeps the rule's choice)."),
+                     help="Seconds --tune may spend on all its groups together (passes run again, sessions, timed "
+                          "rounds; each group timed runs at least 14 paired rounds; a group left without time keeps "
+                          "the rule's choice)."),
         click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
                      help="onnxruntime intra-op threads of the sessions --tune times (your sessions' count)."),
     ]
