@@ -207,3 +207,23 @@ def test_every_rewrite_form_has_a_measured_speed_rule_and_names_its_group():
     first = pipeline.optimize(None, pipeline.Options(target="cpu", ort_level="disable"), loaded=_loaded(model))
     assert ("prelu_leaky_relu", "PRelu -> LeakyRelu") in {(g.pass_name, g.form) for g in tune.groups(first.fusions)}
 
+
+
+def test_culprit_search_after_tune_keeps_the_dropped_groups_left_out(monkeypatch):
+    """A wrong rewrite injected into one LeakyRelu site (as tests/test_culprits.py does) with --tune dropping the
+    HardSwish group: the culprit search's remainder (--drop-culprits) leaves both out, each with its own reason."""
+    from tests.test_culprits import Mutant, inject
+
+    model = mixed_model()
+    first = pipeline.optimize(None, pipeline.Options(target="cpu", ort_level="disable"), loaded=_loaded(model))
+    site = next(f.site for f in first.fusions if f.activation == "LeakyRelu")
+    inject(monkeypatch, Mutant("activation_alpha", "conv_activation", site=site))
+    opts = pipeline.make_options(target="cpu", ort_level="disable", tune=True)
+    opts.drop_culprits = True
+    result = tune.optimize(None, opts, VerifyOptions(), loaded=_loaded(model),
+                           timer=fake_timer({"FusedConv(HardSwish)": (0.8, 0.7, 0.9)}))
+    assert result.verification.status == "passed" and len(result.verification.culprits) == 1
+    reasons = {s.reason for s in result.skips}
+    assert {Reason.SLOWER_WHEN_MEASURED, Reason.BROKE_VERIFICATION} <= reasons
+    assert "HardSwish" not in [f.activation for f in result.fusions]
+    assert_same_outputs(model, result.model)
