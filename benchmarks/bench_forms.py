@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from onnxfuse import pipeline  # noqa: E402
 from onnxfuse.ort.levels import ORT_LEVELS  # noqa: E402
+from onnxfuse.ort.providers import REWRITE_FORMS  # noqa: E402
 from onnxfuse.ort.sessions import session  # noqa: E402
 
 OPSET = 17
@@ -67,12 +68,72 @@ FORMS: dict[str, tuple] = {
     "fold BatchNormalization": ("fold", "BatchNormalization"),
     "fold Add": ("fold", "Add"),
     "fold Mul": ("fold", "Mul"),
+    # the rewrites of issue 31 (canonicalizations whose output onnxruntime then fuses or keeps in its blocked
+    # layout), named as providers.REWRITE_FORMS names them: each graph is built by build_rewrite, and onnxfuse's
+    # output must hold that pass's rewrite
+    **{form: ("rewrite", pass_name) for pass_name, form in REWRITE_FORMS.items()},
 }
+
+
+def build_rewrite(form: str, channels: int, pixels: int, kernel: int, seed: int = 0) -> onnx.ModelProto:
+    """The graphs of the ``rewrite`` forms, each around a Conv(C -> C, k x k, same padding, bias) on
+    x [1, C, P, P] (float32 unless said):
+
+    * PRelu -> LeakyRelu: Conv -> PRelu(slope [C, 1, 1], every element 0.25);
+    * Resize(asymmetric, floor): Conv -> Resize(nearest, half_pixel, round_prefer_floor, scales 2 on H and W) ->
+      Conv (the Resize between two convs, as in an FPN or a U-Net decoder);
+    * float32 body between float16 Casts: the same Conv -> Clip(0, 6) in float16 (weights, input and output);
+    * op moved before a layout wrapper: x [1, P, P, C] (NHWC) -> Transpose -> Conv -> Transpose -> Add(bias [C]) ->
+      Relu, a TensorFlow export's conv.
+    """
+    rng = np.random.default_rng(seed)
+    c, k = channels, kernel
+    f16 = form == "float32 body between float16 Casts"
+    dtype, elem = (np.float16, TensorProto.FLOAT16) if f16 else (np.float32, TensorProto.FLOAT)
+    inits = []
+
+    def const(name, values):
+        values = np.asarray(values, dtype=dtype if values.dtype.kind == "f" else values.dtype)
+        kind = {np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.float32): TensorProto.FLOAT,
+                np.dtype(np.int64): TensorProto.INT64}[values.dtype]
+        inits.append(helper.make_tensor(name, kind, list(values.shape), values.ravel().tolist()))
+        return name
+
+    def conv(x, out, tag):
+        w = const(f"W{tag}", rng.standard_normal((c, c, k, k)) / np.sqrt(c * k * k))
+        b = const(f"B{tag}", rng.standard_normal(c) * 0.1)
+        return helper.make_node("Conv", [x, w, b], [out], name=f"conv{tag}", pads=[k // 2] * 4, kernel_shape=[k, k])
+
+    shape_in = shape_out = [1, c, pixels, pixels]
+    if form == "PRelu -> LeakyRelu":
+        nodes = [conv("x", "c0", 0), helper.make_node("PRelu", ["c0", const("slope", np.full((c, 1, 1), 0.25))],
+                                                      ["y"], name="prelu")]
+    elif form == "Resize(asymmetric, floor)":
+        nodes = [conv("x", "c0", 0),
+                 helper.make_node("Resize", ["c0", "", const("scales", np.array([1, 1, 2, 2], np.float32))], ["up"],
+                                  name="resize", mode="nearest", coordinate_transformation_mode="half_pixel",
+                                  nearest_mode="round_prefer_floor"),
+                 conv("up", "y", 1)]
+        shape_out = [1, c, 2 * pixels, 2 * pixels]
+    elif f16:
+        nodes = [conv("x", "c0", 0), helper.make_node("Clip", ["c0", const("lo", np.array(0.0)),
+                                                              const("hi", np.array(6.0))], ["y"], name="clip")]
+    else:
+        shape_in = shape_out = [1, pixels, pixels, c]
+        nodes = [helper.make_node("Transpose", ["x"], ["nchw"], name="to_nchw", perm=[0, 3, 1, 2]), conv("nchw", "c0", 0),
+                 helper.make_node("Transpose", ["c0"], ["nhwc"], name="to_nhwc", perm=[0, 2, 3, 1]),
+                 helper.make_node("Add", ["nhwc", const("bias", rng.standard_normal(c) * 0.1)], ["biased"], name="add"),
+                 helper.make_node("Relu", ["biased"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, form, [helper.make_tensor_value_info("x", elem, shape_in)],
+                              [helper.make_tensor_value_info("y", elem, shape_out)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
 def build(form: str, channels: int, pixels: int, kernel: int, seed: int = 0) -> onnx.ModelProto:
     """x [1, C, P, P] -> Conv(C -> C, k x k, same padding, bias) -> the form's nodes. Z is x itself (a residual
-    block's skip connection). float32, opset 17."""
+    block's skip connection). float32, opset 17. The ``rewrite`` forms: :func:`build_rewrite`."""
+    if FORMS[form][0] == "rewrite":
+        return build_rewrite(form, channels, pixels, kernel, seed)
     rng = np.random.default_rng(seed)
     c, k = channels, kernel
     inits = [
@@ -121,10 +182,18 @@ def build(form: str, channels: int, pixels: int, kernel: int, seed: int = 0) -> 
 
 
 def rewrite(model: onnx.ModelProto, tmp: Path) -> onnx.ModelProto:
-    """onnxfuse's output for ``model`` (target cpu, no speed rules); it must be one node."""
+    """onnxfuse's output for ``model`` (target cpu, no speed rules); it must be one node, or, for a ``rewrite``
+    form, hold that pass's rewrite."""
     path = tmp / "form.onnx"
     onnx.save(model, str(path))
-    out = pipeline.analyse(path, pipeline.Options(target="cpu", ort_level=None)).model
+    result = pipeline.analyse(path, pipeline.Options(target="cpu", ort_level=None))
+    out = result.model
+    kind = FORMS[model.graph.name]
+    if kind[0] == "rewrite":
+        if not any(f.pass_name == kind[1] for f in result.fusions):
+            raise SystemExit(f"{model.graph.name}: {kind[1]} did not rewrite the graph "
+                             f"({[(s.pass_name, str(s.reason)) for s in result.skips]})")
+        return out
     if len(out.graph.node) != 1:
         raise SystemExit(f"{model.graph.name}: onnxfuse left {[n.op_type for n in out.graph.node]}, not one node")
     return out
@@ -216,8 +285,9 @@ def main() -> int:
                 for kernel in args.kernels:
                     model = build(form, channels, pixels, kernel)
                     original, fused = model.SerializeToString(), rewrite(model, Path(tmp)).SerializeToString()
-                    feeds = {"x": np.random.default_rng(1).standard_normal((1, channels, pixels, pixels))
-                             .astype(np.float32)}
+                    x = model.graph.input[0].type.tensor_type
+                    feeds = {"x": np.random.default_rng(1).standard_normal([d.dim_value for d in x.shape.dim])
+                             .astype(np.float16 if x.elem_type == TensorProto.FLOAT16 else np.float32)}
                     for threads in args.threads:
                         for level in args.levels:
                             cell = time_cell(original, fused, feeds, level, threads, args.seconds, args.min_runs,

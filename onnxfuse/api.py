@@ -88,14 +88,18 @@ def _shapes(input_shapes: Mapping[str, Iterable[int]] | None, label: str = "inpu
 
 def _options(target: str, input_shapes, only, skip, constant_initializer_inputs: bool, ort_level: str,
              ort_version: str | None = None, materialize_weights: float = 0.0,
-             bandwidth: float | None = None) -> Options:
+             bandwidth: float | None = None, tune: bool = False, tune_budget: float | None = None,
+             threads: int = 1) -> Options:
     """The API's keyword arguments as ``pipeline.Options``, built by ``pipeline.make_options`` as the command line
-    builds them (``input_shapes`` checked here: the API takes integers, the CLI text)."""
-    from onnxfuse.pipeline import make_options
+    builds them (``input_shapes`` checked here: the API takes integers, the CLI text; ``tune_budget`` None: the
+    default)."""
+    from onnxfuse.pipeline import DEFAULT_TUNE_BUDGET_S, make_options
 
     return make_options(target=target, only=only, skip=skip, input_shapes=_shapes(input_shapes),
                         constant_initializer_inputs=constant_initializer_inputs, ort_level=ort_level,
-                        ort_version=ort_version, materialize_weights=materialize_weights, bandwidth=bandwidth)
+                        ort_version=ort_version, materialize_weights=materialize_weights, bandwidth=bandwidth,
+                        tune=tune, tune_budget=DEFAULT_TUNE_BUDGET_S if tune_budget is None else tune_budget,
+                        threads=threads)
 
 
 def _plugins(plugins) -> tuple:
@@ -120,7 +124,8 @@ _KEYWORDS = {"--input-shape": "input_shapes", "--input-value": "input_values", "
              "--verify-timeout": "verify_timeout", "--constant-initializer-inputs": "constant_initializer_inputs",
              "--no-verify": "verify=False", "--plugin": "plugins",
              "--fix-input-shape": "fix_input_shapes", "--drop-culprits": "drop_culprits",
-             "--materialize-weights": "materialize_weights", "--bandwidth": "bandwidth"}
+             "--materialize-weights": "materialize_weights", "--bandwidth": "bandwidth", "--tune": "tune",
+             "--tune-budget": "tune_budget", "--threads": "threads"}
 _OPTION = re.compile("|".join(re.escape(k) for k in sorted(_KEYWORDS, key=len, reverse=True)) + r"(?![\w-])")
 
 
@@ -202,7 +207,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              ort_level: str = DEFAULT_ORT_LEVEL, verify_timeout: float | None = None,
              ort_version: str | None = None, name: str | None = None, plugins: Iterable = (),
              fix_input_shapes: Mapping[str, Iterable[int]] | None = None, drop_culprits: bool = False,
-             materialize_weights: float = 0.0, bandwidth: float | None = None) -> Result:
+             materialize_weights: float = 0.0, bandwidth: float | None = None, tune: bool = False,
+             tune_budget: float | None = None, threads: int = 1) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
     What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
@@ -230,6 +236,13 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             with them left unfused; True returns that model with its ``passed`` verification (culprits named)
             instead of raising. False (default): :class:`VerificationError`, its ``.result`` holding the verified
             remainder (docs/reference.md, "When verification fails").
+        tune: time each group of rewrites (one pass, one emitted form) in the installed onnxruntime at
+            ``ort_level`` with ``threads`` intra-op threads (CPU provider) on ``input_shapes`` (else the
+            representative sizes), against the model with the group left unfused, and leave it unfused when the
+            model is faster without it beyond the interval (``--tune``, :mod:`onnxfuse.tune`; the report's
+            ``tune`` section, reason ``slower-when-measured``). Default False: the rule-based choice.
+        tune_budget: seconds for all groups together (passes rerun, sessions, rounds; None:
+            ``pipeline.DEFAULT_TUNE_BUDGET_S``, 60); threads: onnxruntime intra-op threads of the timed sessions.
 
     Returns:
         A :class:`onnxfuse.pipeline.Result`: ``model`` (the optimized ``ModelProto``), ``report`` (the
@@ -240,11 +253,11 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
         VerificationError: an output differs beyond tolerance, or onnxruntime cannot run the optimized model
             (``.result`` holds the failing result and its report), or ``require_verify`` and it was skipped.
     """
-    from onnxfuse import pipeline
+    from onnxfuse import tune as tuning
     from onnxfuse.verification.options import VerifyOptions, timeout_seconds
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version,
-                       materialize_weights, bandwidth)
+                       materialize_weights, bandwidth, tune=tune, tune_budget=tune_budget, threads=threads)
     options.plugins = _plugins(plugins)
     options.fix_input_shapes = _shapes(fix_input_shapes, "fix_input_shapes")
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
@@ -255,7 +268,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     verify_options = VerifyOptions(options.input_shapes, None if input_data is None else str(input_data),
                                    dict(input_values or {}), dict(input_ranges or {}), input_sets,
                                    rtol=rtol, atol=atol, timeout=timeout) if verify else None
-    result = pipeline.optimize(loaded.path, options, verify_options, loaded=loaded)
+    result = tuning.optimize(loaded.path, options, verify_options, loaded=loaded)
     verification = result.report.verification
     if verification.status == "failed":
         raise VerificationError(f"{loaded.label}: the optimized model does not match the original "

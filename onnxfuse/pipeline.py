@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import onnx
 
@@ -40,7 +40,7 @@ from onnxfuse.ort.providers import (
 )
 from onnxfuse.passes import Context, Pass
 from onnxfuse.passes.driver import run_passes
-from onnxfuse.records import Fusion, Skip
+from onnxfuse.records import Fusion, Reason, Skip
 from onnxfuse.report import model as rep
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 #: oldest probed release when every form loads in all of them, or none is there).
 META_VERSION, META_TARGET, META_PASSES = "onnxfuse.version", "onnxfuse.target", "onnxfuse.passes"
 META_MIN_ORT = "onnxfuse.min_onnxruntime"
+
+#: Default of :attr:`Options.tune_budget_s` (``--tune-budget``): seconds for all the groups that ``--tune`` times
+#: together (:mod:`onnxfuse.tune`; each group timed runs its minimum rounds even past it).
+DEFAULT_TUNE_BUDGET_S = 60.0
 
 
 @dataclass
@@ -98,6 +102,13 @@ class Options:
             tensor (``--layers``, :mod:`onnxfuse.verification.layers`) into ``verification.layers``.
         bandwidth_gb_per_s: also estimate the memory time at this bandwidth (10^9 bytes per second,
             ``--bandwidth``; the report's ``bandwidth``, ``report.model.bandwidth_section``); None: no estimate.
+        tune: time each group of rewrites (one pass, one emitted form) in the installed onnxruntime at
+            ``ort_level`` with ``threads`` on the CPU provider, and leave a group unfused when the model runs faster
+            without it (``--tune``, :mod:`onnxfuse.tune`, which :func:`optimize` needs as its ``tuner``; the
+            report's ``tune`` section). False (default): the rule-based, deterministic choice.
+        tune_budget_s: seconds ``tune`` may spend on all the groups together (``--tune-budget``: passes run again,
+            session loads, timed rounds; each group timed runs its minimum rounds even past it).
+        threads: onnxruntime intra-op threads of the sessions ``tune`` times (``--threads``; your sessions' count).
     """
 
     target: str = DEFAULT_TARGET
@@ -117,23 +128,31 @@ class Options:
     drop_culprits: bool = False
     compare_layers: bool = False
     bandwidth_gb_per_s: float | None = None
+    tune: bool = False
+    tune_budget_s: float = DEFAULT_TUNE_BUDGET_S
+    threads: int = 1
 
 
 def make_options(*, target: str = DEFAULT_TARGET, only=(), skip=(), input_shapes: dict[str, tuple[int, ...]] | None
                  = None, constant_initializer_inputs: bool = False, ort_level: str | None = None,
                  ort_version: str | None = None, materialize_weights: float = 0.0,
-                 input_data: str | None = None, bandwidth: float | None = None) -> Options:
+                 input_data: str | None = None, bandwidth: float | None = None, tune: bool = False,
+                 tune_budget: float = DEFAULT_TUNE_BUDGET_S, threads: int = 1) -> Options:
     """The one way :class:`Options` are built from what a user gave (the CLI's ``cli/args/optimization.py``, the
     API's ``optimize`` / ``analyse``): every option checked the same way, so that a new option is declared here
     once. ``input_shapes``: input name -> positive dims (already parsed); ``ort_level`` None: the default level;
     ``materialize_weights``: MiB (2**20 bytes) the model may grow by (``--materialize-weights``); ``bandwidth``:
-    GB/s (10^9 bytes per second) for the memory-time estimate (``--bandwidth``; None: none).
+    GB/s (10^9 bytes per second) for the memory-time estimate (``--bandwidth``; None: none); ``tune``,
+    ``tune_budget`` (seconds), ``threads``: :attr:`Options.tune`, :attr:`Options.tune_budget_s`,
+    :attr:`Options.threads`.
 
     Raises:
         InputError: ``only`` or ``skip`` is a string, or together they leave no pass; ``ort_version`` is not a
             string; ``materialize_weights`` is negative or not finite; ``bandwidth`` is not a positive finite
-            number.
+            number; ``tune`` is not a bool, ``tune_budget`` not a positive finite number of seconds, ``threads``
+            not an integer >= 1.
     """
+    _check_tune(tune, tune_budget, threads)
     if bandwidth is not None and (isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float))
                                   or not math.isfinite(bandwidth) or bandwidth <= 0):
         raise InputError(f"--bandwidth must be a positive, finite number of GB/s, got {bandwidth!r}")
@@ -154,7 +173,22 @@ def make_options(*, target: str = DEFAULT_TARGET, only=(), skip=(), input_shapes
                    constant_initializer_inputs=constant_initializer_inputs, input_data=input_data,
                    ort_level=ort_level or DEFAULT_ORT_LEVEL, ort_version=ort_version,
                    materialize_weights_bytes=int(mib * 2**20),
-                   bandwidth_gb_per_s=None if bandwidth is None else float(bandwidth))
+                   bandwidth_gb_per_s=None if bandwidth is None else float(bandwidth), tune=tune,
+                   tune_budget_s=float(tune_budget), threads=threads)
+
+
+def _check_tune(tune: bool, budget: float, threads: int) -> None:
+    """The checks of :func:`make_options` for ``--tune``, ``--tune-budget`` and ``--threads``.
+
+    Raises:
+        InputError: as :func:`make_options` says.
+    """
+    if not isinstance(tune, bool):
+        raise InputError(f"--tune is a flag (True or False), got {tune!r}")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
+        raise InputError(f"--tune-budget must be a positive, finite number of seconds, got {budget!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InputError(f"--threads must be an integer >= 1, got {threads!r}")
 
 
 @dataclass
@@ -266,12 +300,13 @@ def _set_metadata(model: onnx.ModelProto, target: str, selected: tuple[Pass, ...
 
 
 def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.LoadedModel | None = None,
-            verify_options=None, verifying: bool = False) -> Result:
+            verify_options=None, verifying: bool = False, tuner: Tuner | None = None) -> Result:
     """Load the model at ``path`` (or take ``loaded``), run the passes in memory and build the report (no file).
 
     ``verify_options`` (for :func:`optimize`): when the passes rewrote the model, verify it
     (:func:`_verify_and_compare`) before onnxruntime's graphs are made, and put the result in
     ``report.verification``; None: no verification. ``verifying``: see :func:`_verify_and_compare_graphs`.
+    ``tuner``: what times the groups of rewrites with ``options.tune`` (:func:`_rewrite`).
 
     Raises:
         InputError: unreadable or invalid model (:func:`onnxfuse.model.io.load_model`, and a Conv whose
@@ -303,14 +338,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
 
     overridable = frozenset() if options.constant_initializer_inputs else loaded.overridable
     blocker = convert.rewrite_blocker(model)
-    fusions: list[Fusion] = []
-    skips: list[Skip] = []
     rewriter = _Rewriter(options, overridable, dict(info), own_sym, loader, selected, loaded.label)
-    if blocker is None:
-        out, fusions, skips = rewriter.run(model)
-        log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
-    else:
-        out = model
+    out, fusions, skips, tuned = _rewrite(rewriter, model, blocker, loaded, input_shapes, verify_options, tuner)
     forms, min_release = _finish_model(out, options, selected)
     if fusions:
         # Let the input's protobuf go once the result exists (peak memory: it is as large as the model).
@@ -341,9 +370,64 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
         after_index=traffic.ModelIndex(out), after_sizes=after_sizes, runtime=runtime,
         bandwidth_gb_per_s=options.bandwidth_gb_per_s,
         deployment=rep.deployment_section(release, forms, min_release), optimized_bytes=_serialized_bytes(out),
-        warnings=warnings, verification=verified,
+        warnings=warnings, verification=verified, tune=tuned,
     )
     return Result(out, fusions, skips, bool(fusions) or fixed, report, loaded)
+
+
+class Tuner(Protocol):
+    """What times the groups of rewrites for ``Options.tune`` (``onnxfuse.tune.decide``, above this layer: the
+    timer is the bench's). Called once, after the passes' first run, with that run's ``out`` and ``fusions``;
+    ``fresh()`` gives a new copy of the model the passes ran on (to run them again with ``rewriter.run(fresh(),
+    excluded)``). Returns the sites to leave unfused, each with its ``(reason, sentence)`` (``Context.excluded``),
+    and the report's ``tune`` section."""
+
+    def __call__(self, rewriter: _Rewriter, fresh: Callable[[], onnx.ModelProto], out: onnx.ModelProto,
+                 fusions: list[Fusion], input_shapes: dict[str, tuple[int, ...]], options: Options, verify_options: Any
+                 ) -> tuple[dict[tuple[str, ...], tuple[Reason, str]], dict[str, Any]]: ...
+
+
+def _rewrite(rewriter: _Rewriter, model: onnx.ModelProto, blocker: str | None, loaded: model_io.LoadedModel,
+             input_shapes: dict[str, tuple[int, ...]], verify_options: Any, tuner: Tuner | None
+             ) -> tuple[onnx.ModelProto, list[Fusion], list[Skip], dict[str, Any] | None]:
+    """The passes over ``model`` (:meth:`_Rewriter.run`; none when ``blocker`` says why the model cannot be
+    rewritten): ``(out, fusions, skips, the report's tune section or None)``. With ``Options.tune``, ``tuner``
+    times the groups of rewrites and the passes run once more with the groups it drops left unfused; the rewriter
+    keeps them left out for any later run (the culprit search's).
+
+    Raises:
+        TypeError: ``Options.tune`` without a ``tuner`` (``onnxfuse.tune.optimize`` passes one).
+        InputError, PluginError: as :meth:`_Rewriter.run`.
+    """
+    options = rewriter.options
+    if options.tune and tuner is None:
+        raise TypeError("Options.tune: run onnxfuse.tune.optimize (or onnxfuse.optimize(tune=True)), which times "
+                        "the rewrites")
+    if blocker is not None:
+        return model, [], [], None
+    fresh = _fresh_copies(model, loaded) if options.tune else None
+    out, fusions, skips = rewriter.run(model)
+    log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
+    if fresh is None or tuner is None:
+        return out, fusions, skips, None
+    excluded, section = tuner(rewriter, fresh, out, fusions, input_shapes, options, verify_options)
+    if excluded:
+        rewriter.left_out = dict(excluded)
+        out, fusions, skips = rewriter.run(fresh())
+    return out, fusions, skips, section
+
+
+def _fresh_copies(model: onnx.ModelProto, loaded: model_io.LoadedModel) -> Callable[[], onnx.ModelProto]:
+    """A function that returns a new copy of ``model`` as it is now (before the passes rewrite it in place; its
+    inputs fixed by ``--fix-input-shape`` where given): from its serialized bytes, or, for a model protobuf cannot
+    serialize (over 2 GiB), the input read again (``culprits.fresh_original``)."""
+    try:
+        data = model.SerializeToString()
+    except ValueError:  # over protobuf's 2 GiB limit
+        from onnxfuse import culprits
+
+        return lambda: culprits.fresh_original(loaded)
+    return lambda: onnx.load_model_from_string(data)
 
 
 def _fix_inputs(model: onnx.ModelProto, options: Options, loaded: model_io.LoadedModel) -> tuple[Options, bool]:
@@ -495,13 +579,16 @@ class _Rewriter:
     selected: tuple[Pass, ...]
     label: str
     _computed: list[symbolic.SymbolicShapes] = field(default_factory=list)
+    #: sites every run leaves unfused besides its own ``excluded`` (the groups ``--tune`` dropped), as
+    #: ``Context.excluded`` has them
+    left_out: dict[tuple[str, ...], str | tuple[Reason, str]] = field(default_factory=dict)
 
     def _shared_symbolic(self) -> symbolic.SymbolicShapes:
         if not self._computed and self.loader is not None:
             self._computed.append(self.loader())
         return self._computed[0]
 
-    def _passes_on(self, graph: Any, portable: frozenset[str], excluded: dict[tuple[str, ...], str]
+    def _passes_on(self, graph: Any, portable: frozenset[str], excluded: dict[tuple[str, ...], Any]
                    ) -> tuple[list[Fusion], list[Skip]]:
         o = self.options
         ctx = Context(get_target(o.target, o.ort_level, deployment_release(o)), self.overridable, dict(self.info),
@@ -510,20 +597,20 @@ class _Rewriter:
                       materialize_bytes=o.materialize_weights_bytes, portable=portable, excluded=dict(excluded))
         return run_passes(graph, self.selected, ctx)
 
-    def run(self, model: onnx.ModelProto, excluded: dict[tuple[str, ...], str] | None = None
+    def run(self, model: onnx.ModelProto, excluded: dict[tuple[str, ...], Any] | None = None
             ) -> tuple[onnx.ModelProto, list[Fusion], list[Skip]]:
         """The passes over ``model`` (rewritten in place when they change it; it must not be used afterwards):
         the output model (``model`` itself when nothing changed), the fusions and the skips. ``excluded``: sites
-        left unfused (``Context.excluded``). Where forms that need a newer onnxruntime than ``model`` were made,
-        the passes run again with those chains kept portable and the portable output wins unless the fused one
-        leaves onnxruntime fewer kernels (:func:`_keep_portable`, issue 31).
+        left unfused (``Context.excluded``), besides :attr:`left_out`. Where forms that need a newer onnxruntime
+        than ``model`` were made, the passes run again with those chains kept portable and the portable output
+        wins unless the fused one leaves onnxruntime fewer kernels (:func:`_keep_portable`, issue 31).
 
         Raises:
             InputError: the graph cannot be converted or exported.
             PluginError: a plugin pass's rewrites leave a graph that cannot be exported or is invalid
                 (:func:`_plugin_checked`).
         """
-        excluded = excluded or {}
+        excluded = {**self.left_out, **(excluded or {})}
         try:
             graph = convert.to_graph(model)
             fusions, skips = self._passes_on(graph, frozenset(), excluded)
@@ -670,11 +757,12 @@ def _verify_and_compare(loaded: model_io.LoadedModel, out: onnx.ModelProto, inpu
 
 
 def optimize(path: str | os.PathLike | None, options: Options, verify_options=None,
-             loaded: model_io.LoadedModel | None = None) -> Result:
+             loaded: model_io.LoadedModel | None = None, tuner: Tuner | None = None) -> Result:
     """:func:`analyse` with verification of the optimized model against the original in onnxruntime, unless
     ``verify_options`` is None or nothing was rewritten (status ``unchanged``); the verification result goes
     into ``result.report.verification``. It is made before the report's comparison with onnxruntime's own graphs,
-    which reuses its sessions' work (:func:`_verify_and_compare`).
+    which reuses its sessions' work (:func:`_verify_and_compare`). ``tuner``: see :func:`_rewrite` (``--tune``:
+    the groups it leaves unfused are left out before verification, which checks the output as any other).
 
     An input that onnxruntime (CPU provider, optimizations disabled) cannot load is refused: verification's own
     session of the original is that load, so it costs nothing more. Without verification (``verify_options``
@@ -690,7 +778,7 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     if verify_options is not None and verify_options.input_data and not options.input_data:
         options = replace(options, input_data=verify_options.input_data)  # real inputs fix the report's shapes
     # verifies a rewritten model; without verify_options the report says skipped, with nothing rewritten unchanged
-    result = analyse(path, options, loaded, verify_options, verifying=True)
+    result = analyse(path, options, loaded, verify_options, verifying=True, tuner=tuner)
     if verify_options is not None and result.changed:
         from onnxfuse.verification import verify  # not imported by a run that verifies nothing
 

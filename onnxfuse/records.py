@@ -174,6 +174,11 @@ class Reason(str, Enum):
         "none: this rewrite moved an output beyond verification's tolerance (a bug in the pass the detail names, "
         "onnxfuse's or a plugin's: please report it to its authors with the model); the culprit search left it "
         "unfused and verified the rest (--drop-culprits writes that)")
+    SLOWER_WHEN_MEASURED = (
+        "slower-when-measured",
+        "none needed: --tune timed this group of rewrites in your onnxruntime (release, --ort-level, --threads, CPU "
+        "provider, your input sizes) and the model ran faster without it (the report's tune section gives the "
+        "ratio and its interval); without --tune the rule-based form is written")
     SHARED_WEIGHT_GROWTH = (
         "fold-copies-shared-weight",
         "--materialize-weights MIB lets the model grow by a folded copy of a weight other nodes also read (the "

@@ -92,6 +92,20 @@ def optimize(tmp_path: Path, model: onnx.ModelProto, target: str = "cpu", **opti
     return pipeline.analyse(path, pipeline.Options(target=target, **options))
 
 
+def slower_at(monkeypatch, pass_name: str, *levels: str) -> str:
+    """Give every target a speed rule (``providers.CPU_SLOWER_AT``'s kind) that ``pass_name``'s form
+    (``providers.REWRITE_FORMS``) runs slower at ``levels``, as a measurement would; returns the form."""
+    from dataclasses import replace
+
+    from onnxfuse.ort import providers
+
+    form = providers.REWRITE_FORMS[pass_name]
+    for name, target in providers.TARGETS.items():
+        rules = {**target.slower_at, form: frozenset(levels)}
+        monkeypatch.setitem(providers.TARGETS, name, replace(target, slower_at=rules))
+    return form
+
+
 def analyse_unchecked(model: onnx.ModelProto, target: str = "cpu", **options) -> pipeline.Result:
     """Run the passes on ``model`` (no verification) without the checks of ``model_io.load_model``: for a pass's
     defence against an input that onnx.checker (full_check) or onnxruntime refuses, which no file reaches the

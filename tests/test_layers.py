@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("report",),  # the report's data, presentation and renderers
     ("culprits",),  # the culprit search's orchestration: the passes run again, each candidate verified
     ("pipeline",),  # orchestration
-    ("api", "bench"),  # the library's public functions, the benchmark command's library
+    ("api", "bench", "tune"),  # the library's public functions, the bench command's library, --tune's timing
     ("batch",),  # many models, worker processes or Ray
     ("cli",),  # the command line
     ("__main__", "__init__"),  # the entry point and the package's lazy public names

@@ -10,7 +10,7 @@ import click
 
 from onnxfuse.cli import files
 from onnxfuse.cli.args.model_inputs import fix_input_shape_option, parse_fix_input_shapes, parse_input_shapes
-from onnxfuse.cli.args.optimization import optimization_options, to_options
+from onnxfuse.cli.args.optimization import optimization_options, to_options, tune_options
 from onnxfuse.cli.args.plugins import plugin_option
 from onnxfuse.cli.args.report_output import bandwidth_option, check_bandwidth, report_file_options, report_files
 from onnxfuse.cli.args.verification import to_verify_options, verify_options
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True, path_type=Path))
 @click.argument("output_arg", metavar="OUTPUT", type=click.Path())
 @optimization_options
+@tune_options
 @plugin_option
 @fix_input_shape_option
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison (the report says so).")
@@ -55,7 +56,8 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
              input_value: tuple[str, ...], input_range: tuple[str, ...], input_sets: int, rtol: float | None,
              atol: float | None, verify_timeout: float | None, report_paths: tuple[Path, ...],
              report_format: str | None, bandwidth: float | None, overwrite: bool,
-             plugins: tuple[str, ...] = (), fix_input_shape: tuple[str, ...] = ()) -> None:
+             plugins: tuple[str, ...] = (), fix_input_shape: tuple[str, ...] = (), tune: bool = False,
+             tune_budget: float = 60.0, threads: int = 1) -> None:
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
 
     \b
@@ -65,15 +67,16 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
           --input-shape x=1x3x640x640
       onnxfuse optimize m.onnx m.fused.onnx --report traffic.json \\
           --require-verify
+      onnxfuse optimize m.onnx m.fused.onnx --target cpu --tune
     """
     parse_fix_input_shapes(fix_input_shape)
     parse_input_shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
-    from onnxfuse import pipeline
+    from onnxfuse import tune as tuning
 
     output_path = Path(output_arg)
     reports = _check_outputs(input_path, output_path, output_arg, report_paths, report_format, bandwidth, overwrite)
     options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version,
-                         materialize_weights)
+                         materialize_weights, tune, tune_budget, threads)
     options.plugins = plugins
     options.fix_input_shapes = parse_fix_input_shapes(fix_input_shape)
     options.input_data = input_data  # real inputs fix the report's shapes too
@@ -85,7 +88,7 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
                                 verify_timeout)
     log.debug("optimizing %s for target %s", input_path, target)
     with progress(ctx, f"optimizing {input_path}"):
-        result = pipeline.optimize(input_path, options, None if no_verify else checked)
+        result = tuning.optimize(input_path, options, None if no_verify else checked)
     diagnostics(result.report)
     report_texts = _render_reports(result, input_path, output_path, reports, require_verify)
     _write_results(ctx, result, output_path, reports, report_texts, overwrite)

@@ -87,6 +87,18 @@ CPU_SLOWER_AT: Mapping[str, frozenset[str]] = MappingProxyType({
 })
 
 
+#: What the canonicalizations of issue 31 emit, by pass, as :data:`CPU_SLOWER_AT` and BENCHMARKS.md name the form
+#: (``onnxfuse.passes._checks.speed_rule`` looks each up before its pass rewrites). ``benchmarks/bench_forms.py``
+#: times each around a Conv at every level, 1 and 2 threads (BENCHMARKS.md, "Emitted forms, isolated": the rewrites
+#: of issue 31): none was slower at any level, so none is in :data:`CPU_SLOWER_AT` today.
+REWRITE_FORMS: Mapping[str, str] = MappingProxyType({
+    "prelu_leaky_relu": "PRelu -> LeakyRelu",
+    "resize_nearest": "Resize(asymmetric, floor)",
+    "float16_body": "float32 body between float16 Casts",
+    "layout_wrapper": "op moved before a layout wrapper",
+})
+
+
 #: onnxruntime releases (major, minor) on which ``benchmarks/probe_ort_releases.py`` loaded and ran every form
 #: onnxfuse can emit (the newest patch of each minor release pip serves for Python 3.11), oldest first. Results:
 #: ``benchmarks/results/ort_releases.json``; table: ``benchmarks/results/ort_releases.md``.

@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-from typing import TypeGuard
+from typing import TypeGuard, TypeVar
 
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
 from onnxfuse.model.domains import is_default_domain
-from onnxfuse.passes.base import Context, Pass
+from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, Skip
 
 CONV_OPS = ("Conv", "ConvTranspose")
@@ -28,6 +28,20 @@ def is_op(node: gs.Node | None, *ops: str) -> TypeGuard[gs.Node]:
 def skip(reason: Reason, detail: str, nodes: list[gs.Node], output: gs.Tensor) -> Skip:
     """Build a :class:`Skip` for ``nodes`` (Conv first) whose fused node would write ``output``."""
     return Skip(reason, detail, replaced(nodes), output.name)
+
+
+M = TypeVar("M", bound=Match)
+
+
+def speed_rule(found: M | Skip | None, ctx: Context, form: str) -> M | Skip | None:
+    """``found`` (a pass's match), unless it is a :class:`Match` of ``form`` (``providers.REWRITE_FORMS``) and that
+    form runs slower than the unfused original at the onnxruntime level of ``ctx.target``
+    (``providers.CPU_SLOWER_AT``): then a ``slower-than-unfused-at-ort-level`` skip of its nodes."""
+    if not isinstance(found, Match) or not ctx.target.slower(form):
+        return found
+    last = found.nodes[-1]
+    return skip(Reason.SLOWER_AT_ORT_LEVEL, f"{form} runs slower than the unfused original in onnxruntime at level "
+                f"{ctx.target.ort_level} (see --ort-level)", found.nodes, last.outputs[0])
 
 
 def private_check(intermediates: list[gs.Tensor], inside: list[gs.Node], ctx: Context, nodes: list[gs.Node],

@@ -67,7 +67,8 @@ class Context:
         portable: output tensor names of chains onnxruntime fuses itself at the target's level, where a form that
             needs a newer onnxruntime than the input model is not emitted (``onnxfuse.passes.portable``).
         excluded: sites (``records.Fusion.site``) that the driver must leave unfused, each with the sentence of
-            the ``rewrite-broke-verification`` skip it records instead (the culprit search's reruns).
+            the ``rewrite-broke-verification`` skip it records instead (the culprit search's reruns), or with
+            ``(reason, sentence)`` for a skip of another reason (``--tune``'s ``slower-when-measured``).
             each such fold spends its growth). 0: weights stay compact. A fold into a weight other nodes also
             read spends from it too, once :attr:`shared_copy_bytes` is spent.
         shared_copy_bytes: bytes the whole model may still grow by where a fold gives a Conv or Gemm its own
@@ -88,7 +89,7 @@ class Context:
     symbolic_loader: Callable[[], SymbolicShapes] | None = None
     materialize_bytes: int = 0
     portable: frozenset[str] = frozenset()
-    excluded: dict[tuple[str, ...], str] = field(default_factory=dict)
+    excluded: dict[tuple[str, ...], str | tuple[Reason, str]] = field(default_factory=dict)
     shared_copy_bytes: int = SHARED_COPY_GROWTH_BYTES
 
     def own_symbolic(self) -> SymbolicShapes | None:

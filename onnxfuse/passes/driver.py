@@ -37,8 +37,9 @@ def run_passes(graph: gs.Graph, selected: tuple[Pass, ...], ctx: Context) -> tup
     When constant_fold folded a ``Shape``/``Size`` in the main graph, ``ctx.shapes`` is refreshed by onnx shape
     inference before the fusion passes (``constant_fold.refresh_shapes``).
 
-    A match whose site (:func:`site_key`) is in ``ctx.excluded`` is not rewritten: a ``rewrite-broke-verification``
-    skip is recorded for it instead (the culprit search, :mod:`onnxfuse.verification.search`).
+    A match whose site (:func:`site_key`) is in ``ctx.excluded`` is not rewritten: a skip is recorded for it instead,
+    ``rewrite-broke-verification`` (the culprit search, :mod:`onnxfuse.verification.search`) or the reason the
+    exclusion names (:func:`left_out_reason`; ``--tune``'s ``slower-when-measured``).
 
     Returns the rewrites in the order applied (each with its ``site``) and the skips seen in each stage's last
     (unchanged) round.
@@ -77,9 +78,9 @@ def _run_stage(sub: gs.Graph, stage: tuple[Pass, ...], ctx: Context, order: edit
                 found = p.match(node, ctx)
                 if isinstance(found, Match):
                     site = site_key(sub, p.name, found.nodes)
-                    if site in ctx.excluded:  # the culprit search leaves this rewrite out
-                        left_out.append(Skip(Reason.BROKE_VERIFICATION, ctx.excluded[site], replaced(found.nodes),
-                                             _output(found.nodes), p.name))
+                    if site in ctx.excluded:  # the culprit search (or --tune) leaves this rewrite out
+                        reason, detail = left_out_reason(ctx.excluded[site])
+                        left_out.append(Skip(reason, detail, replaced(found.nodes), _output(found.nodes), p.name))
                         continue
                     fusions.append(dataclasses.replace(p.rewrite(found, ctx), site=site))
                     changed = True
@@ -90,6 +91,13 @@ def _run_stage(sub: gs.Graph, stage: tuple[Pass, ...], ctx: Context, order: edit
             skips.extend(longest_per_conv(round_skips))
             skips.extend(left_out)
             break
+
+
+def left_out_reason(value: str | tuple[Reason, str]) -> tuple[Reason, str]:
+    """The reason and detail of the skip recorded for an excluded site (``Context.excluded``): a sentence alone is
+    the culprit search's (``rewrite-broke-verification``); ``(reason, sentence)`` names its own reason (``--tune``'s
+    ``slower-when-measured``, :mod:`onnxfuse.tune`)."""
+    return (Reason.BROKE_VERIFICATION, value) if isinstance(value, str) else value
 
 
 def site_key(graph: gs.Graph, pass_name: str, nodes: list[gs.Node]) -> tuple[str, ...]:

@@ -26,6 +26,8 @@ Skipped when:
                                       dtype attribute such as EyeLike or a random op, a contrib op, ...)
     float16-graph-has-subgraphs       an If/Loop/Scan body (the bodies' tensors would need the same conversion)
     float16-output-not-computed       a float16 graph output is a graph input or a constant (no node computes it)
+    slower-than-unfused-at-ort-level  the form is measured slower at the --ort-level (``providers.CPU_SLOWER_AT``,
+                                      ``REWRITE_FORMS``; none is today)
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ import onnx_graphsurgeon as gs
 from onnxfuse.ir import edit
 from onnxfuse.model.domains import is_default_domain
 from onnxfuse.ort.float16 import PROBED_OPS, has_float16_kernel
-from onnxfuse.passes._checks import replaced, skip
+from onnxfuse.ort.providers import REWRITE_FORMS
+from onnxfuse.passes._checks import replaced, skip, speed_rule
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -88,7 +91,8 @@ class Float16Body(Pass[Float16Match]):
     name = "float16_body"
     kind = RewriteKind.CANONICALIZE
     summary = "run a float16 model's body in float32 between Casts at its inputs and outputs (target cpu), so it fuses"
-    reasons = (Reason.F16_TARGET, Reason.F16_KERNEL, Reason.F16_OP, Reason.F16_SUBGRAPH, Reason.F16_OUTPUT)
+    reasons = (Reason.F16_TARGET, Reason.F16_KERNEL, Reason.F16_OP, Reason.F16_SUBGRAPH, Reason.F16_OUTPUT,
+               Reason.SLOWER_AT_ORT_LEVEL)
     anchors = ()  # a whole-graph rewrite: matched once, on the graph's first node
 
     def match(self, node: gs.Node, ctx: Context) -> Float16Match | Skip | None:
@@ -119,7 +123,7 @@ class Float16Body(Pass[Float16Match]):
         for t in graph.outputs:
             if _is_f16(t, ctx) and (id(t) in inputs or isinstance(t, gs.Constant) or not t.inputs):
                 return skip(Reason.F16_OUTPUT, f"graph output {t.name} is no node's output", first, out)
-        return Float16Match(nodes)
+        return speed_rule(Float16Match(nodes), ctx, REWRITE_FORMS[self.name])
 
     def rewrite(self, match: Float16Match, ctx: Context) -> Fusion:
         graph = ctx.graph

@@ -43,6 +43,8 @@ Skipped when:
                                        (a Reshape with a dynamic shape, a Squeeze without axes on an unknown shape)
     layout-wrapper-splits-channels     the wrapper merges or splits the channel axis (a Reshape that folds channels
                                        into another axis, a Squeeze of a one-channel axis), so no axis carries it
+    slower-than-unfused-at-ort-level   the form is measured slower at the --ort-level (``providers.CPU_SLOWER_AT``,
+                                       ``REWRITE_FORMS``; none is today)
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
-from onnxfuse.passes._checks import CONV_OPS, is_op, private_check, replaced, skip
+from onnxfuse.ort.providers import REWRITE_FORMS
+from onnxfuse.passes._checks import CONV_OPS, is_op, private_check, replaced, skip, speed_rule
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -168,10 +171,13 @@ class LayoutWrapper(Pass[LayoutMatch]):
                "Reshape of a Conv's output to before it, where it folds or fuses into the Conv (and a per-channel "
                "Add/Sub/Mul/Div before a wrapper into a Conv to after it, where affine_conv folds it)")
     reasons = (Reason.NOT_PRIVATE, Reason.GRAPH_OUTPUT, Reason.INITIALIZER_IS_INPUT, Reason.NOT_PER_CHANNEL,
-               Reason.CONV_IS_DIVISOR, Reason.LAYOUT_SHAPE, Reason.LAYOUT_SPLIT)
+               Reason.CONV_IS_DIVISOR, Reason.LAYOUT_SHAPE, Reason.LAYOUT_SPLIT, Reason.SLOWER_AT_ORT_LEVEL)
     anchors = AFFINE + ACTIVATIONS + WRAPPERS
 
     def match(self, node: gs.Node, ctx: Context) -> LayoutMatch | Skip | None:
+        return speed_rule(self._find(node, ctx), ctx, REWRITE_FORMS[self.name])
+
+    def _find(self, node: gs.Node, ctx: Context) -> LayoutMatch | Skip | None:
         if not is_op(node, *self.anchors) or not node.inputs or len(node.outputs) != 1:
             return None
         if node.op in WRAPPERS:

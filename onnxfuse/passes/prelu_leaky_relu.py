@@ -28,6 +28,8 @@ Skipped when:
     prelu-slope-shape              the slope does not broadcast to X without growing it (more axes than X, an axis
                                    longer than X's, X's rank unknown for a slope of rank > 1, or an empty slope)
     prelu-dtype-not-float32        X is not float32 (or its dtype is unknown)
+    slower-than-unfused-at-ort-level  the form is measured slower at the --ort-level (``providers.CPU_SLOWER_AT``,
+                                   ``REWRITE_FORMS``; none is today)
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.passes._checks import is_op, replaced, skip
+from onnxfuse.ort.providers import REWRITE_FORMS
+from onnxfuse.passes._checks import is_op, replaced, skip, speed_rule
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -74,7 +77,7 @@ class PReluLeakyRelu(Pass[PReluMatch]):
     kind = RewriteKind.CANONICALIZE
     summary = "turn a PRelu whose constant slope is one value into LeakyRelu, which onnxruntime fuses into the Conv"
     reasons = (Reason.PARAMS_NOT_CONSTANT, Reason.INITIALIZER_IS_INPUT, Reason.PRELU_NOT_UNIFORM,
-               Reason.PRELU_SLOPE_SHAPE, Reason.PRELU_DTYPE)
+               Reason.PRELU_SLOPE_SHAPE, Reason.PRELU_DTYPE, Reason.SLOWER_AT_ORT_LEVEL)
     anchors = ("PRelu",)
 
     def match(self, node: gs.Node, ctx: Context) -> PReluMatch | Skip | None:
@@ -101,7 +104,7 @@ class PReluLeakyRelu(Pass[PReluMatch]):
             distinct = np.unique(flat).size
             return skip(Reason.PRELU_NOT_UNIFORM, f"the slope of {node.name} has {distinct} distinct values "
                         f"(per-channel PRelu)", nodes, out)
-        return PReluMatch(nodes, alpha=float(first))
+        return speed_rule(PReluMatch(nodes, alpha=float(first)), ctx, REWRITE_FORMS[self.name])
 
     def rewrite(self, match: PReluMatch, ctx: Context) -> Fusion:
         (node,) = match.nodes

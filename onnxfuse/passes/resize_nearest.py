@@ -49,6 +49,8 @@ Skipped when:
     resize-sizes-not-multiple       sizes are not a whole multiple of the input extents, an input extent is not
                                     known, or keep_aspect_ratio_policy is not stretch
     resize-extent-too-large         a known output extent times its scale reaches 2^21 (float32 coordinates)
+    slower-than-unfused-at-ort-level  the form is measured slower at the --ort-level (``providers.CPU_SLOWER_AT``,
+                                    ``REWRITE_FORMS``; none is today)
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.passes._checks import is_op, replaced, skip
+from onnxfuse.ort.providers import REWRITE_FORMS
+from onnxfuse.passes._checks import is_op, replaced, skip, speed_rule
 from onnxfuse.passes.base import Context, Match, Pass
 from onnxfuse.records import Fusion, Reason, RewriteKind, Skip
 
@@ -93,7 +96,8 @@ class ResizeNearest(Pass[ResizeMatch]):
     summary = ("give a nearest Resize with integer scales the asymmetric/floor coordinate mapping (the same output), "
                "which onnxruntime's blocked layout keeps in place")
     reasons = (Reason.RESIZE_MODE, Reason.RESIZE_COORDINATES, Reason.RESIZE_NEAREST_MODE, Reason.PARAMS_NOT_CONSTANT,
-               Reason.INITIALIZER_IS_INPUT, Reason.RESIZE_SCALE, Reason.RESIZE_SIZES, Reason.RESIZE_EXTENT)
+               Reason.INITIALIZER_IS_INPUT, Reason.RESIZE_SCALE, Reason.RESIZE_SIZES, Reason.RESIZE_EXTENT,
+               Reason.SLOWER_AT_ORT_LEVEL)
     anchors = ("Resize",)
 
     def match(self, node: gs.Node, ctx: Context) -> ResizeMatch | Skip | None:
@@ -125,7 +129,7 @@ class ResizeNearest(Pass[ResizeMatch]):
                 if isinstance(n, int) and n * s * s >= EXTENT_LIMIT:
                     return skip(Reason.RESIZE_EXTENT, f"output extent {n * s} times scale {s} reaches 2^21, where "
                                 "float32 coordinates may round to the other pixel", nodes, out)
-        return ResizeMatch(nodes)
+        return speed_rule(ResizeMatch(nodes), ctx, REWRITE_FORMS[self.name])
 
     @staticmethod
     def _factors(node: gs.Node, ctx: Context) -> list[int] | tuple[Reason, str]:

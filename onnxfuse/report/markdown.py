@@ -21,6 +21,7 @@ from onnxfuse.report.present import (
     passes_text,
     plural,
     top_rows,
+    tune_rows,
     unfused_label,
     verification_line,
 )
@@ -90,4 +91,6 @@ def to_markdown(report: SupportsToDict, show_all: bool = False) -> str:
         rows = first_rows(doc["unknown_nodes"], show_all)
         out += [_md_row([code(r["node"] or r["output"]), md(r["op"]), md(r["reason"])]) for r in rows]
         out.append("")
+    if tuned := tune_rows(doc):  # --tune: one item per group timed
+        out += ["#### Tuned by measurement (--tune)", ""] + [f"- {md(r)}" for r in tuned] + [""]
     return "\n".join(out).rstrip("\n") + "\n"

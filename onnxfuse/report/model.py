@@ -81,6 +81,7 @@ class Report:
     onnxruntime: dict | None = None
     deployment: dict | None = None
     profile: dict | None = None
+    tune: dict | None = None
     onnxfuse_version: str = __version__
 
     def to_html(self) -> str:
@@ -192,6 +193,8 @@ class Report:
             out["deployment"] = self.deployment
         if self.profile is not None:
             out["profile"] = self.profile
+        if self.tune is not None:
+            out["tune"] = self.tune
         return out
 
 
@@ -273,7 +276,7 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
           after_ops: dict, fusions: list[Fusion], skips: list[Skip], after_index: ModelIndex,
           after_sizes: Sizes, runtime: RuntimeGraphs | None = None, bandwidth_gb_per_s: float | None = None,
           deployment: dict | None = None, optimized_bytes: int | None = None, warnings: list[str] | None = None,
-          verification: Any = None) -> Report:
+          verification: Any = None, tune: dict | None = None) -> Report:
     """Assemble a :class:`Report` from the pipeline's pieces (see ``pipeline.analyse``).
 
     Fusions that built on each other (a BN fold, then the activation) become one row per final node, listing
@@ -288,7 +291,8 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
     ``bandwidth_gb_per_s``: also the ``bandwidth`` estimate (:func:`bandwidth_section`). ``deployment``
     (:func:`deployment_section`), ``optimized_bytes`` (the written model's serialized size, ``model``'s
     ``optimized_bytes``), ``warnings`` and ``verification``: what the pipeline gathered beside the traffic, so that
-    the report is complete when built.
+    the report is complete when built. ``tune``: the ``--tune`` section (``onnxfuse.tune.decide``; None without
+    ``--tune``).
     """
     # counted at the input shapes (symbolic.SymbolicShapes.at_input_shapes): the bytes are ints, nothing to bind
     values = {} if symbols.at_input_shapes else symbols.table.values(input_shapes)
@@ -301,6 +305,7 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
                "external_data": loaded.external_data,
                "optimized_bytes": optimized_bytes},
         deployment=deployment, warnings=list(warnings) if warnings is not None else None, verification=verification,
+        tune=tune,
         target=target, passes=list(passes), input_shapes={k: list(v) for k, v in input_shapes.items()},
         unknown_shapes=missing, symbols=symbols.table.symbols,
         symbol_values=symbols.table.int_values(input_shapes), shape_assumptions=list(symbols.assumptions),

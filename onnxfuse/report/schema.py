@@ -88,11 +88,13 @@ class _ReportRequired(TypedDict):
 
 
 class ReportDict(_ReportRequired, total=False):
-    """The whole JSON form; ``onnxruntime``, ``deployment`` and ``profile`` are present only when computed."""
+    """The whole JSON form; ``onnxruntime``, ``deployment``, ``profile`` and ``tune`` are present only when
+    computed."""
 
     onnxruntime: dict[str, Any]
     deployment: dict[str, Any]
     profile: dict[str, Any]
+    tune: dict[str, Any]
 
 
 class SupportsToDict(Protocol):

@@ -20,6 +20,7 @@ from onnxfuse.report.present import (
     shapes_text,
     summary_lines,
     top_rows,
+    tune_rows,
     unfused_label,
 )
 from onnxfuse.report.schema import Doc, SupportsToDict
@@ -55,6 +56,8 @@ def to_text(report: SupportsToDict, show_all: bool = False, width: int = 110) ->
     _fusions(console, doc, show_all)
     _unfused(console, doc, show_all)
     _unknown_nodes(console, doc, show_all)
+    for line in tune_rows(doc):  # --tune: one line per group timed
+        console.print(f"tune: {line}")
     for tab in (_symbols_table(doc), _passes_table(doc), _ops_table(doc)):
         if tab is not None:
             console.print()

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 from onnxfuse.passes import float16_body
 from onnxfuse.records import Reason
 from tests.builders import GraphBuilder, subgraph
-from tests.conftest import assert_same_outputs, assert_skipped, op_counts
+from tests.conftest import assert_same_outputs, assert_skipped, op_counts, slower_at
 
 PASS = "float16_body"
 F16_RTOL = F16_ATOL = 1e-2
@@ -179,3 +179,13 @@ def test_report_counts_the_body_in_float32_and_says_so(fuse, no_f16_kernel):
     # the fused Conv reads x as float32 (4 bytes an element) after the Cast: 1 x 3 x 8 x 8 x 4 bytes
     assert row["bytes_after"] >= 3 * 8 * 8 * 4
     assert any("body runs in float32" in w for w in report.warnings)
+
+
+def test_skip_slower_than_unfused_at_ort_level(fuse, monkeypatch, no_f16_kernel):
+    """A speed rule for the form (``providers.CPU_SLOWER_AT``; none is measured today, BENCHMARKS.md) refuses it at
+    that level and no other."""
+    form = slower_at(monkeypatch, PASS, "all")
+    model = conv_clip()
+    s = assert_skipped(fuse(model, ort_level="all"), model, Reason.SLOWER_AT_ORT_LEVEL, PASS)
+    assert form in s.detail and "level all" in s.detail
+    assert any(f.pass_name == PASS for f in fuse(model, ort_level="extended").fusions)

@@ -12,7 +12,7 @@ import pytest
 
 from onnxfuse.records import Reason
 from tests.builders import GraphBuilder
-from tests.conftest import ATOL, RTOL, assert_same_outputs, assert_skipped, op_counts, run
+from tests.conftest import ATOL, RTOL, assert_same_outputs, assert_skipped, op_counts, run, slower_at
 
 PASS = "layout_wrapper"
 FOLDS = ("constant_fold", "remove_redundant", PASS, "conv_affine", "conv_activation")
@@ -354,3 +354,13 @@ def test_random_wrapper_chains_are_exact(fuse, seed):
     counts = op_counts(result.model)
     if per_channel:  # the constant and the Relu are in the conv now
         assert counts.get("FusedConv") == 1 and not any(counts.get(op) for op in ("Add", "Sub", "Mul", "Div"))
+
+
+def test_skip_slower_than_unfused_at_ort_level(fuse, monkeypatch):
+    """A speed rule for the form (``providers.CPU_SLOWER_AT``; none is measured today, BENCHMARKS.md) refuses it at
+    that level and no other."""
+    form = slower_at(monkeypatch, PASS, "all")
+    model = nhwc_model(scale=False, bias=False)
+    s = assert_skipped(fuse(model, ort_level="all"), model, Reason.SLOWER_AT_ORT_LEVEL, PASS)
+    assert form in s.detail and "level all" in s.detail
+    assert any(f.pass_name == PASS for f in fuse(model, ort_level="extended").fusions)

@@ -10,7 +10,7 @@ import pytest
 
 from onnxfuse.records import Reason
 from tests.builders import GraphBuilder
-from tests.conftest import assert_same_outputs, assert_skipped, attr, op_counts
+from tests.conftest import assert_same_outputs, assert_skipped, attr, op_counts, slower_at
 
 PASS = "prelu_leaky_relu"
 
@@ -136,3 +136,13 @@ def test_skip_prelu_dtype_not_float32(fuse):
     model = conv_prelu(np.full((1,), 0.25), dtype=np.float16, conv=False)
     s = assert_skipped(fuse(model), model, Reason.PRELU_DTYPE, PASS)
     assert "float16" in s.detail
+
+
+def test_skip_slower_than_unfused_at_ort_level(fuse, monkeypatch):
+    """A speed rule for the form (``providers.CPU_SLOWER_AT``; none is measured today, BENCHMARKS.md) refuses it at
+    that level and no other."""
+    form = slower_at(monkeypatch, PASS, "all")
+    model = conv_prelu(np.full((4, 1, 1), 0.25, np.float32))
+    s = assert_skipped(fuse(model, ort_level="all"), model, Reason.SLOWER_AT_ORT_LEVEL, PASS)
+    assert form in s.detail and "level all" in s.detail
+    assert any(f.pass_name == PASS for f in fuse(model, ort_level="extended").fusions)

@@ -11,7 +11,7 @@ import pytest
 
 from onnxfuse.records import Reason
 from tests.builders import GraphBuilder
-from tests.conftest import assert_same_outputs, assert_skipped, attr
+from tests.conftest import assert_same_outputs, assert_skipped, attr, slower_at
 
 PASS = "resize_nearest"
 
@@ -200,3 +200,13 @@ def test_skip_resize_extent_too_large(fuse):
     model = resize((1, 1, 1, 2 ** 17), (1, 1, 1, 4))  # 2^19 output pixels times scale 4 = 2^21
     s = refused(fuse, model, Reason.RESIZE_EXTENT)
     assert "2^21" in s.detail
+
+
+def test_skip_slower_than_unfused_at_ort_level(fuse, monkeypatch):
+    """A speed rule for the form (``providers.CPU_SLOWER_AT``; none is measured today, BENCHMARKS.md) refuses it at
+    that level and no other."""
+    form = slower_at(monkeypatch, PASS, "all")
+    model = resize()
+    s = assert_skipped(fuse(model, ort_level="all"), model, Reason.SLOWER_AT_ORT_LEVEL, PASS)
+    assert form in s.detail and "level all" in s.detail
+    assert any(f.pass_name == PASS for f in fuse(model, ort_level="extended").fusions)

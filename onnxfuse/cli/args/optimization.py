@@ -1,5 +1,6 @@
 """The options that say what to optimize for: ``--target``, ``--only``/``--skip``, ``--input-shape``,
-``--ort-level``, ``--ort-version`` and ``--constant-initializer-inputs``, read into ``pipeline.Options``."""
+``--ort-level``, ``--ort-version`` and ``--constant-initializer-inputs`` (and ``optimize``'s ``--tune``,
+``--tune-budget``, ``--threads``), read into ``pipeline.Options``."""
 
 from __future__ import annotations
 
@@ -95,6 +96,34 @@ def optimization_options(fn: F) -> F:
     return fn
 
 
+#: ``pipeline.DEFAULT_TUNE_BUDGET_S`` (not imported here: --help loads no library).
+DEFAULT_TUNE_BUDGET_S = 60.0
+
+
+def tune_options(fn: F) -> F:
+    """``--tune``, ``--tune-budget`` and ``--threads`` (``optimize`` only; ``batch`` and ``bench`` have no such
+    option): :func:`to_options` reads them into ``pipeline.Options.tune``, ``tune_budget_s`` and ``threads``."""
+    decorators = [
+        click.option("--tune", is_flag=True,
+                     help="Decide by measurement: time each group of rewrites (one pass, one emitted form, e.g. "
+                          "every FusedConv(HardSwish)) in the installed onnxruntime at --ort-level with --threads "
+                          "(CPU provider) on --input-shape (else batch 1, 224), against the model with that group "
+                          "left unfused, and leave it unfused where the model is faster without it (the whole "
+                          "interval below 1.0; reason slower-when-measured). The report records every group. "
+                          "Default: the rule-based, deterministic choice."),
+        click.option("--tune-budget", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TUNE_BUDGET_S,
+                     show_default=True, metavar="SECONDS",
+                     help="Seconds --tune may spend on all its groups together (passes run again, sessions, timed "
+                          "rounds; each group timed runs at least 14 paired rounds; a group left without time keeps "
+                          "the rule's choice)."),
+        click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+                     help="onnxruntime intra-op threads of the sessions --tune times (your sessions' count)."),
+    ]
+    for deco in reversed(decorators):
+        fn = deco(fn)
+    return fn
+
+
 def optimization_option_names() -> tuple[str, ...]:
     """The parameter names :func:`optimization_options` declares, read from the declaration itself (so that a
     command that must refuse them, ``bench`` with OPTIMIZED, never misses a new one)."""
@@ -107,9 +136,11 @@ def optimization_option_names() -> tuple[str, ...]:
 
 def to_options(target: str, only: Iterable[str], skip: Iterable[str], input_shape: Iterable[str],
                constant_initializer_inputs: bool, ort_level: str | None, ort_version: str | None = None,
-               materialize_weights: float = 0.0) -> pipeline.Options:
+               materialize_weights: float = 0.0, tune: bool = False,
+               tune_budget: float = DEFAULT_TUNE_BUDGET_S, threads: int = 1) -> pipeline.Options:
     """The values of :func:`optimization_options` as ``pipeline.Options``, built by ``pipeline.make_options`` as
-    the API builds them (``ort_level`` None: the default).
+    the API builds them (``ort_level`` None: the default; ``tune``, ``tune_budget``, ``threads``: those of
+    :func:`tune_options`, for ``optimize``).
 
     Raises:
         InputError: ``--only`` and ``--skip`` leave no pass, a malformed ``--input-shape``, or another value
@@ -119,4 +150,5 @@ def to_options(target: str, only: Iterable[str], skip: Iterable[str], input_shap
 
     return pipeline.make_options(target=target, only=only, skip=skip, input_shapes=parse_input_shapes(input_shape),
                                  constant_initializer_inputs=constant_initializer_inputs, ort_level=ort_level,
-                                 ort_version=ort_version, materialize_weights=materialize_weights)
+                                 ort_version=ort_version, materialize_weights=materialize_weights, tune=tune,
+                                 tune_budget=tune_budget, threads=threads)
