@@ -127,22 +127,20 @@ def _profile(ctx: click.Context, result: pipeline.Result, ort_level: str, timeou
     """``--profile``: the original and the optimized model under onnxruntime's profiler, into the report; a model
     onnxruntime cannot run on generated inputs, or runs that do not end within ``timeout`` seconds
     (``--profile-timeout``; None: no limit), add a warning instead. ``ort_level``: the level both run at."""
-    import dataclasses
-
     from onnxfuse import api
     from onnxfuse.errors import one_line
     from onnxfuse.ort import profile as ort_profile
+    from onnxfuse.report.model import with_warning
 
     with progress(ctx, "running both models under onnxruntime's profiler, then timing them in paired rounds"):
         try:  # a new report with the profile (api.profile, as the API gives it), not a write into this one
             result.report = api.profile(result, ort_level=ort_level, timeout=timeout)
         except ort_profile.ProfileTimeout:
-            result.report = dataclasses.replace(result.report, warnings=[
-                *(result.report.warnings or []),
-                f"--profile: the runs did not finish within {timeout:g} s (--profile-timeout); no profile"])
+            result.report = with_warning(result.report, f"--profile: the runs did not finish within {timeout:g} s "
+                                                        "(--profile-timeout); no profile")
         except Exception as exc:  # onnxruntime cannot run a model on generated inputs: the report says so
-            result.report = dataclasses.replace(result.report, warnings=[
-                *(result.report.warnings or []), f"--profile: onnxruntime could not run the models ({one_line(exc)})"])
+            result.report = with_warning(result.report,
+                                         f"--profile: onnxruntime could not run the models ({one_line(exc)})")
 
 
 def _check_same_options(baseline: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
