@@ -568,3 +568,26 @@ def test_bandwidth_is_a_library_function_at_the_run_s_one_size():
     assert "at representative sizes" in " ".join(report.to_text().split())
     with pytest.raises(Exception, match="bandwidth"):
         onnxfuse.analyse(model, bandwidth=0)
+
+
+def test_folds_that_end_inside_a_fusion_are_counted():
+    """A TensorFlow-style NHWC conv (Transpose -> Conv -> Transpose -> Mul -> Add -> Relu): layout_wrapper moves the
+    affine and the Relu before the Transpose, conv_affine folds both, conv_activation fuses the Relu. The one row
+    is a fusion, and the two folds inside it are counted (``fusions[].folds``): the summary said "0 folds"."""
+    from tests.builders import GraphBuilder
+
+    b = GraphBuilder()
+    y = b.conv(b.op("Transpose", [b.input("x", [1, 8, 8, 3])], perm=[0, 3, 1, 2]), 3, 4)
+    y = b.op("Transpose", [y], perm=[0, 2, 3, 1])
+    y = b.op("Add", [b.op("Mul", [y, b.const(np.arange(1, 5, dtype=np.float32))]),
+                     b.const(np.arange(4, dtype=np.float32))])
+    report = pipeline.analyse(None, pipeline.Options(target="cpu"), loaded=_loaded(b.build(b.op("Relu", [y]))))\
+        .report
+    doc = report.to_dict()
+    validate(doc)
+    [row] = doc["fusions"]
+    assert (row["op"], row["kind"], row["folds"]) == ("FusedConv", "fuse", 2)
+    assert row["passes"].count("conv_affine") == 2
+    assert present.kinds(doc) == "1 FusedConv, 0 folds; 2 folds inside the fused nodes"
+    assert any(line.startswith("fusions: 1 fused node (1 FusedConv, 0 folds; 2 folds inside the fused nodes)")
+               for line in present.summary_lines(report))

@@ -34,7 +34,8 @@ def render(report: SupportsToDict, fmt: str, show_all: bool = False, width: int 
         raise ValueError(f"unknown report format {fmt!r}")
     from onnxfuse.report.present import document
 
-    doc = document(report, show_all=show_all or fmt == "html", chart=fmt == "html")  # one document, drawn by each format's renderer
+    # one document, drawn by each format's renderer; only the page has figures
+    doc = document(report, show_all=show_all or fmt == "html", chart=fmt == "html")
     if fmt == "markdown":
         from onnxfuse.report.markdown import draw as markdown
 
