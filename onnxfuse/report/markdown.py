@@ -34,7 +34,7 @@ def draw(doc: Document) -> str:
     (:func:`onnxfuse.report.escape.markdown`, :func:`onnxfuse.report.escape.markdown_code`): no name adds a line,
     splits a table cell or reads as formatting or HTML."""
     out = [f"### {doc.title}: {escape.markdown_code(doc.subject)}", "",
-           " · ".join(f"{f.label} {_line(f.value)}" for f in doc.fields), ""]
+           " · ".join(f"{f.label}: {_line(f.value)}" for f in doc.fields), ""]
     if doc.headline:
         first, *rest = doc.headline
         out += [_line(first), ""] + [f"- {_line(line)}" for line in rest] + ([""] if rest else [])

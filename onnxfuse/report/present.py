@@ -1,10 +1,12 @@
 """What every report format shows, decided once: the byte rules (:func:`human_bytes`, :func:`bytes_text`,
 :func:`leading_terms`: KiB/MiB/GiB in powers of 1024, long expressions by their leading terms), the cells and
 sentences (:func:`headline`, :func:`summary_lines`, the verification, bandwidth, deployment and profile lines),
-the grouping of unfused patterns and their remedies, the representative sizes a symbolic report is shown at, and
-the layers of the HTML chart. It reads the report's dict (``Report.to_dict()``, ``report.schema.json``) only: it
-imports neither the data module (``report.model``) nor any renderer, which only lay out what it gives
-(``report.text``, ``report.markdown``, ``report.html``). Never prints.
+the grouping of unfused patterns and their remedies, the representative sizes a symbolic report is shown at, the
+layers of the HTML chart, and :func:`document`: the one :class:`~onnxfuse.report.document.Document` (header,
+headline, sections, rows, notes, chart) that the renderers (``report.text``, ``report.markdown``,
+``report.html``) draw and that is all they read. It reads the report's dict (``Report.to_dict()``,
+``report.schema.json``) only: it imports neither the data module (``report.model``) nor any renderer. Never
+prints.
 """
 
 from __future__ import annotations
@@ -1328,10 +1330,13 @@ def _chart(doc: Doc) -> Chart:
         notes.append(Note(tuple(spans), id="chart-sizes"))
     unknown = sum(1 for u in layers if u.before is None or u.after is None)
     if layers and unknown == len(layers) and doc.get("symbols"):
-        notes.append(Note((Prose("No layer has a byte count at these shapes: the model has symbolic dims ("
-                                 + ", ".join(names.get(s, s) for s in sorted(doc["symbols"]))
-                                 + ") without a value, so the bars are empty. The hover labels and the tables give "
-                                 "every byte count as an expression; give --input-shape NAME=DIMS to draw them."),)))
+        spans = [Prose("No layer has a byte count at these shapes: the model has symbolic dims (")]
+        for i, s in enumerate(sorted(doc["symbols"])):
+            spans += [Prose(", ")] if i else []
+            spans.append(Code(names.get(s, s)))
+        spans.append(Prose(") without a value, so the bars are empty. The hover labels and the tables give every "
+                           "byte count as an expression; give --input-shape NAME=DIMS to draw them."))
+        notes.append(Note(tuple(spans)))
     elif unknown:
         notes.append(Note((Prose(f"{unknown} of {len(layers)} layers have an unknown size (drawn at zero; their hover "
                                  "label says unknown or gives the expression)."),)))
