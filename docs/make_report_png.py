@@ -10,6 +10,7 @@ hovers the middle fused bar and saves the top of the page, 1280 px wide.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -30,7 +31,8 @@ def main(argv: list[str]) -> None:
     model, *shapes = argv or DEFAULT
     options = pipeline.Options(target="cpu", input_shapes=dict(parse_input_shape(s) for s in shapes))
     report = pipeline.analyse(Path(model), options).report
-    report.model["path"] = Path(model).name  # no folder of this machine in the picture
+    # no folder of this machine in the picture (a new report: the report is frozen)
+    report = dataclasses.replace(report, model={**report.model, "path": Path(model).name})
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
         page_path = Path(tmp) / "report.html"
         page_path.write_text(report_formats.render(report, "html"), encoding="utf-8")

@@ -336,10 +336,9 @@ def profile(result: Result, *, ort_level: str | None = None, runs: int = 16, max
         RuntimeError: onnxruntime cannot load or run one of the models (the message says which).
         onnxfuse.ort.profile.ProfileTimeout: the profiler's runs did not end within ``timeout``.
     """
-    import dataclasses
-
     from onnxfuse.bench import report_profile
     from onnxfuse.ort.levels import ORT_LEVELS
+    from onnxfuse.report.model import with_profile
 
     report = result.report
     level = ort_level or (report.onnxruntime or {}).get("level") or DEFAULT_ORT_LEVEL
@@ -348,5 +347,5 @@ def profile(result: Result, *, ort_level: str | None = None, runs: int = 16, max
     section = report_profile(result.loaded.ort_source(), result.model, report.to_dict()["fusions"], level,
                              {k: tuple(v) for k, v in report.input_shapes.items()}, runs=runs, max_time=max_time,
                              timeout=timeout)
-    return dataclasses.replace(report, profile=section)
+    return with_profile(report, section)
 

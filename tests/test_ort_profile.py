@@ -77,7 +77,7 @@ def test_report_profile_puts_measured_beside_counted_in_every_format(tmp_path):
     assert prof["original"]["total_bytes"] > prof["optimized"]["total_bytes"] > 0
     assert {f["kernel_op"] for f in prof["by_fusion"]} == {"FusedConv"}
     html = (tmp_path / "r.html").read_text()
-    assert '<section id="profile">' in html and html.count('class="mbar ') >= 2
+    assert '<section id="profile-ops-section">' in html and html.count('class="mbar ') >= 2
     text = " ".join((tmp_path / "r.txt").read_text().split())
     assert "measured by onnxruntime's profiler at level disable" in text
     # the latency is bench's paired rounds, with its interval and verdict (the profiler's sums carry neither)

@@ -137,7 +137,7 @@ def test_layers_one_bar_per_fused_group_and_per_other_node():
 def test_chart_kinds_differ_without_colour():
     """Each kind of bar has its own fill pattern and width, so the chart reads in greyscale and in print."""
     doc = analysed(SAMPLES / "conv_hardsigmoid.onnx", target="cpu+cuda")
-    traces = rh.traffic_figure(present.layer_units(doc))["data"]
+    traces = rh.traffic_figure(present.chart_layers(doc))["data"]
     looks = {(t["width"], t["marker"].get("pattern", {}).get("shape", "")) for t in traces}
     assert len(looks) == len(traces) == 4
     assert all("(" in t["name"] for t in traces if "pattern" in t["marker"])  # the legend names the pattern
@@ -166,7 +166,7 @@ def test_unknown_and_symbolic_bytes_render_as_unknown_or_expression():
     # one name per dim: the symbol N reads as the model's dim name, batch, in the cells and the legend
     assert "412*H*W*batch + 1990656 B" in page and "96*H*W*batch B" in page
     assert "*N*" not in page.split("<script")[0]  # the embedded JSON keeps the report's symbols
-    assert "unknown" in page and "<code>batch</code> = x[0]" in page
+    assert "unknown" in page and "<td><code>batch</code></td><td>x</td>" in page  # the symbols table
     figures = embedded(page, "onnxfuse-figures")
     assert figures["totals"] is None  # no bar for totals that are not numbers
     fused = figures["traffic"]["data"][2]  # the fused bars: one has unknown after bytes, drawn at 0

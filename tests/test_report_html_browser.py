@@ -179,7 +179,7 @@ def test_browser_symbolic_report_shows_expressions(browser, tmp_path):
     assert "fused group" in text and "*batch" in text
     page = opened.page
     assert page.locator("#total-saved").inner_text() == doc["totals"]["saved_bytes_expr"] + " B"
-    assert "the chart draws every layer at" in page.locator("#totals").inner_text()  # representative sizes
+    assert "the chart draws every layer at" in page.locator("#totals-section").inner_text()  # representative sizes
     page.close()
 
 

@@ -109,8 +109,9 @@ def test_fake_timer_keeps_drops_and_says_inconclusive():
     jsonschema.validate(json.loads(result.report.to_json()), SCHEMA, cls=jsonschema.Draft202012Validator)
     line = present.tune_line(result.report.to_dict())
     assert line is not None and "4 groups, 1 dropped" in line and "1 kept" in line and "2 inconclusive" in line
-    rows = present.tune_rows(result.report.to_dict())
-    assert len(rows) == 4 and any("FusedConv(HardSwish) x1" in r and r.endswith("dropped") for r in rows)
+    section = next(s for s in present.document(result.report, show_all=True).sections if s.id == "tune")
+    rows = [[getattr(c, "text", "") for c in row] for row in section.rows]
+    assert len(rows) == 4 and any(r[1] == "FusedConv(HardSwish)" and r[2] == "1" and r[6] == "dropped" for r in rows)
 
 
 def test_skip_slower_when_measured():

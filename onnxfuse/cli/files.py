@@ -94,11 +94,10 @@ def text_width(output: Path | None) -> int:
 
 def chart_note(report: report_model.Report, formats: Sequence[str]) -> None:
     """Say on stderr (INFO) at which sizes an HTML report's chart is drawn when the model's dims are symbolic and
-    have no value (``report_html.chart_sizes``)."""
+    have no value (``present.chart_sizes``)."""
     if "html" not in formats:
         return
-    from onnxfuse.report.html import chart_sizes
-    from onnxfuse.report.present import display_names
+    from onnxfuse.report.present import chart_sizes, display_names
 
     doc = report.to_dict()
     sizes = chart_sizes(doc)

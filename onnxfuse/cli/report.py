@@ -26,6 +26,7 @@ from onnxfuse.report import escape
 
 if TYPE_CHECKING:
     from onnxfuse import pipeline
+    from onnxfuse.report.model import Report
 
 REPORT_EXIT_CODES_HELP = """\b
 Exit codes:
@@ -102,47 +103,46 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     options.bandwidth_gb_per_s = bandwidth  # checked by check_bandwidth above; the report is built with it
     with progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)
-    if profile and result.changed:
-        _profile(ctx, result, ort_level or DEFAULT_ORT_LEVEL, profile_timeout or None)
-    diagnostics(result.report)
+    report = result.report
+    if profile and result.changed:  # a new report with the profile (or a warning), made by the library
+        report = _profile(ctx, result, ort_level or DEFAULT_ORT_LEVEL, profile_timeout or None)
+    diagnostics(report)
     for path, _ in found:
         files.check_not_data_file(path, "-o", result.loaded)
-    new = dict(result.report.to_dict()) if old is not None else None  # the gate reads both as plain JSON dicts
+    new = dict(report.to_dict()) if old is not None else None  # the gate reads both as plain JSON dicts
     if old is not None and new is not None and baseline is not None:
         _check_same_options(baseline, old, new)  # before any -o file is written: exit 2 writes nothing
     for path, path_fmt in found:
-        files.write_text(path, formats.render(result.report, path_fmt, present.show_every_row(False, show_all),
+        files.write_text(path, formats.render(report, path_fmt, present.show_every_row(False, show_all),
                                               width=files.text_width(path)))
     if found:
-        files.chart_note(result.report, [f for _, f in found])
+        files.chart_note(report, [f for _, f in found])
         log.info("wrote %s", ", ".join(str(p) for p, _ in found))
     elif old is None:
-        click.echo(formats.render(result.report, fmt, present.show_every_row(True, show_all),
+        click.echo(formats.render(report, fmt, present.show_every_row(True, show_all),
                                   width=files.text_width(None)), nl=False)
     if old is not None and new is not None and baseline is not None:
         _compare(baseline, old, new, fmt, output)
 
 
-def _profile(ctx: click.Context, result: pipeline.Result, ort_level: str, timeout: float | None) -> None:
-    """``--profile``: the original and the optimized model under onnxruntime's profiler, into the report; a model
-    onnxruntime cannot run on generated inputs, or runs that do not end within ``timeout`` seconds
-    (``--profile-timeout``; None: no limit), add a warning instead. ``ort_level``: the level both run at."""
-    import dataclasses
-
+def _profile(ctx: click.Context, result: pipeline.Result, ort_level: str, timeout: float | None) -> Report:
+    """``--profile``: the report with the original and the optimized model measured under onnxruntime's profiler
+    (``api.profile``, as the API gives it); a model onnxruntime cannot run on generated inputs, or runs that do not
+    end within ``timeout`` seconds (``--profile-timeout``; None: no limit), give the report with a warning instead
+    (``report.model.with_warning``). ``ort_level``: the level both run at. ``result`` is not changed."""
     from onnxfuse import api
     from onnxfuse.errors import one_line
     from onnxfuse.ort import profile as ort_profile
+    from onnxfuse.report.model import with_warning
 
     with progress(ctx, "running both models under onnxruntime's profiler, then timing them in paired rounds"):
-        try:  # a new report with the profile (api.profile, as the API gives it), not a write into this one
-            result.report = api.profile(result, ort_level=ort_level, timeout=timeout)
+        try:
+            return api.profile(result, ort_level=ort_level, timeout=timeout)
         except ort_profile.ProfileTimeout:
-            result.report = dataclasses.replace(result.report, warnings=[
-                *(result.report.warnings or []),
-                f"--profile: the runs did not finish within {timeout:g} s (--profile-timeout); no profile"])
+            return with_warning(result.report, f"--profile: the runs did not finish within {timeout:g} s "
+                                               "(--profile-timeout); no profile")
         except Exception as exc:  # onnxruntime cannot run a model on generated inputs: the report says so
-            result.report = dataclasses.replace(result.report, warnings=[
-                *(result.report.warnings or []), f"--profile: onnxruntime could not run the models ({one_line(exc)})"])
+            return with_warning(result.report, f"--profile: onnxruntime could not run the models ({one_line(exc)})")
 
 
 def _check_same_options(baseline: Path, old: dict[str, Any], new: dict[str, Any]) -> None:

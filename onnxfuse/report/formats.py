@@ -30,19 +30,23 @@ def render(report: SupportsToDict, fmt: str, show_all: bool = False, width: int 
         from onnxfuse.report.model import to_json
 
         return to_json(report)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown report format {fmt!r}")
+    from onnxfuse.report.present import document
+
+    # one document, drawn by each format's renderer; only the page has figures
+    doc = document(report, show_all=show_all or fmt == "html", chart=fmt == "html")
     if fmt == "markdown":
-        from onnxfuse.report.markdown import to_markdown
+        from onnxfuse.report.markdown import draw as markdown
 
-        return to_markdown(report, show_all)
+        return markdown(doc)
     if fmt == "text":
-        from onnxfuse.report.text import to_text
+        from onnxfuse.report.text import draw as text
 
-        return to_text(report, show_all, width)
-    if fmt == "html":
-        from onnxfuse.report.html import to_html
+        return text(doc, width)
+    from onnxfuse.report.html import draw as html
 
-        return to_html(report.to_dict())
-    raise ValueError(f"unknown report format {fmt!r}")
+    return html(doc)
 
 
 def format_for_path(path: str) -> str | None:

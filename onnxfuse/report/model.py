@@ -3,19 +3,21 @@ its JSON form (:func:`to_json`). Never prints; what each format shows is ``onnxf
 the renderers' (``report.text``, ``report.markdown``, ``report.html``).
 
 The JSON form is documented field by field in ``onnxfuse/report.schema.json`` (``schema_version`` 3; 3 only adds
-to 2: ``fusions[].kind``, ``profile.timing``). Every
+to 2: ``fusions[].kind`` and ``folds``, ``profile.timing``). Every
 byte count is a sympy expression in the model's symbolic input dims (``*_expr``, a string that
 ``sympy.sympify`` parses, and that onnxfuse reads back without ``eval`` with
 :func:`onnxfuse.analysis.expressions.parse`;
 names in ``symbols``) and, beside it, an exact integer for the input shapes used (null when a symbol
-has no value or the size is unknown). :meth:`Report.to_dict` is the one source every renderer reads.
+has no value or the size is unknown). :meth:`Report.to_dict` is what ``present.document`` reads; the renderers
+draw that document only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import onnx
 
@@ -44,9 +46,12 @@ if TYPE_CHECKING:
 #: Bytes: an int, or a sympy expression in the input symbols (``onnxfuse.analysis.traffic``).
 Bytes: TypeAlias = "sympy.Expr | int"
 
-@dataclass
+@dataclass(frozen=True)
 class Report:
-    """Everything ``onnxfuse report`` and ``optimize --report`` show; ``to_dict()`` is the JSON form.
+    """Everything ``onnxfuse report`` and ``optimize --report`` show; ``to_dict()`` is the JSON form. Built once,
+    by :func:`build`, with everything the pipeline gathered, and frozen: no field is set afterwards (a report with
+    something added, such as ``onnxfuse.api.profile``'s measurements, is a new one: :func:`with_profile`,
+    :func:`with_warning`). What each format shows is ``present.document``'s, drawn by the renderers.
 
     Attributes (byte figures are integers for the input shapes used):
         model: ``path`` (or ``<ModelProto>``), ``sha256``, ``file_bytes``, ``external_data``.
@@ -88,7 +93,7 @@ class Report:
         """The self-contained HTML page (``onnxfuse report -o report.html``)."""
         from onnxfuse.report.html import to_html  # imported here: only the html format needs plotly
 
-        return to_html(self.to_dict())
+        return to_html(self)
 
     @property
     def saved_bytes(self) -> int | None:
@@ -151,11 +156,6 @@ class Report:
 
         return to_text(self, show_all, width)
 
-    def set_bandwidth(self, gb_per_s: float) -> None:
-        """Set :attr:`bandwidth` to :func:`bandwidth_section` at ``gb_per_s`` (the pipeline does so when
-        ``Options.bandwidth_gb_per_s`` is given: ``analyse(..., bandwidth=...)`` in the API, ``--bandwidth``)."""
-        self.bandwidth = bandwidth_section(self.to_dict(), gb_per_s)
-
     def verification_dict(self) -> dict[str, Any]:
         """The ``verification`` object of the JSON form (``skipped`` when nothing verified, as in ``report``)."""
         if self.verification is None:
@@ -163,8 +163,9 @@ class Report:
         return self.verification.to_dict()
 
     def to_dict(self) -> ReportDict:
-        """The JSON-ready dict described by ``report.schema.json``."""
-        out: ReportDict = {
+        """The JSON-ready dict described by ``report.schema.json`` (typed for mypy by ``schema.ReportDict``; a new
+        field is documented in the JSON schema, not there)."""
+        out: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "onnxfuse_version": self.onnxfuse_version,
             "model": self.model,
@@ -195,7 +196,7 @@ class Report:
             out["profile"] = self.profile
         if self.tune is not None:
             out["tune"] = self.tune
-        return out
+        return cast(ReportDict, out)
 
 
 def dtype_name(elem_type: int) -> str:
@@ -319,9 +320,21 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         nodes={"before": [_node_row(r, num) for r in before_rows], "after": [_node_row(r, num) for r in after_rows]},
         onnxruntime=None if runtime is None else _runtime_section(runtime, fusion_rows, beyond, num),
     )
-    if bandwidth_gb_per_s is not None:
-        report.bandwidth = bandwidth_section(report.to_dict(), bandwidth_gb_per_s)
-    return report
+    if bandwidth_gb_per_s is None:
+        return report
+    return dataclasses.replace(report, bandwidth=bandwidth_section(report.to_dict(), bandwidth_gb_per_s))
+
+
+def with_profile(report: Report, profile: dict) -> Report:
+    """A copy of ``report`` with its ``profile`` section (``onnxfuse.bench.report_profile``: ``report --profile``,
+    ``onnxfuse.api.profile``); ``report`` is not changed."""
+    return dataclasses.replace(report, profile=profile)
+
+
+def with_warning(report: Report, warning: str) -> Report:
+    """A copy of ``report`` with one more warning (``report --profile`` when the models could not be run or timed
+    out); ``report`` is not changed."""
+    return dataclasses.replace(report, warnings=[*(report.warnings or []), warning])
 
 
 def bandwidth_section(doc: ReportDict | dict, gb_per_s: float) -> Bandwidth:
@@ -360,6 +373,7 @@ def _lineage(fusions: list[Fusion]) -> dict[str, dict[str, Any]]:
         passes_used: list[str] = []
         activation = None
         kind = str(f.kind)
+        folds = 1 if kind == "fold" else 0
         for name, op, key in f.replaced:
             prev = lineage.pop(key, None)
             if prev:
@@ -367,11 +381,12 @@ def _lineage(fusions: list[Fusion]) -> dict[str, dict[str, Any]]:
                 passes_used.extend(prev["passes"])
                 activation = prev["activation"] or activation
                 kind = "fuse" if "fuse" in (kind, prev["kind"]) else kind  # a fold inside a fusion: a fusion
+                folds += prev["folds"]
             else:
                 originals.append({"name": name, "op": op, "output": key})
         passes_used.append(f.pass_name)
         lineage[f.output] = {"replaced": originals, "passes": passes_used, "activation": f.activation or activation,
-                             "node": f.node, "op": f.op, "kind": kind}
+                             "node": f.node, "op": f.op, "kind": kind, "folds": folds}
     return lineage
 
 
@@ -390,7 +405,8 @@ def _fusion_rows(lineage: dict[str, dict[str, Any]], before_rows: list[NodeTraff
         elem = after_sizes.elem_types.get(key)
         saved = None if before_b is None or after_b is None else before_b - after_b
         rows.append({
-            "node": entry["node"] or key, "op": entry["op"], "kind": entry["kind"], "replaced": entry["replaced"],
+            "node": entry["node"] or key, "op": entry["op"], "kind": entry["kind"], "folds": entry["folds"],
+            "replaced": entry["replaced"],
             "activation": entry["activation"], "passes": entry["passes"], "output": key,
             "shape": None if shape is None else [_dim_json(d) for d in shape],
             "dtype": dtype_name(elem) if elem else None,

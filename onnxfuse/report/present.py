@@ -1,16 +1,19 @@
 """What every report format shows, decided once: the byte rules (:func:`human_bytes`, :func:`bytes_text`,
 :func:`leading_terms`: KiB/MiB/GiB in powers of 1024, long expressions by their leading terms), the cells and
 sentences (:func:`headline`, :func:`summary_lines`, the verification, bandwidth, deployment and profile lines),
-the grouping of unfused patterns and their remedies, the representative sizes a symbolic report is shown at, and
-the layers of the HTML chart. It reads the report's dict (``Report.to_dict()``, ``report.schema.json``) only: it
-imports neither the data module (``report.model``) nor any renderer, which only lay out what it gives
-(``report.text``, ``report.markdown``, ``report.html``). Never prints.
+the grouping of unfused patterns and their remedies, the representative sizes a symbolic report is shown at, the
+layers of the HTML chart, and :func:`document`: the one :class:`~onnxfuse.report.document.Document` (header,
+headline, sections, rows, notes, chart) that the renderers (``report.text``, ``report.markdown``,
+``report.html``) draw and that is all they read. It reads the report's dict (``Report.to_dict()``,
+``report.schema.json``) only: it imports neither the data module (``report.model``) nor any renderer. Never
+prints.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 
 from onnxfuse.analysis import expressions
 from onnxfuse.analysis.shapes import REPRESENTATIVE_BATCH, REPRESENTATIVE_SIZE
@@ -19,6 +22,26 @@ from onnxfuse.analysis.traffic import add
 from onnxfuse.ort.providers import TARGETS
 from onnxfuse.records import Reason
 from onnxfuse.report import escape
+from onnxfuse.report.document import (
+    Bars,
+    Bytes,
+    Cell,
+    Chart,
+    Code,
+    Column,
+    Document,
+    Field,
+    Layer,
+    Name,
+    Note,
+    Num,
+    Prose,
+    Section,
+    Sentence,
+    Span,
+    Status,
+    TotalsBar,
+)
 from onnxfuse.report.remedies import remedy
 from onnxfuse.report.schema import REPORT_DOES_NOT_VERIFY, Doc, SupportsToDict
 
@@ -56,7 +79,7 @@ def percent(part: int | None, whole: int | None) -> float | None:
     return round(100.0 * part / whole, 2)
 
 
-def bytes_text(number: int | None, expr: str | None, code: bool = False) -> str:
+def bytes_text(number: int | None, expr: str | None, code=False) -> str:
     """A byte figure for people: the number when there is one (KiB/MiB...), else the expression in bytes (in a
     Markdown code span when ``code``: its ``*`` would start emphasis), else "unknown"."""
     if number is not None:
@@ -66,7 +89,7 @@ def bytes_text(number: int | None, expr: str | None, code: bool = False) -> str:
     try:
         return human_bytes(int(expr))
     except ValueError:
-        return f"{escape.markdown_code(expr)} B" if code else f"{expr} B"
+        return f"{_code_fn(code)(expr)} B" if code else f"{expr} B"
 
 
 #: Expressions longer than this are shown to people by their leading terms (:func:`leading_terms`).
@@ -146,16 +169,21 @@ def named(expr: str, doc: Doc) -> str:
     return str(e.xreplace({s: sympy.Symbol(names[s.name]) for s in e.free_symbols if s.name in names}))
 
 
-def expr_text(expr: str | None, doc: Doc, code: bool) -> str:
+def expr_text(expr: str | None, doc: Doc, code) -> str:
     """An expression for the headline: :func:`short_expression` where it gives one, else exact (symbols by their
     display names, :func:`named`)."""
     text = short_expression(expr, doc) if expr is not None else None
     if text is None:
         return bytes_text(None, named(expr, doc) if expr is not None else None, code)
-    return escape.markdown_code(text) if code else text
+    return _code_fn(code)(text) if code else text
 
 
-def cell(number: int | None, expr: str | None, doc: Doc, code: bool = False) -> str:
+def _code_fn(code):
+    """What marks an expression as code: ``code`` itself when it is a function, else a Markdown code span."""
+    return code if callable(code) else escape.markdown_code
+
+
+def cell(number: int | None, expr: str | None, doc: Doc, code=False) -> str:
     """A byte figure for a table cell or line: the number when there is one, else the expression (by its leading
     terms when long, :func:`expr_text`)."""
     return human_bytes(number) if number is not None else expr_text(expr, doc, code)
@@ -265,7 +293,10 @@ def fusion_kind(row: dict) -> str:
 
 def kinds(doc: Doc) -> str:
     """``11 FusedConv, 31 folds``, with ``1 FusedGemm`` and ``2 fused Gemm`` (MatMul + Add into Gemm) where there
-    are such (each row by :func:`fusion_kind`; a fold keeps the op it folded into)."""
+    are such (each row by :func:`fusion_kind`; a fold keeps the op it folded into), and ``; 3 folds inside the fused
+    nodes`` for the folds that a later fusion of the same node took in (each row's ``folds``, schema 3): a row
+    is a fusion once an activation joins it, so without them a model whose folds all end in FusedConvs (a
+    layout_wrapper moving the affine and the activation before the Transpose) read "0 folds"."""
     rows = doc["fusions"]
     conv = sum(1 for f in rows if f["op"] == "FusedConv")
     gemm = sum(1 for f in rows if f["op"] == "FusedGemm")
@@ -274,8 +305,11 @@ def kinds(doc: Doc) -> str:
         if fusion_kind(f) == "fuse" and f["op"] not in ("FusedConv", "FusedGemm"):
             other[f["op"]] = other.get(f["op"], 0) + 1
     folds = plural(sum(1 for f in rows if fusion_kind(f) == "fold"), "fold")
+    # the folds a later fusion took in (conv_affine, then the activation into a FusedConv): counted, not lost
+    inner = sum(f.get("folds") or 0 for f in rows if fusion_kind(f) == "fuse")
     return (f"{conv} FusedConv, " + (f"{gemm} FusedGemm, " if gemm else "")
-            + "".join(f"{n} fused {op}, " for op, n in sorted(other.items())) + folds)
+            + "".join(f"{n} fused {op}, " for op, n in sorted(other.items())) + folds
+            + (f"; {plural(inner, 'fold')} inside the fused nodes" if inner else ""))
 
 
 def fused_count(doc: Doc) -> str:
@@ -472,11 +506,16 @@ QDQ_REASONS = frozenset({Reason.QDQ.value, Reason.QDQ_GEMM.value})
 def summary_lines(report: SupportsToDict, hints: bool = True) -> list[str]:
     """The short summary ``optimize`` prints: traffic, fusion count, unfused count, for a QDQ model what
     onnxruntime does with its quantized patterns, verification, bandwidth, and (when ``hints``)
-    :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.report.escape.text`)."""
-    doc = _summary_doc(report.to_dict())
-    lines = [*headline(doc, hints=hints),
+    :func:`unknown_shapes_hint`. Names escaped for a terminal (:func:`onnxfuse.report.escape.text`). The same
+    lines as the headline of every report format (:func:`document`)."""
+    return _summary(_summary_doc(report.to_dict()), hints)
+
+
+def _summary(doc: Doc, hints: bool, code=False, plain=str) -> list[str]:
+    """:func:`summary_lines` of a report dict; ``code`` and ``plain`` as in :func:`headline`."""
+    lines = [*headline(doc, code=code, hints=hints, plain=plain),
              f"fusions: {fused_count(doc)}; {plural(len(doc['unfused']), 'pattern')} left unfused "
-             f"(target {doc['target']})"]
+             f"(target {plain(doc['target'])})"]
     if doc["unfused"]:
         lines.append(unfused_line(doc))
     quantized = sum(u["reason"] in QDQ_REASONS for u in doc["unfused"])
@@ -484,7 +523,7 @@ def summary_lines(report: SupportsToDict, hints: bool = True) -> list[str]:
         lines.append(f"quantized: {plural(quantized, 'pattern')} inside QuantizeLinear/DequantizeLinear pairs "
                      "left as they are; onnxruntime turns them into quantized kernels (QLinearConv, QGemm, "
                      "QLinearMatMul) at load, at level extended and above (core/optimizer/qdq_transformer)")
-    lines.append(verification_line(doc))
+    lines.append(plain(verification_line(doc)))
     if doc["bandwidth"]:
         lines.append(bandwidth_line(doc["bandwidth"]))
     return lines
@@ -522,7 +561,7 @@ def input_shape_hint(doc: Doc) -> str:
             + ", ".join(symbol(k, v) for k, v in doc["symbols"].items()) + ")")
 
 
-def headline(doc: Doc, code: bool = False, hints: bool = True, plain=str) -> list[str]:
+def headline(doc: Doc, code=False, hints: bool = True, plain=str) -> list[str]:
     """The traffic lines of the summary, each saying what it is measured against: first what onnxfuse saves beyond
     what onnxruntime already runs (:func:`runtime_line`), then against the graph as exported, at the input shapes
     used, else (symbolic dims without values) at batch 1 when that is the only symbolic dim, else at the stated
@@ -643,7 +682,7 @@ def _other_release(doc: Doc) -> str:
     return f"; measured with it, not the {wanted} the model is for"
 
 
-def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
+def runtime_line(doc: Doc, code=False, plain=str) -> str | None:
     """The summary's first line: what onnxfuse saves beyond what onnxruntime already makes of the original at
     load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared.
     ``plain``: applied to text taken from the model or onnxruntime's messages (as in :func:`headline`)."""
@@ -771,19 +810,6 @@ def tune_line(doc: Doc) -> str | None:
             f"{n['kept']} kept, {n['inconclusive']} inconclusive (the rule's choice kept)")
 
 
-def tune_rows(doc: Doc) -> list[str]:
-    """One sentence per group of the ``tune`` section: ``conv_hardswish FusedConv(HardSwish) x4: without / with
-    0.91 (99.9% interval 0.88 to 0.95, 40 rounds): dropped``; empty without the section."""
-    rows = []
-    for g in (doc.get("tune") or {}).get("groups", []):
-        timed = ("not timed" if g["ratio"] is None else
-                 f"without / with {g['ratio']:.3g} ({100 * g['ci_confidence']:.4g}% interval {g['ci_low']:.3g} to "
-                 f"{g['ci_high']:.3g}, {g['rounds']} rounds)")
-        rows.append(f"{g['pass']} {g['form']} x{g['sites']}: {timed}: {g['verdict']}"
-                    + (f" ({g['note']})" if g["note"] else ""))
-    return rows
-
-
 def timing_text(p: Doc) -> str | None:
     """``latency at level all (onnxfuse bench's paired rounds, 16 rounds): 7.02 ms -> 12.0 ms, ratio 1.71 (99.97%
     interval 0.93 to 2.41): inconclusive`` from a profile section's ``timing`` (``bench.report_profile``); None
@@ -906,3 +932,465 @@ def draw_at(units: list[dict], values: dict[str, int]) -> None:
                     u[side] = int(value) if value.is_number else None
                 except (ValueError, TypeError):
                     u[side] = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The document every format draws
+
+
+def document(report: SupportsToDict | Doc, *, show_all: bool, chart: bool = True) -> Document:
+    """The one :class:`~onnxfuse.report.document.Document` of a report (a ``report.model.Report``, or its JSON
+    dict) that text, Markdown and HTML draw (``report.text``, ``report.markdown``, ``report.html``), decided here
+    once: the header, the headline (the runtime figure first: :func:`runtime_line`), which sections exist and in
+    which order, their columns, the cells (semantic: each format escapes names and draws code spans and byte
+    figures its own way), row order, grouping and caps (the top :data:`DEFAULT_TOP_ROWS` per table unless
+    ``show_all``; :func:`show_every_row` says when), and the page's chart (``chart``: False leaves it out, for
+    the formats that have no figures: its layers cost a walk of every node). Empty sections are left out."""
+    doc: Doc = report.to_dict() if hasattr(report, "to_dict") else report
+    m = doc["model"]
+    fields = [
+        Field("model", (Code(m["path"]), Prose(f" · {human_bytes(m.get('file_bytes'))}"
+                                                + (" · external data" if m.get("external_data") else ""))),
+              "model-path"),
+        Field("sha256", (Code(m["sha256"]),), "model-sha256"),
+        Field("target", (Code(doc["target"]), Prose(f" ({target_providers(doc)})"))),
+        Field("input shapes", _shapes_sentence(doc)),
+        Field("onnxfuse", (Prose(doc["onnxfuse_version"]),)),
+    ]
+    headline_lines = tuple(sentence(line) for line in _summary(doc, True, _as_code, _as_name))
+    sections = [s for s in (
+        _warnings_section(doc), _totals_section(doc), _fusions_section(doc, show_all),
+        _unfused_section(doc, show_all), _unknown_section(doc, show_all), _verification_section(doc),
+        _runtime_section(doc), _deployment_section(doc), _bandwidth_section(doc), *_profile_sections(doc),
+        _tune_section(doc), _symbols_section(doc), _passes_section(doc), _ops_section(doc)) if s is not None]
+    return Document("onnxfuse memory-traffic report", m["path"], tuple(fields), headline_lines, tuple(sections),
+                    _chart(doc) if chart else None, data=doc)
+
+
+# Marks that the sentence functions above put around text from the model (``plain``) and around expressions
+# (``code``), so that one sentence becomes spans (:func:`sentence`). A mark character inside a name is replaced
+# (U+FFFD) first: no name can open or close a span.
+_NAME_OPEN, _NAME_CLOSE, _CODE_OPEN, _CODE_CLOSE = "\ue000", "\ue001", "\ue002", "\ue003"
+_MARKS = re.compile("[\ue000-\ue003]")
+_SPANS = re.compile("\ue000(.*?)\ue001|\ue002(.*?)\ue003", re.S)
+
+
+def _as_name(value: object) -> str:
+    return _NAME_OPEN + _MARKS.sub("\ufffd", str(value)) + _NAME_CLOSE
+
+
+def _as_code(value: object) -> str:
+    return _CODE_OPEN + _MARKS.sub("\ufffd", str(value)) + _CODE_CLOSE
+
+
+def sentence(text: str) -> Sentence:
+    """A line made by the sentence functions with :func:`_as_name` / :func:`_as_code` marks, as spans: the
+    unmarked text :class:`Prose`, the marked parts :class:`Name` and :class:`Code`."""
+    spans: list[Span] = []
+    pos = 0
+    for match in _SPANS.finditer(text):
+        if match.start() > pos:
+            spans.append(Prose(text[pos:match.start()]))
+        spans.append(Name(match.group(1)) if match.group(1) is not None else Code(match.group(2)))
+        pos = match.end()
+    if pos < len(text):
+        spans.append(Prose(text[pos:]))
+    return tuple(s for s in spans if s.text)
+
+
+def byte_cell(number: int | None, expr: str | None, doc: Doc, why: str | None = None, suffix: str = "",
+              anchor: str | None = None) -> Bytes:
+    """A byte figure as a cell: the number (KiB/MiB...) when there is one, else the expression by its leading terms
+    when long (:func:`short_expression`, the exact one beside it), else exact (symbols by their display names),
+    else unknown (``why``)."""
+    if number is None and expr is not None and expr.lstrip("-").isdigit():
+        number = int(expr)
+    if number is not None:
+        return Bytes(human_bytes(number), number, float(number), why=why, suffix=suffix, anchor=anchor)
+    if expr is None:
+        return Bytes("unknown", None, float("-inf"), why=why, suffix=suffix, anchor=anchor)
+    sort = _sort_value({"x_expr": expr}, "x")
+    exact = named(expr, doc)
+    short = short_expression(expr, doc)
+    if short is not None:
+        return Bytes(short, None, sort, expr=short, exact=f"{exact} B", why=why, suffix=suffix, anchor=anchor)
+    return Bytes(f"{exact} B", None, sort, expr=exact, why=why, suffix=suffix, anchor=anchor)
+
+
+def _num(value: float | int | None, fmt: str = "") -> Num:
+    return Num("" if value is None else format(value, fmt), None if value is None else float(value))
+
+
+_EMPTY = Prose("")
+
+#: The sentence under a table that leaves rows out.
+HIDDEN_NOTE = "more rows not shown (--all shows every row; JSON and HTML always do)"
+
+
+def verification_parts(doc: Doc) -> tuple[str, str | None]:
+    """(status, detail) of :func:`verification_line`: ``not run`` for a report of ``onnxfuse report``."""
+    v = doc["verification"]
+    if verification_not_run(doc):
+        return NOT_RUN_STATUS, NOT_RUN_DETAIL
+    detail = v.get("summary") or v.get("reason")
+    if not detail and v.get("max_abs_error") is not None:
+        detail = f"max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g}"
+    if v["status"] in ("passed", "failed", "partial") and v.get("input_shapes"):  # what was run: sizes may be generated
+        shapes = shapes_text({"input_shapes": v["input_shapes"]})
+        detail = f"{detail}; inputs {shapes}" if detail else f"inputs {shapes}"
+    return v["status"], detail
+
+
+def _shapes_sentence(doc: Doc) -> Sentence:
+    spans: list[Span] = [Name(shapes_text(doc))] if doc["input_shapes"] else [Prose("from the model")]
+    for u in doc.get("unknown_shapes") or []:
+        spans += [Prose("; "), Code(u["input"]), Prose(" = "), Name(f"[{', '.join(map(str, u.get('shape') or []))}]"),
+                  Prose(" (symbolic)")]
+    return tuple(spans)
+
+
+def _warnings_section(doc: Doc) -> Section | None:
+    if not doc["warnings"]:
+        return None
+    return Section("warnings", "Warnings", lead=tuple(Note((Name(w),), warning=True) for w in doc["warnings"]))
+
+
+def _totals_section(doc: Doc) -> Section:
+    t = doc["totals"]
+    columns = (Column(""), Column("read", True), Column("written", True), Column("total", True),
+               Column("nodes", True), Column("unknown nodes", True))
+    rows: list[tuple[Cell, ...]] = []
+    rt = doc.get("onnxruntime")
+    if rt and doc["fusions"]:  # the figure every view leads with, first; the exported-graph one beside it
+        beyond = saved_beyond_onnxruntime(doc)
+        if beyond is not None:
+            lead = byte_cell(beyond, None, doc, suffix=sizes_label(doc), anchor="total-saved-beyond")
+        elif rt["status"] != "compared":
+            lead = Bytes("not compared", None, float("-inf"), why=rt["reason"], anchor="total-saved-beyond")
+        else:
+            lead = byte_cell(None, rt["saved_bytes_beyond_expr"], doc, anchor="total-saved-beyond")
+        rows.append((Prose(f"saved beyond onnxruntime {rt['installed']} at level {rt['level']}"), _EMPTY, _EMPTY,
+                     lead, _EMPTY, _EMPTY))
+    for side in ("before", "after"):
+        s = t[side]
+        rows.append((Prose(side), byte_cell(s["read_bytes"], s["read_bytes_expr"], doc),
+                     byte_cell(s["written_bytes"], s["written_bytes_expr"], doc),
+                     byte_cell(s["total_bytes"], s["total_bytes_expr"], doc, anchor=f"total-{side}"),
+                     _num(s["nodes"]), _num(s["unknown_nodes"])))
+    pct = f" ({t['saved_percent']:.1f}%)" if t["saved_percent"] is not None else ""
+    rows.append((Prose("saved vs the graph as exported"), _EMPTY, _EMPTY,
+                 byte_cell(t["saved_bytes"], t["saved_bytes_expr"], doc, suffix=pct, anchor="total-saved"),
+                 _EMPTY, _EMPTY))
+    beyond_note = " (the first line of the summary says what is saved beyond onnxruntime)" if rt else ""
+    notes = [Note(sentence(f"Saved {cell(t['saved_bytes'], t['saved_bytes_expr'], doc, _as_code)}{pct} of memory "
+                           f"traffic against the graph as exported{beyond_note} with {fused_count(doc)}; "
+                           f"{plural(len(doc['unfused']), 'pattern')} left unfused."))]
+    if doc.get("unknown_shapes"):
+        spans: list[Span] = [Prose("Unknown shapes: give --input-shape for ")]
+        for i, u in enumerate(doc["unknown_shapes"]):
+            spans += [Prose(", ")] if i else []
+            spans.append(Code(u["input"]))
+        notes.append(Note((*spans, Prose(" to count every byte.")), warning=True))
+    if doc["subgraph_nodes"]:
+        notes.append(Note((Prose(f"{doc['subgraph_nodes']} nodes inside If/Loop/Scan bodies are counted once "
+                                 "each."),)))
+    return Section("totals", "Totals (bytes moved to and from device memory)", columns=columns, rows=tuple(rows),
+                   notes=tuple(notes))
+
+
+def output_shape(row: dict, doc: Doc) -> str:
+    """``1x8x16x16 float32``; a symbolic shape evaluated at the report's symbol values where they fix it, else
+    ``[N, 8, ~x[2]/4, 16] float32`` (:func:`dim_text`); ``unknown`` without a shape."""
+    dims = [dim_text(d, doc) for d in row["shape"]] if row.get("shape") else None
+    shape = ("unknown" if dims is None else "x".join(dims) if all(d.isdigit() for d in dims)
+             else f"[{', '.join(dims)}]")
+    return f"{shape} {row.get('dtype') or '?'}"
+
+
+def _fusions_section(doc: Doc, show_all: bool) -> Section | None:
+    if not doc["fusions"]:
+        return None
+    rows, hidden = top_rows(doc["fusions"], "saved_bytes", show_all)
+    columns = (Column("node"), Column("op", wide=True), Column("replaced"), Column("activation"),
+               Column("passes", wide=True), Column("output"), Column("bytes before", True, wide=True),
+               Column("bytes after", True, wide=True), Column("saved", True),
+               Column("onnxruntime makes it too", wide=True))
+    cells = tuple((Code(r["node"]), Name(r["op"]), Name(chain(r["replaced"])), Name(r["activation"] or ""),
+                   Prose(passes_text(r.get("passes") or [])), Name(output_shape(r, doc)),
+                   byte_cell(r.get("bytes_before"), r.get("bytes_before_expr"), doc),
+                   byte_cell(r.get("bytes_after"), r.get("bytes_after_expr"), doc),
+                   byte_cell(r["saved_bytes"], r["saved_bytes_expr"], doc, why=r.get("unknown_reason")),
+                   Prose(made_by_onnxruntime(r))) for r in rows)
+    return Section("fusions", f"Fusions applied ({len(doc['fusions'])}: {kinds(doc)})", columns=columns, rows=cells,
+                   hidden=hidden, hidden_note=HIDDEN_NOTE, sortable=True)
+
+
+def _unfused_section(doc: Doc, show_all: bool) -> Section | None:
+    if not doc["unfused"]:
+        return None
+    rows, hidden = top_rows(grouped_unfused(doc["unfused"]), "bytes", show_all)
+    columns = (Column("nodes"), Column("reason"), Column("detail"), Column("would save", True),
+               Column("pass", wide=True), Column("what would allow it", wide=True))
+    cells = tuple((sentence(unfused_label(r, _as_code, _as_name)), Code(r["reason"]), Name(r["detail"] or ""),
+                   byte_cell(r["bytes"], r["bytes_expr"], doc), Name(r.get("pass") or ""),
+                   Prose(remedy(r, doc["target"]))) for r in rows)
+    return Section("unfused", f"Left unfused ({len(doc['unfused'])})",
+                   lead=(Note((Prose("Each pattern a pass found but declined (the same chain and reason counted "
+                                     "once), with the bytes one fused node would save and what option or target "
+                                     "would allow it."),)),),
+                   columns=columns, rows=cells, hidden=hidden, hidden_note=HIDDEN_NOTE, sortable=True)
+
+
+def _unknown_section(doc: Doc, show_all: bool) -> Section | None:
+    unknown = doc["unknown_nodes"]
+    if not unknown:
+        return None
+    rows = first_rows(unknown, show_all)
+    return Section("unknown", f"Nodes of unknown size ({len(unknown)}, left out of the totals)",
+                   columns=(Column("node"), Column("op"), Column("tensors of unknown size", wide=True),
+                            Column("why")),
+                   rows=tuple((Code(r["node"] or r["output"]), Name(r["op"]), Name(", ".join(r.get("tensors") or [])),
+                               Name(r.get("reason") or "")) for r in rows),
+                   hidden=len(unknown) - len(rows), hidden_note=HIDDEN_NOTE)
+
+
+def _verification_section(doc: Doc) -> Section:
+    v = doc["verification"] or {}
+    status, detail = verification_parts(doc)
+    lead = (Note((Prose("verification: "), Status(status)) + ((Name(f" ({detail})"),) if detail else ())),)
+    outputs = [] if verification_not_run(doc) else v.get("outputs") or []
+    if not outputs:
+        return Section("verification", "Verification", lead=lead)
+    keys = [(title, key) for title, key in (("max abs error", "max_abs_error"), ("max rel error", "max_rel_error"),
+                                            ("tolerance", "tolerance"), ("atol", "atol"), ("rtol", "rtol"))
+            if any(o.get(key) is not None for o in outputs)]
+    rule = f" (rule {v['rule']})" if v.get("rule") else ""
+    columns = (Column("output"), Column("dtype"), *(Column(title, True) for title, _ in keys),
+               Column(f"within tolerance{rule}"))
+    rows: tuple[tuple[Cell, ...], ...] = tuple(
+        (Code(o.get("name") or ""), Name(o.get("dtype") or ""), *(_num(o.get(key), ".3g") for _, key in keys),
+         Prose("pass" if o.get("passed") else "FAIL")) for o in outputs)
+    return Section("verification", "Verification", lead=lead, columns=columns, rows=rows)
+
+
+def _runtime_section(doc: Doc) -> Section | None:
+    rt = doc.get("onnxruntime")
+    line = runtime_line(doc, _as_code, _as_name)
+    if not rt or line is None:
+        return None
+    what = Prose("What onnxruntime itself makes of each model when a session loads it (the installed release, CPU "
+                 "provider; the first line of the summary is the figure beyond it)")
+    if rt["status"] != "compared":
+        lead = (Note((what, Prose(": not compared ("), Name(rt["reason"] or ""), Prose(")"))),)
+    else:
+        lead = (Note((what,)),)
+    title = f"Beyond onnxruntime {rt['installed']} at level {rt['level']}"
+    if rt["status"] != "compared":
+        return Section("onnxruntime", title, lead=lead)
+    rows: list[tuple[Cell, ...]] = [(Prose("kernels, the original"), _num(rt["kernels_before"])),
+                                    (Prose("kernels, the optimized model"), _num(rt["kernels_after"]))]
+    rows += [((Name(op), Prose(" fewer")), _num(n)) for op, n in rt["ops_removed"].items()]
+    rows += [((Name(op), Prose(" more")), _num(n)) for op, n in rt["ops_added"].items()]
+    return Section("onnxruntime", title, lead=lead,
+                   columns=(Column("in onnxruntime's own graph at load"), Column("count", True)), rows=tuple(rows))
+
+
+def _deployment_section(doc: Doc) -> Section | None:
+    d = doc.get("deployment")
+    line = deployment_line(doc)
+    if not d or line is None:
+        return None
+    return Section("deployment", f"onnxruntime releases (the model is for {d['ort_version']})",
+                   lead=(Note((Prose(line),)),),
+                   columns=(Column("form written"), Column("count", True), Column("needs onnxruntime")),
+                   rows=tuple((Code(f["form"]), _num(f["count"]), Prose(f">= {f['min_onnxruntime']}"))
+                              for f in d["forms"]))
+
+
+def _bandwidth_section(doc: Doc) -> Section | None:
+    b = doc["bandwidth"]
+    if not b:
+        return None
+    return Section("bandwidth", "Estimated memory time", lead=(Note((Prose(bandwidth_line(b)),), id="bandwidth"),))
+
+
+def _profile_sections(doc: Doc) -> list[Section]:
+    """The measured part of ``report --profile``: per op, kernels, time and the bytes onnxruntime's profiler
+    records for the original and the optimized model; per fusion, the kernel that computes it."""
+    p = doc.get("profile")
+    line = profile_line(doc, _as_name)
+    if not p or line is None:
+        return []
+    o, a = p["original"], p["optimized"]
+
+    def total(row: dict | None) -> int:
+        return 0 if row is None else row["output_bytes"] + row["activation_bytes"] + row["parameter_bytes"]
+
+    ops = list(dict.fromkeys([*o["by_op"], *a["by_op"]]))
+    largest = max([total(side["by_op"].get(op)) for side in (o, a) for op in ops] + [1])
+    rows = []
+    for op in ops:
+        before, after = o["by_op"].get(op), a["by_op"].get(op)
+        rows.append((Code(op), _num(before["kernels"] if before else 0), _num(after["kernels"] if after else 0),
+                     _num(before["ms"] if before else 0.0, ".3f"), _num(after["ms"] if after else 0.0, ".3f"),
+                     byte_cell(total(before), None, doc), byte_cell(total(after), None, doc),
+                     Bars((total(before) / largest, total(after) / largest))))
+    lead = [Note(sentence(line), id="profile-timing")]
+    if p.get("timing"):
+        lead.append(Note((Prose("The per-kernel times below are one profiled run each and carry no interval: "
+                                "quote the latency line."),)))
+    lead.append(Note((Prose("Bytes are what the profiler records per kernel (outputs written, activations and "
+                            "parameters read); they differ from the counted traffic where onnxruntime changes the "
+                            "layout (NCHWc reorders) or fuses more itself."),)))
+    sections = [Section("profile-ops", "Measured in onnxruntime, per op", lead=tuple(lead),
+                        columns=(Column("op"), Column("kernels (original)", True),
+                                 Column("kernels (optimized)", True), Column("ms (original)", True),
+                                 Column("ms (optimized)", True), Column("measured bytes (original)", True),
+                                 Column("measured bytes (optimized)", True),
+                                 Column("original (light) / optimized (dark)", wide=True)),
+                        rows=tuple(rows))]
+    if p.get("by_fusion"):
+        sections.append(Section(
+            "profile-fusions", "Measured in onnxruntime, per fusion",
+            columns=(Column("fusion"), Column("replaced"), Column("kernel that computes it"), Column("ms", True),
+                     Column("measured bytes", True), Column("saved (counted)", True)),
+            rows=tuple((Code(f["node"]), Name(f["replaced"]), Code(f["kernel"] or "-"), _num(f["ms"], ".3f"),
+                        byte_cell(f["total_bytes"], None, doc), byte_cell(f["counted_saved_bytes"], None, doc))
+                       for f in p["by_fusion"])))
+    return sections
+
+
+def _tune_section(doc: Doc) -> Section | None:
+    """``optimize --tune``: one row per group of rewrites timed (``tune.groups``), its ratio without / with and the
+    interval, rounds and verdict; the lead is :func:`tune_line`."""
+    t, line = doc.get("tune"), tune_line(doc)
+    if not t or line is None:
+        return None
+    rows = []
+    for g in t["groups"]:
+        timed = g["ratio"] is not None
+        interval = (f"{g['ci_low']:.3g} to {g['ci_high']:.3g} ({100 * g['ci_confidence']:.4g}%)" if timed
+                    else "not timed")
+        rows.append((Code(g["pass"]), Name(g["form"]), _num(g["sites"]),
+                     _num(g["ratio"], ".3g") if timed else _EMPTY, Prose(interval),
+                     _num(g["rounds"]) if timed else _EMPTY, Prose(g["verdict"]), Name(g["note"] or "")))
+    return Section("tune", "Tuned by measurement (--tune)", lead=(Note((Prose(line),), id="tune"),),
+                   columns=(Column("pass"), Column("form"), Column("sites", True), Column("without / with", True),
+                            Column("interval"), Column("rounds", True), Column("verdict"), Column("note")),
+                   rows=tuple(rows))
+
+
+def _symbols_section(doc: Doc) -> Section | None:
+    if not doc["symbols"]:
+        return None
+    names = display_names(doc)
+    rows = tuple((Code(names.get(sym, sym)), Name(where["input"]), _num(where["axis"]),
+                  Name(where["dim_param"] or "(unnamed)"), _num(doc["symbol_values"].get(sym)))
+                 for sym, where in doc["symbols"].items())
+    notes = tuple(Note((Prose("assumed: "), Code(a))) for a in doc.get("shape_assumptions") or [])
+    return Section("symbols", "Symbols (the model's symbolic input dims)",
+                   columns=(Column("symbol"), Column("input"), Column("axis", True), Column("model's dim name"),
+                            Column("value", True)), rows=rows, notes=notes)
+
+
+def _passes_section(doc: Doc) -> Section:
+    rows = []
+    for s in doc["pass_stats"]:
+        removed: Cell = _EMPTY
+        if "removed_nodes" in s:
+            removed = _num(s["removed_nodes"]) if not s["removed_nodes"] else Num(
+                f"{s['removed_nodes']} ({bytes_text(s['removed_bytes'], s['removed_bytes_expr'])})",
+                float(s["removed_nodes"]))
+        rows.append((Code(s["name"]), _num(s["applied"]), removed,
+                     Name(", ".join(f"{k} {v}" for k, v in s["skipped"].items()) or "-")))
+    return Section("passes", "Passes", columns=(Column("pass"), Column("rewrites", True),
+                                                Column("nodes removed", True), Column("skipped by reason")),
+                   rows=tuple(rows))
+
+
+def _ops_section(doc: Doc) -> Section:
+    ops = doc["op_counts"]
+    return Section("ops", "Nodes by op type", columns=(Column("op"), Column("before", True), Column("after", True)),
+                   rows=tuple((Name(op), _num(ops["before"].get(op, 0)), _num(ops["after"].get(op, 0)))
+                              for op in sorted(set(ops["before"]) | set(ops["after"]))))
+
+
+def _layer_text(unit: dict, side: str, doc: Doc, at_sizes: bool) -> str:
+    """Hover text of one side of a layer: KiB/MiB and the exact bytes, or the expression, or unknown; a number
+    drawn at the chart's sizes comes with its expression."""
+    value, expr = unit[side], unit.get(f"{side}_expr")
+    if value is not None and expr is not None and at_sizes:
+        return f"{human_bytes(value)} at the chart's sizes; {_shortened(bytes_of({'x_expr': expr}, 'x', doc))}"
+    if value is not None:
+        return f"{human_bytes(value)} ({value:,} B)"
+    return _shortened(bytes_of({side: value, f"{side}_expr": expr}, side, doc))
+
+
+def _shortened(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def chart_layers(doc: Doc) -> tuple[Layer, ...]:
+    """The page's bars (:func:`layer_units`), drawn at :func:`chart_sizes` when the dims have no values, as
+    :class:`~onnxfuse.report.document.Layer` records with their hover texts."""
+    units = layer_units(doc)
+    sizes = chart_sizes(doc)
+    if sizes is not None:
+        draw_at(units, sizes[0])
+    drawn = sizes is not None
+    return tuple(Layer(u["kind"], tuple((n["op"], label(n)) for n in u["nodes"]), u["before"], u["after"],
+                       _layer_text(u, "before", doc, drawn), _layer_text(u, "after", doc, drawn),
+                       None if not u["into"] else f"{u['into']['op']} {u['into']['name']}", u["reason"])
+                 for u in units)
+
+
+def _chart(doc: Doc) -> Chart:
+    layers = chart_layers(doc)
+    constants = sum(1 for r in doc["nodes"]["before"] if r["op"] == "Constant")
+    fused = sum(1 for u in layers if u.kind == "fused")
+    caption = (f"{len(layers)} layers in execution order: {fused} fused groups (one bar each, hatched), the other "
+               f"nodes one bar each; {constants} Constant nodes move nothing and are not drawn. The light bar is the "
+               "original model, the dark bar inside it the optimized one. Hover a bar for its nodes; drag the slider "
+               "below the chart or drag across the plot to zoom, double-click to reset.")
+    notes = []
+    sizes = chart_sizes(doc)
+    names = display_names(doc)
+    if sizes is not None:
+        values, source = sizes
+        spans: list[Span] = [Prose("The model has symbolic dims and no value was given for them: the chart draws "
+                                   "every layer at ")]
+        for i, (s, v) in enumerate(values.items()):
+            spans += [Prose(", ")] if i else []
+            spans.append(Code(f"{names.get(s, s)}={v}"))
+        spans.append(Prose(f" ({source}). The tables and hover labels give every byte count as an expression; give "
+                           "--input-shape NAME=DIMS to draw your sizes."))
+        notes.append(Note(tuple(spans), id="chart-sizes"))
+    unknown = sum(1 for u in layers if u.before is None or u.after is None)
+    if layers and unknown == len(layers) and doc.get("symbols"):
+        spans = [Prose("No layer has a byte count at these shapes: the model has symbolic dims (")]
+        for i, s in enumerate(sorted(doc["symbols"])):
+            spans += [Prose(", ")] if i else []
+            spans.append(Code(names.get(s, s)))
+        spans.append(Prose(") without a value, so the bars are empty. The hover labels and the tables give every "
+                           "byte count as an expression; give --input-shape NAME=DIMS to draw them."))
+        notes.append(Note(tuple(spans)))
+    elif unknown:
+        notes.append(Note((Prose(f"{unknown} of {len(layers)} layers have an unknown size (drawn at zero; their hover "
+                                 "label says unknown or gives the expression)."),)))
+    return Chart(layers, _totals_bar(doc), caption, tuple(notes))
+
+
+def _totals_bar(doc: Doc) -> TotalsBar | None:
+    t = doc["totals"]
+    before, after = t["before"]["total_bytes"], t["after"]["total_bytes"]
+    if before is None or after is None:
+        return None
+    saved = before - after
+    pct = 100.0 * saved / before if before else 0.0
+    rt = doc.get("onnxruntime")
+    beyond = saved_beyond_onnxruntime(doc) if rt and doc["fusions"] else None
+    beyond_text = None if beyond is None or not rt else (f"saved {human_bytes(beyond)} beyond what onnxruntime "
+                                                         f"{rt['installed']} makes itself at level {rt['level']}")
+    return TotalsBar(before, after, beyond if beyond_text else None, beyond_text,
+                     f"vs the graph as exported: after {human_bytes(after)} · saved {human_bytes(saved)} ({pct:.1f}%)",
+                     f"the graph as exported: before {human_bytes(before)}", f"saved {human_bytes(saved)}")
