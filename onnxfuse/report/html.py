@@ -335,7 +335,7 @@ def _totals_html(doc: Doc) -> str:
     pct = t.get("saved_percent")
     pct_text = f" ({pct:.1f}%)" if pct is not None else ""
     rt = doc.get("onnxruntime")
-    if rt and doc["fusions"]:  # the figure every view leads with, first; the exported-graph one beside it
+    if rt:  # the figure every view leads with, first (0 B when nothing was fused); the exported-graph one beside it
         beyond = saved_beyond_onnxruntime(doc)
         text = (human_bytes(beyond) + sizes_label(doc, escape.text) if beyond is not None else
                 "not compared" if rt["status"] != "compared" else bytes_of(rt, "saved_bytes_beyond", doc))

@@ -643,12 +643,14 @@ def _other_release(doc: Doc) -> str:
 
 def runtime_line(doc: Doc, code: bool = False, plain=str) -> str | None:
     """The summary's first line: what onnxfuse saves beyond what onnxruntime already makes of the original at
-    load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared.
+    load (the report's ``onnxruntime`` section; 0 B when nothing was fused), or None when nothing was compared.
     ``plain``: applied to text taken from the model or onnxruntime's messages (as in :func:`headline`)."""
     rt = doc.get("onnxruntime")
-    if not rt or not doc["fusions"]:
+    if not rt:
         return None
     head = f"vs onnxruntime {rt['installed']} (installed, CPU provider{_other_release(doc)}) at level {rt['level']}"
+    if not doc["fusions"]:  # nothing fused: a true 0, stated as such (saved_beyond_onnxruntime)
+        return f"{head}: nothing was fused, so nothing is saved beyond it (0 B)"
     if rt["status"] != "compared":
         return f"{head}: not compared ({plain(rt['reason'])})"
     made, total = rt["fusions_made_by_onnxruntime"], rt["fusions"]
