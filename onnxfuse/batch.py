@@ -76,6 +76,8 @@ WORKER_MEMORY_ESTIMATE = 1536 * 2**20
 #: verification); ``remainder``: verification failed, and with ``--drop-culprits`` the rewrites that broke it were
 #: found and left unfused and the rest verified: that remainder is written (the reason names the culprits).
 STATUSES = ("ok", "unverified", "mismatch", "error", "crashed", "timeout", "memory", "remainder")
+#: The statuses of rows whose optimized model was written: the ones the totals add and the baseline gate compares.
+WRITTEN_STATUSES = ("ok", "unverified", "remainder")
 #: The hidden folder inside OUTDIR for the cache records and the staging folder.
 STATE_DIR = ".onnxfuse-batch"
 SUMMARY_FILES: tuple[str, str, str] = ("summary.json", "summary.md", "index.html")
@@ -853,6 +855,8 @@ class Outdir:
         row, files = record["row"], record["files"]
         if row.get("key") != key or not _valid_row(row) or _relinked(row, None, None) != row:
             return None  # not this key's, not a row, or a file path that is not the one batch writes for its name
+        if row["status"] == "ok" and row.get("verification") not in ("passed", "unchanged"):
+            return None  # an older onnxfuse's row of a model it did not verify: its status is no longer ok
         named = {row[k] for k in ("output", "report_json", "report_html") if row.get(k)}
         if not named <= set(files) or not all(isinstance(d, str) for d in files.values()):
             return None
@@ -1219,7 +1223,7 @@ def summarize(rows: list[dict], *, versions: dict[str, str], shard: tuple[int, i
     models = sorted(rows, key=lambda r: r["name"])
     counts = {s: sum(1 for r in models if r["status"] == s) for s in STATUSES}
 
-    written = [r for r in models if r["status"] in ("ok", "unverified", "remainder")]
+    written = [r for r in models if r["status"] in WRITTEN_STATUSES]
 
     def total(key):
         values = [r[key] for r in written if r[key] is not None]
@@ -1392,9 +1396,11 @@ def _doc_for_compare(row: dict) -> dict:
 
 
 def compare_summaries(old: dict, new: dict) -> dict:
-    """The zoo-wide gate: per model present in both, what changed (``onnxfuse.report.baseline.compare`` on its fusions
-    and optimized traffic). A model regressed when it lost a fusion, its optimized traffic grew, or it was ``ok``
-    and no longer is. Models added or removed are listed, never a regression.
+    """The zoo-wide gate: per model present in both whose output was written in ``old``
+    (:data:`WRITTEN_STATUSES`: a ``--no-verify`` baseline's ``unverified`` rows gate too), what changed
+    (``onnxfuse.report.baseline.compare`` on its fusions and optimized traffic). A model regressed when it lost a
+    fusion, its optimized traffic grew, its output is no longer written, or it was ``ok`` and no longer is. Models
+    added or removed are listed, never a regression.
 
     Returns:
         ``{"regressed": bool, "models": {name: {"regressed", "lines"}}, "added": [...], "removed": [...]}``.
@@ -1406,10 +1412,11 @@ def compare_summaries(old: dict, new: dict) -> dict:
                            "removed": sorted(set(old_rows) - set(new_rows)), "models": {}}
     for name in sorted(set(old_rows) & set(new_rows)):
         a, b = old_rows[name], new_rows[name]
-        if a["status"] != "ok":
+        if a["status"] not in WRITTEN_STATUSES:
             continue
-        if b["status"] != "ok":
-            out["models"][name] = {"regressed": True, "lines": [f"status: {b['status']} (was ok): {b['reason']}"]}
+        if b["status"] not in WRITTEN_STATUSES or (a["status"] == "ok" and b["status"] != "ok"):
+            out["models"][name] = {"regressed": True,
+                                   "lines": [f"status: {b['status']} (was {a['status']}): {b['reason']}"]}
             continue
         try:
             c = baseline.compare(_doc_for_compare(a), _doc_for_compare(b))
