@@ -124,7 +124,8 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
             skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
             ort_level: str = DEFAULT_ORT_LEVEL, ort_version: str | None = None, name: str | None = None,
             plugins: Iterable = (), fix_input_shapes: Mapping[str, Iterable[int]] | None = None,
-            materialize_weights: float = 0.0, bandwidth: float | None = None) -> Report:
+            materialize_weights: float = 0.0, bandwidth: float | None = None,
+            input_data: str | os.PathLike[str] | None = None) -> Report:
     """The memory-traffic report of what :func:`optimize` would do to ``model``; no rewrite is kept, nothing
     is verified. What ``onnxfuse report`` prints.
 
@@ -153,6 +154,8 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
             default 0: they stay compact).
         bandwidth: GB/s (10^9 bytes per second): the report's ``bandwidth`` then has the estimated memory time
             (bytes / bandwidth, ``report.model.bandwidth_section``) of both models (``--bandwidth``).
+        input_data: an ``.npz`` with one array per graph input name (``report --input-data``): its arrays' shapes
+            are the report's input shapes.
 
     Raises:
         InputError: an unreadable or invalid model, an unknown target or pass, bad ``input_shapes``, a negative
@@ -162,7 +165,8 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
     from onnxfuse import pipeline
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version,
-                       materialize_weights, bandwidth, plugins=plugins, fix_input_shapes=fix_input_shapes)
+                       materialize_weights, bandwidth, plugins=plugins, fix_input_shapes=fix_input_shapes,
+                       input_data=input_data)
     loaded = _load(model, name)
     return pipeline.analyse(loaded.path, options, loaded).report
 

@@ -76,6 +76,8 @@ WORKER_MEMORY_ESTIMATE = 1536 * 2**20
 #: verification); ``remainder``: verification failed, and with ``--drop-culprits`` the rewrites that broke it were
 #: found and left unfused and the rest verified: that remainder is written (the reason names the culprits).
 STATUSES = ("ok", "unverified", "mismatch", "error", "crashed", "timeout", "memory", "remainder")
+#: The reason of a row that ``--no-verify`` left unverified.
+NOT_VERIFIED_REASON = "not verified: --no-verify (the model was written without being compared)"
 #: The statuses of rows whose optimized model was written: the ones the totals add and the baseline gate compares.
 WRITTEN_STATUSES = ("ok", "unverified", "remainder")
 #: The hidden folder inside OUTDIR for the cache records and the staging folder.
@@ -740,7 +742,7 @@ def _status_of(verification: dict) -> tuple[str, str | None]:
     if verification["status"] == "failed":
         return "mismatch", one_line(f"the optimized model does not match the original ({why}); no model written")
     if verification["status"] == "skipped" and verification.get("cause") == "user":
-        return "unverified", "not verified: --no-verify (the model was written without being compared)"
+        return "unverified", NOT_VERIFIED_REASON
     if verification["status"] == "skipped":
         if _MEMORY_REASON.search(why):
             return "memory", one_line(f"verification ran out of memory (--max-memory, or the machine's): {why}", 300)

@@ -352,3 +352,12 @@ def test_the_readme_api_example_runs_as_written(tmp_path, monkeypatch, capsys):
     assert printed[-1] == "passed" and (tmp_path / "model.fused.onnx").is_file()
     assert present.human_bytes(figure) in present.summary_lines(result.report)[0]
     assert scope["check"].status == "passed" and (tmp_path / "fusion-report.html").is_file()
+
+
+def test_analyse_takes_input_data_as_report_does(tmp_path):
+    """``onnxfuse.analyse(input_data=...)`` is ``onnxfuse report --input-data``: the arrays' shapes are the
+    report's input shapes."""
+    path = tmp_path / "inputs.npz"
+    np.savez(path, x=np.zeros((2, 3, 8, 8), np.float32))
+    report = onnxfuse.analyse(conv_bn_relu(symbolic=True), input_data=path)
+    assert report.input_shapes == {"x": [2, 3, 8, 8]} and report.saved_bytes is not None

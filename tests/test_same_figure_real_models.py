@@ -164,6 +164,7 @@ def test_a_no_verify_batch_of_the_shared_models_totals_at_stated_sizes_and_is_ne
     assert all(r["representative_sizes"] for r in summary["models"])  # every shared model has symbolic dims
     out = result.stdout
     assert out.count("representative sizes: batch 1, 224 for the other dims") == 1
+    assert f"  {len(MODELS)} models unverified: not verified: --no-verify" in out  # said once, not per model
     beyond = re.search(r"saved beyond onnxruntime at the chosen level: ([^;]*);", out).group(1)
     assert beyond == "unknown" or f"{len(fused)} of {len(MODELS)} models unknown, not counted" in beyond
     md = (tmp_path / "out" / "summary.md").read_text()

@@ -191,8 +191,13 @@ def _print_summary(summary: dict[str, Any], gate: dict[str, Any] | None) -> None
     click.echo(headline(summary) + f" ({summary['wall_s']:.1f} s)")
     if (note := sizes_note(summary)) is not None:
         click.echo(note)
+    from onnxfuse.batch import NOT_VERIFIED_REASON
+
+    unverified = [r for r in summary["models"] if r["status"] == "unverified" and r["reason"] == NOT_VERIFIED_REASON]
+    if unverified:  # one line for what --no-verify asked for, not one per model
+        click.echo(f"  {len(unverified)} model{'s' if len(unverified) > 1 else ''} unverified: {NOT_VERIFIED_REASON}")
     for r in summary["models"]:
-        if r["status"] != "ok":
+        if r["status"] != "ok" and r not in unverified:
             click.echo(f"  {text(r['name'])}: {r['status']}: {text(r['reason'])}")
     if gate is not None:
         for name, m in gate["models"].items():
