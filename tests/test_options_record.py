@@ -212,3 +212,18 @@ def test_bench_refuses_every_optimization_option_by_name_from_the_declared_group
 
     names = optimization_option_names()
     assert set(OPTIMIZATION_ONLY) == set(names) - {"input_shape"} and "materialize_weights" in names
+
+
+def test_a_csv_manifest_gives_the_per_model_fields_as_json_does(tmp_path):
+    """The manifest's per-model fields in CSV (``x=0,1`` in a quoted cell for a range) are the JSON ones."""
+    csv_path, json_path = tmp_path / "zoo.csv", tmp_path / "zoo.json"
+    csv_path.write_text("path,input_shapes,fix_input_shapes,input_values,input_ranges\n"
+                        f'{SAMPLE},x=2x8x16x16,x=1x8x16x16,x=0.5,"x=0,2"\n')
+    json_path.write_text(json.dumps({"models": [{"path": str(SAMPLE), "input_shapes": {"x": [2, 8, 16, 16]},
+                                                 "fix_input_shapes": {"x": [1, 8, 16, 16]}, "input_values": {"x": 0.5},
+                                                 "input_ranges": {"x": [0, 2]}}]}))
+    [from_csv], [from_json] = (b.collect([p], b.ModelOptions()) for p in (csv_path, json_path))
+    assert b.run_options(from_csv.options.to_dict()) == b.run_options(from_json.options.to_dict())
+    with pytest.raises(onnxfuse.InputError, match="input_ranges"):
+        json_path.write_text(json.dumps({"models": [{"path": str(SAMPLE), "input_ranges": {"x": [2, 0]}}]}))
+        b.collect([json_path], b.ModelOptions())
