@@ -40,34 +40,6 @@ def _load(model, name: str | None = None) -> LoadedModel:
     return loaded
 
 
-def _check_inputs(input_values, input_ranges, input_sets, rtol=None, atol=None) -> None:
-    """The verification inputs and tolerances of the API, checked as the command checks its options.
-
-    Raises:
-        InputError: ``input_sets`` not an int >= 1; a value not a finite number; a range not two finite numbers,
-            low <= high, with a finite span; ``rtol`` or ``atol`` neither None nor a number >= 0 (``--rtol`` and
-            ``--atol`` take ``click.FloatRange(min=0)``).
-    """
-    import math
-
-    def number(x) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-    for label, tolerance in (("rtol", rtol), ("atol", atol)):
-        if tolerance is not None and not (number(tolerance) and tolerance >= 0):
-            raise InputError(f"{label}: expected a finite number >= 0 or None, got {tolerance!r}")
-    if isinstance(input_sets, bool) or not isinstance(input_sets, int) or input_sets < 1:
-        raise InputError(f"input_sets: expected an integer >= 1, got {input_sets!r}")
-    for name, value in (input_values or {}).items():
-        if not number(value):
-            raise InputError(f"input_values[{name!r}]: expected a finite number, got {value!r}")
-    for name, pair in (input_ranges or {}).items():
-        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(number(v) for v in pair)
-                and pair[0] <= pair[1] and math.isfinite(pair[1] - pair[0])):
-            raise InputError(f"input_ranges[{name!r}]: expected (low, high), finite numbers with low <= high, "
-                             f"got {pair!r}")
-
-
 def _shapes(input_shapes: Mapping[str, Iterable[int]] | None, label: str = "input_shapes"
             ) -> dict[str, tuple[int, ...]]:
     if input_shapes is not None and not isinstance(input_shapes, Mapping):
@@ -87,33 +59,34 @@ def _shapes(input_shapes: Mapping[str, Iterable[int]] | None, label: str = "inpu
 
 
 def _options(target: str, input_shapes, only, skip, constant_initializer_inputs: bool, ort_level: str,
-             ort_version: str | None = None, materialize_weights: float = 0.0,
-             bandwidth: float | None = None, tune: bool = False, tune_budget: float | None = None,
-             threads: int = 1) -> Options:
+             ort_version: str | None = None, materialize_weights: float = 0.0, bandwidth: float | None = None,
+             **more) -> Options:
     """The API's keyword arguments as ``pipeline.Options``, built by ``pipeline.make_options`` as the command line
-    builds them (``input_shapes`` checked here: the API takes integers, the CLI text; ``tune_budget`` None: the
-    default)."""
-    from onnxfuse.pipeline import DEFAULT_TUNE_BUDGET_S, make_options
+    and batch build them (``input_shapes`` and ``more["fix_input_shapes"]`` checked here: the API takes integers,
+    the CLI text). ``more``: the other ``make_options`` keywords (``plugins``, ``input_data``, ``drop_culprits``,
+    ``compare_layers``, ``verify``)."""
+    from onnxfuse.pipeline import make_options
 
+    if "fix_input_shapes" in more:
+        more["fix_input_shapes"] = _shapes(more["fix_input_shapes"], "fix_input_shapes")
     return make_options(target=target, only=only, skip=skip, input_shapes=_shapes(input_shapes),
                         constant_initializer_inputs=constant_initializer_inputs, ort_level=ort_level,
                         ort_version=ort_version, materialize_weights=materialize_weights, bandwidth=bandwidth,
-                        tune=tune, tune_budget=DEFAULT_TUNE_BUDGET_S if tune_budget is None else tune_budget,
-                        threads=threads)
+                        **more)
 
 
-def _plugins(plugins) -> tuple:
-    """``plugins`` as a tuple (a single string or class would otherwise be read item by item).
+def _verify_options(input_shapes, input_data, input_values, input_ranges, input_sets, rtol, atol, verify_timeout):
+    """The API's verification arguments as ``VerifyOptions``, built by
+    ``verification.options.make_verify_options`` as the command line and batch build them.
 
     Raises:
-        InputError: ``plugins`` is a string, a class or a pass, not a sequence of them.
+        InputError: as ``make_verify_options``.
     """
-    from onnxfuse.passes.plugin import Pass
+    from onnxfuse.verification.options import make_verify_options
 
-    if isinstance(plugins, (str, type, Pass)):
-        raise InputError("plugins takes a sequence of plugins (\"module:Name\", a Pass class or instance), "
-                         f"not one: plugins=[{plugins!r}]")
-    return tuple(plugins)
+    return make_verify_options(input_shapes=input_shapes, input_data=None if input_data is None else str(input_data),
+                               input_values=input_values, input_ranges=input_ranges, input_sets=input_sets,
+                               rtol=rtol, atol=atol, verify_timeout=verify_timeout)
 
 
 #: The command's option names -> this API's keyword arguments, for messages raised by code the two share.
@@ -124,8 +97,8 @@ _KEYWORDS = {"--input-shape": "input_shapes", "--input-value": "input_values", "
              "--verify-timeout": "verify_timeout", "--constant-initializer-inputs": "constant_initializer_inputs",
              "--no-verify": "verify=False", "--plugin": "plugins",
              "--fix-input-shape": "fix_input_shapes", "--drop-culprits": "drop_culprits",
-             "--materialize-weights": "materialize_weights", "--bandwidth": "bandwidth", "--tune": "tune",
-             "--tune-budget": "tune_budget", "--threads": "threads"}
+             "--materialize-weights": "materialize_weights", "--bandwidth": "bandwidth",
+             "--layers": "compare_layers", "--tune": "tune", "--tune-budget": "tune_budget", "--threads": "threads"}
 _OPTION = re.compile("|".join(re.escape(k) for k in sorted(_KEYWORDS, key=len, reverse=True)) + r"(?![\w-])")
 
 
@@ -151,7 +124,8 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
             skip: Iterable[str] = (), constant_initializer_inputs: bool = False,
             ort_level: str = DEFAULT_ORT_LEVEL, ort_version: str | None = None, name: str | None = None,
             plugins: Iterable = (), fix_input_shapes: Mapping[str, Iterable[int]] | None = None,
-            materialize_weights: float = 0.0, bandwidth: float | None = None) -> Report:
+            materialize_weights: float = 0.0, bandwidth: float | None = None,
+            input_data: str | os.PathLike[str] | None = None) -> Report:
     """The memory-traffic report of what :func:`optimize` would do to ``model``; no rewrite is kept, nothing
     is verified. What ``onnxfuse report`` prints.
 
@@ -180,6 +154,8 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
             default 0: they stay compact).
         bandwidth: GB/s (10^9 bytes per second): the report's ``bandwidth`` then has the estimated memory time
             (bytes / bandwidth, ``report.model.bandwidth_section``) of both models (``--bandwidth``).
+        input_data: an ``.npz`` with one array per graph input name (``report --input-data``): its arrays' shapes
+            are the report's input shapes.
 
     Raises:
         InputError: an unreadable or invalid model, an unknown target or pass, bad ``input_shapes``, a negative
@@ -189,9 +165,8 @@ def analyse(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = DE
     from onnxfuse import pipeline
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version,
-                       materialize_weights, bandwidth)
-    options.plugins = _plugins(plugins)
-    options.fix_input_shapes = _shapes(fix_input_shapes, "fix_input_shapes")
+                       materialize_weights, bandwidth, plugins=plugins, fix_input_shapes=fix_input_shapes,
+                       input_data=input_data)
     loaded = _load(model, name)
     return pipeline.analyse(loaded.path, options, loaded).report
 
@@ -207,8 +182,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              ort_level: str = DEFAULT_ORT_LEVEL, verify_timeout: float | None = None,
              ort_version: str | None = None, name: str | None = None, plugins: Iterable = (),
              fix_input_shapes: Mapping[str, Iterable[int]] | None = None, drop_culprits: bool = False,
-             materialize_weights: float = 0.0, bandwidth: float | None = None, tune: bool = False,
-             tune_budget: float | None = None, threads: int = 1) -> Result:
+             materialize_weights: float = 0.0, bandwidth: float | None = None,
+             compare_layers: bool = False, tune: bool = False, tune_budget: float | None = None,
+             threads: int = 1) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
     What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
@@ -220,7 +196,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             fix_input_shapes, materialize_weights, bandwidth: as :func:`analyse` (a plugin's rewrites are
             verified as every other rewrite is).
         verify: run the original and the optimized model in onnxruntime (graph optimizations disabled on both)
-            and compare the outputs; False records verification as skipped.
+            and compare the outputs; False records verification as skipped and, as ``--no-verify``, makes no
+            onnxruntime session at all: no comparison with onnxruntime's own graphs either, so
+            ``report.saved_bytes_beyond_onnxruntime`` is None (unknown) where something was fused.
         require_verify: raise :class:`VerificationError` when verification was skipped (say, onnxruntime
             cannot run the original on generated inputs) or ``partial`` (an output had nothing to compare on any
             input set: NaN/inf or empty on both sides).
@@ -236,6 +214,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             with them left unfused; True returns that model with its ``passed`` verification (culprits named)
             instead of raising. False (default): :class:`VerificationError`, its ``.result`` holding the verified
             remainder (docs/reference.md, "When verification fails").
+        compare_layers: when verification fails, also compare the failing model with the original tensor by
+            tensor (``--layers``) into ``verification.layers``.
         tune: time each group of rewrites (one pass, one emitted form) in the installed onnxruntime at
             ``ort_level`` with ``threads`` intra-op threads (CPU provider) on ``input_shapes`` (else the
             representative sizes), against the model with the group left unfused, and leave it unfused when the
@@ -254,20 +234,18 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             (``.result`` holds the failing result and its report), or ``require_verify`` and it was skipped.
     """
     from onnxfuse import tune as tuning
-    from onnxfuse.verification.options import VerifyOptions, timeout_seconds
+    from onnxfuse.pipeline import DEFAULT_TUNE_BUDGET_S
 
+    # input_data: real inputs fix the report's shapes too; verify=False: no onnxruntime session (as --no-verify)
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version,
-                       materialize_weights, bandwidth, tune=tune, tune_budget=tune_budget, threads=threads)
-    options.plugins = _plugins(plugins)
-    options.fix_input_shapes = _shapes(fix_input_shapes, "fix_input_shapes")
-    options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
-    options.drop_culprits = bool(drop_culprits)
-    timeout = timeout_seconds(verify_timeout)
-    _check_inputs(input_values, input_ranges, input_sets, rtol, atol)
+                       materialize_weights, bandwidth, plugins=plugins, fix_input_shapes=fix_input_shapes,
+                       input_data=input_data, drop_culprits=drop_culprits, compare_layers=compare_layers,
+                       verify=bool(verify), tune=tune,
+                       tune_budget=DEFAULT_TUNE_BUDGET_S if tune_budget is None else tune_budget, threads=threads)
+    checked = _verify_options(options.input_shapes, input_data, input_values, input_ranges, input_sets, rtol, atol,
+                              verify_timeout)
     loaded = _load(model, name)
-    verify_options = VerifyOptions(options.input_shapes, None if input_data is None else str(input_data),
-                                   dict(input_values or {}), dict(input_ranges or {}), input_sets,
-                                   rtol=rtol, atol=atol, timeout=timeout) if verify else None
+    verify_options = checked if verify else None
     result = tuning.optimize(loaded.path, options, verify_options, loaded=loaded)
     verification = result.report.verification
     if verification.status == "failed":
@@ -301,17 +279,13 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
     Raises:
         InputError: an unreadable or invalid model, unreadable ``input_data``, a negative ``verify_timeout``.
     """
-    from onnxfuse.verification.options import VerifyOptions, timeout_seconds
     from onnxfuse.verification.verify import verify_models
 
-    timeout = timeout_seconds(verify_timeout)
-    _check_inputs(input_values, input_ranges, input_sets, rtol, atol)
+    opts = _verify_options(_shapes(input_shapes), input_data, input_values, input_ranges, input_sets, rtol, atol,
+                           verify_timeout)
     ref = _load(original)
     cand = _load(candidate).model
     assert cand is not None  # a model just loaded; only pipeline.analyse sets it to None
-    opts = VerifyOptions(_shapes(input_shapes), None if input_data is None else str(input_data),
-                         dict(input_values or {}), dict(input_ranges or {}), input_sets, rtol=rtol, atol=atol,
-                         timeout=timeout)
     return verify_models(ref.ort_source(), cand, opts)
 
 

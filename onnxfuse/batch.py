@@ -68,15 +68,18 @@ MAX_TASKS_PER_WORKER = 50
 #: onnxruntime imported, one mid-sized model and its two onnxruntime sessions: about 1 GiB measured on the shared
 #: models, see BENCHMARKS.md).
 WORKER_MEMORY_ESTIMATE = 1536 * 2**20
-#: Statuses of a model's row. ``ok``: optimized and verified (passed; unchanged: nothing rewritten; or
-#: ``--no-verify``), output written; ``unverified``: verification was requested and skipped (the reason says
-#: why; also a ``partial`` verdict: an output could not be compared), output written; ``mismatch``: verification
-#: failed, no model written; ``error``: onnxfuse refused the
-#: model (InputError) or raised;
+#: Statuses of a model's row. ``ok``: optimized and verified (passed; or unchanged: nothing rewritten, the output
+#: is the original), output written; ``unverified``: not verified, output written: ``--no-verify``, or a requested
+#: verification was skipped (the reason says why), or a ``partial`` verdict (an output could not be compared);
+#: ``mismatch``: verification failed, no model written; ``error``: onnxfuse refused the model (InputError) or raised;
 #: ``crashed``: the worker died; ``timeout``: past ``--timeout``; ``memory``: past ``--max-memory`` (also during
 #: verification); ``remainder``: verification failed, and with ``--drop-culprits`` the rewrites that broke it were
 #: found and left unfused and the rest verified: that remainder is written (the reason names the culprits).
 STATUSES = ("ok", "unverified", "mismatch", "error", "crashed", "timeout", "memory", "remainder")
+#: The reason of a row that ``--no-verify`` left unverified.
+NOT_VERIFIED_REASON = "not verified: --no-verify (the model was written without being compared)"
+#: The statuses of rows whose optimized model was written: the ones the totals add and the baseline gate compares.
+WRITTEN_STATUSES = ("ok", "unverified", "remainder")
 #: The hidden folder inside OUTDIR for the cache records and the staging folder.
 STATE_DIR = ".onnxfuse-batch"
 SUMMARY_FILES: tuple[str, str, str] = ("summary.json", "summary.md", "index.html")
@@ -115,13 +118,20 @@ def _valid_row(row: dict) -> bool:
 
 @dataclass
 class ModelOptions:
-    """Per-model options (a manifest row, or the command line's defaults).
+    """Per-model options (a manifest row, or the command line's defaults): the options of ``onnxfuse optimize``,
+    which every worker turns into ``pipeline.Options`` and ``VerifyOptions`` with the library's one builders
+    (:func:`run_options`: ``pipeline.make_options``, ``verification.options.make_verify_options``).
 
     Attributes:
-        input_shapes: graph input name -> dims, for symbolic dims.
-        input_values: graph input name -> a fill value for verification (say ``{"sr": 16000}``).
-        target / ort_level: as ``onnxfuse optimize``.
-        verify: run the onnxruntime comparison.
+        input_shapes / fix_input_shapes: graph input name -> dims (``--input-shape`` / ``--fix-input-shape`` of
+            ``optimize``; per model, in a manifest).
+        input_values / input_ranges: graph input name -> a fill value / ``[low, high]`` for verification (say
+            ``{"sr": 16000}``; per model, in a manifest).
+        target / ort_level / only / skip / ort_version / constant_initializer_inputs / materialize_weights (MiB) /
+            bandwidth (GB/s): as ``onnxfuse optimize``.
+        verify: run the onnxruntime comparison (``--no-verify``: False).
+        compare_layers / input_sets / rtol / atol / verify_timeout: as ``optimize``'s ``--layers``,
+            ``--input-sets``, ``--rtol``, ``--atol``, ``--verify-timeout``.
         plugins: ``--plugin`` specs (``module:Name``) every model runs with; in the cache key as specs only (a
             changed plugin's code under the same spec reuses cached results: clear OUTDIR's cache after changing it).
         drop_culprits: ``--drop-culprits``: when verification fails and the culprit search finds the rewrites
@@ -135,15 +145,63 @@ class ModelOptions:
     verify: bool = True
     plugins: tuple[str, ...] = ()
     drop_culprits: bool = False
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    ort_version: str | None = None
+    constant_initializer_inputs: bool = False
+    materialize_weights: float = 0.0
+    bandwidth: float | None = None
+    compare_layers: bool = False
+    fix_input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    input_ranges: dict[str, list[float]] = field(default_factory=dict)
+    input_sets: int = 1
+    rtol: float | None = None
+    atol: float | None = None
+    verify_timeout: float | None = None
+
+    #: The fields :meth:`to_dict` always writes; every other one only when it differs from its default, so that
+    #: the cache keys (and rows) of runs that do not use an option stay as they were before it existed.
+    ALWAYS = ("target", "ort_level", "input_shapes", "input_values", "verify")
 
     def to_dict(self) -> dict:
-        """JSON-ready form (part of the cache key and of each summary row; ``plugins`` only when there are,
-        ``drop_culprits`` only when set, so that the keys of runs without them stay as they were)."""
-        return {"target": self.target, "ort_level": self.ort_level,
-                "input_shapes": {k: list(v) for k, v in sorted(self.input_shapes.items())},
-                "input_values": dict(sorted(self.input_values.items())), "verify": self.verify,
-                **({"plugins": list(self.plugins)} if self.plugins else {}),
-                **({"drop_culprits": True} if self.drop_culprits else {})}
+        """JSON-ready form (part of the cache key and of each summary row): the :data:`ALWAYS` fields, and each
+        other field only when it is not its default."""
+        import dataclasses
+
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if f.name in self.ALWAYS or value != default:
+                out[f.name] = ({k: list(v) if isinstance(v, (list, tuple)) else v for k, v in sorted(value.items())}
+                               if isinstance(value, dict) else list(value) if isinstance(value, tuple) else value)
+        return out
+
+
+def run_options(o: dict) -> tuple[Any, Any]:
+    """A job's options (:meth:`ModelOptions.to_dict`) as ``(pipeline.Options, VerifyOptions or None)``, built by
+    ``pipeline.make_options`` and ``verification.options.make_verify_options``, the builders the command line and
+    the API use (None: ``verify`` is False).
+
+    Raises:
+        InputError: a value those builders refuse.
+    """
+    from onnxfuse import pipeline
+    from onnxfuse.verification.options import make_verify_options
+
+    d = {**ModelOptions().__dict__, **o}  # a field to_dict left out is at its default
+    shapes = {k: tuple(v) for k, v in d["input_shapes"].items()}
+    options = pipeline.make_options(
+        target=d["target"], only=tuple(d["only"]), skip=tuple(d["skip"]), input_shapes=shapes,
+        constant_initializer_inputs=d["constant_initializer_inputs"], ort_level=d["ort_level"],
+        ort_version=d["ort_version"], materialize_weights=d["materialize_weights"], bandwidth=d["bandwidth"],
+        plugins=tuple(d["plugins"]), fix_input_shapes={k: tuple(v) for k, v in d["fix_input_shapes"].items()},
+        drop_culprits=d["drop_culprits"], compare_layers=d["compare_layers"], verify=d["verify"])
+    verify = make_verify_options(
+        input_shapes=options.input_shapes, input_values=dict(d["input_values"]),
+        input_ranges={k: tuple(v) for k, v in d["input_ranges"].items()}, input_sets=d["input_sets"],
+        rtol=d["rtol"], atol=d["atol"], verify_timeout=d["verify_timeout"])
+    return options, verify if d["verify"] else None
 
 
 @dataclass
@@ -186,13 +244,42 @@ def _parse_values(value, where: str) -> dict[str, float]:
     raise InputError(f"{where}: input_values must be an object or NAME=V;... text")
 
 
-MANIFEST_FIELDS = ("path", "input_shapes", "input_values", "target", "ort_level")
+def _parse_ranges(value, where: str) -> dict[str, list[float]]:
+    from onnxfuse.ort.sessions import parse_input_range
+
+    if isinstance(value, dict):
+        out = {}
+        for k, pair in value.items():
+            if not (isinstance(pair, list) and len(pair) == 2
+                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in pair)
+                    and pair[0] <= pair[1]):
+                raise InputError(f"{where}: input_ranges[{k!r}] must be [low, high], finite numbers with low <= high")
+            out[str(k)] = [pair[0], pair[1]]
+        return out
+    if isinstance(value, str):  # CSV: "x=0,1;y=-1,1"
+        return {n: list(r) for n, r in (parse_input_range(t.strip()) for t in value.split(";") if t.strip())}
+    raise InputError(f"{where}: input_ranges must be an object or NAME=LOW,HIGH;... text")
+
+
+#: A manifest row's fields: the model's path and the options that differ from model to model.
+MANIFEST_FIELDS = ("path", "input_shapes", "input_values", "target", "ort_level", "fix_input_shapes", "input_ranges")
+#: ``optimize`` options that batch refuses by name (they cannot apply to a zoo), with why and what instead.
+REFUSED_OPTIONS = {
+    "input_data": "batch feeds every model generated inputs (seeded, with the manifest's input_values and "
+                  "input_ranges); for real inputs run onnxfuse optimize --input-data on that model",
+    **dict.fromkeys(("tune", "tune_budget", "threads"),
+                    "batch runs models side by side in its workers, whose timings would disturb each other; time one "
+                    "model's rewrites with onnxfuse optimize --tune (--tune-budget, --threads) on that model"),
+}
 
 
 def _options_from(row: dict, defaults: ModelOptions, where: str) -> ModelOptions:
     from onnxfuse.ort.levels import ORT_LEVELS
     from onnxfuse.ort.providers import TARGETS
 
+    for name, why in REFUSED_OPTIONS.items():
+        if name in row:
+            raise InputError(f"{where}: {name}: {why}")
     unknown = set(row) - set(MANIFEST_FIELDS)
     if unknown:  # a CSV row with more cells than the header has them under the key None
         raise InputError(f"{where}: unknown field(s) {', '.join(sorted(_shown_name(str(k)) for k in unknown))} "
@@ -201,9 +288,15 @@ def _options_from(row: dict, defaults: ModelOptions, where: str) -> ModelOptions
         if key in row and not isinstance(row[key], str):
             raise InputError(f"{where}: {key} must be a string, not {type(row[key]).__name__}")
     opts = ModelOptions(**{**defaults.__dict__, "input_shapes": dict(defaults.input_shapes),
-                           "input_values": dict(defaults.input_values)})
+                           "input_values": dict(defaults.input_values),
+                           "fix_input_shapes": dict(defaults.fix_input_shapes),
+                           "input_ranges": dict(defaults.input_ranges)})
     if row.get("input_shapes"):
         opts.input_shapes = _parse_shapes(row["input_shapes"], where)
+    if row.get("fix_input_shapes"):
+        opts.fix_input_shapes = _parse_shapes(row["fix_input_shapes"], where)
+    if row.get("input_ranges"):
+        opts.input_ranges = _parse_ranges(row["input_ranges"], where)
     if row.get("input_values"):
         opts.input_values = _parse_values(row["input_values"], where)
     if row.get("target"):
@@ -219,12 +312,15 @@ def _options_from(row: dict, defaults: ModelOptions, where: str) -> ModelOptions
 
 def read_manifest(path: Path, defaults: ModelOptions) -> list[tuple[Path, ModelOptions]]:
     """The models of a manifest: a JSON file ``{"models": [{"path": ..., "input_shapes": {"x": [1, 3, 224, 224]},
-    "input_values": {"sr": 16000}, "target": "cpu", "ort_level": "extended"}, ...]}`` (or just the list), or a CSV
-    file with a header row of those field names (``input_shapes`` as ``x=1x3x224x224;y=1x8``, ``input_values`` as
-    ``sr=16000``). Relative paths are relative to the manifest's folder; omitted fields take ``defaults``.
+    "input_values": {"sr": 16000}, "input_ranges": {"x": [0, 1]}, "fix_input_shapes": {...}, "target": "cpu",
+    "ort_level": "extended"}, ...]}`` (or just the list; :data:`MANIFEST_FIELDS`), or a CSV file with a header row
+    of those field names (``input_shapes`` / ``fix_input_shapes`` as ``x=1x3x224x224;y=1x8``, ``input_values`` as
+    ``sr=16000``, ``input_ranges`` as ``x=0,1;y=-1,1``). Relative paths are relative to the manifest's folder;
+    omitted fields take ``defaults``.
 
     Raises:
-        InputError: unreadable file, bad JSON/CSV, an unknown field or value, a missing ``path``.
+        InputError: unreadable file, bad JSON/CSV, an unknown field or value, a field batch refuses
+            (:data:`REFUSED_OPTIONS`, named), a missing ``path``.
     """
     from onnxfuse.model.files import read_option_file
 
@@ -597,14 +693,8 @@ def _optimize_into(job: dict, stage: Path) -> dict:
     from onnxfuse.model import io as model_io
     from onnxfuse.report import model as rep
     from onnxfuse.report.html import to_html
-    from onnxfuse.verification.options import VerifyOptions
 
-    o = job["options"]
-    shapes = {k: tuple(v) for k, v in o["input_shapes"].items()}
-    options = pipeline.Options(target=o["target"], input_shapes=shapes, ort_level=o["ort_level"],
-                               compare_with_onnxruntime=o["verify"], plugins=tuple(o.get("plugins", ())),
-                               drop_culprits=bool(o.get("drop_culprits", False)))
-    verify = VerifyOptions(input_shapes=shapes, input_values=dict(o["input_values"])) if o["verify"] else None
+    options, verify = run_options(job["options"])  # the builders the command line and the API use
     name = job["name"]
     loaded = model_io.load_model(job["path"])
     loaded.name = f"{name}.onnx"  # the model's name in the zoo: no absolute path of this machine in its report
@@ -640,9 +730,10 @@ _MEMORY_REASON = re.compile(r"MemoryError|bad_alloc|[Ff]ailed to allocate|[Oo]ut
 def _status_of(verification: dict) -> tuple[str, str | None]:
     """A row's status and reason from its report's ``verification`` section: ``failed`` -> ``mismatch``;
     ``passed`` with culprits (``--drop-culprits`` shipped the verified remainder) -> ``remainder``; ``partial``
-    (an output could not be compared on any input set) -> ``unverified``; ``skipped`` (not by ``--no-verify``,
-    cause ``user``) -> ``memory`` when an allocation failed (:data:`_MEMORY_REASON`), else ``unverified``;
-    ``passed`` and ``unchanged`` -> ``ok``."""
+    (an output could not be compared on any input set) -> ``unverified``; ``skipped`` by ``--no-verify`` (cause
+    ``user``) -> ``unverified`` (a model that was not verified is never ``ok``); any other ``skipped`` ->
+    ``memory`` when an allocation failed (:data:`_MEMORY_REASON`), else ``unverified``; ``passed`` and
+    ``unchanged`` (nothing rewritten: the output is the original) -> ``ok``."""
     why = verification.get("reason") or ""
     if verification["status"] == "passed" and verification.get("culprits"):
         names = "; ".join(f"{c.get('pass')} at {', '.join(map(str, c.get('nodes') or []))}"
@@ -653,32 +744,38 @@ def _status_of(verification: dict) -> tuple[str, str | None]:
         return "unverified", one_line(f"verification was partial: {why}", 300)
     if verification["status"] == "failed":
         return "mismatch", one_line(f"the optimized model does not match the original ({why}); no model written")
-    if verification["status"] == "skipped" and verification.get("cause") != "user":
+    if verification["status"] == "skipped" and verification.get("cause") == "user":
+        return "unverified", NOT_VERIFIED_REASON
+    if verification["status"] == "skipped":
         if _MEMORY_REASON.search(why):
             return "memory", one_line(f"verification ran out of memory (--max-memory, or the machine's): {why}", 300)
         return "unverified", one_line(f"verification was skipped: {why}", 300)
-    return "ok", None
+    if verification["status"] in ("passed", "unchanged"):
+        return "ok", None
+    return "unverified", one_line(f"verification {verification['status']}: {why}", 300)  # no other status is ok
 
 
 def _figures(doc: Any) -> dict[str, Any]:
-    """A row's byte figures from its report: at the input shapes used; when the model has symbolic dims that no
-    input shape binds, at the single-model report's representative sizes
-    (:func:`onnxfuse.report.present.representative_values`: batch 1 on axis 0, 224 for the other dims), which
-    ``representative_sizes`` then names. A figure that stays unknown is None (never 0)."""
+    """A row's byte figures from its report, each the number the model's own summary, HTML headline, Markdown
+    report and ``Report.saved_bytes_beyond_onnxruntime`` give (``present.saved_beyond_onnxruntime``,
+    ``present.saved_vs_exported``): at the input shapes used; when the model has symbolic dims that no input shape
+    binds, at the single-model report's representative sizes (:func:`onnxfuse.report.present.figure_sizes`: batch
+    1 on axis 0, 224 for the other dims), which ``representative_sizes`` then names. Nothing fused is 0 B beyond
+    onnxruntime; a figure that stays unknown (the comparison not made: ``--no-verify``, or onnxruntime could not
+    load a model; a size unknown) is None (never 0)."""
     from onnxfuse.report import present
 
-    t, ort = doc["totals"], doc.get("onnxruntime") or {}
-    out = {"saved_bytes": t["saved_bytes"], "saved_bytes_beyond": ort.get("saved_bytes_beyond"),
+    t = doc["totals"]
+    out = {"saved_bytes": present.saved_vs_exported(doc), "saved_bytes_beyond": present.saved_beyond_onnxruntime(doc),
            "before_bytes": t["before"]["total_bytes"], "after_bytes": t["after"]["total_bytes"],
            "representative_sizes": None}
-    if doc["symbols"] and not doc["symbol_values"]:
-        values = present.representative_values(doc)
-        exprs = {"saved_bytes": t["saved_bytes_expr"], "saved_bytes_beyond": ort.get("saved_bytes_beyond_expr"),
-                 "before_bytes": t["before"]["total_bytes_expr"], "after_bytes": t["after"]["total_bytes_expr"]}
-        for k, expr in exprs.items():
+    sizes = present.figure_sizes(doc)
+    if sizes is not None:
+        for k, key in (("before_bytes", "before"), ("after_bytes", "after")):
             if out[k] is None:
-                out[k] = present.at_values(expr, values)
-        out["representative_sizes"] = values
+                out[k] = present.at_values(t[key]["total_bytes_expr"], sizes)
+        names = present.display_names(doc)  # each dim by the name the model's own report gives it
+        out["representative_sizes"] = {names.get(k, k): v for k, v in sizes.items()}
     return out
 
 
@@ -763,6 +860,8 @@ class Outdir:
         row, files = record["row"], record["files"]
         if row.get("key") != key or not _valid_row(row) or _relinked(row, None, None) != row:
             return None  # not this key's, not a row, or a file path that is not the one batch writes for its name
+        if row["status"] == "ok" and row.get("verification") not in ("passed", "unchanged"):
+            return None  # an older onnxfuse's row of a model it did not verify: its status is no longer ok
         named = {row[k] for k in ("output", "report_json", "report_html") if row.get(k)}
         if not named <= set(files) or not all(isinstance(d, str) for d in files.values()):
             return None
@@ -1123,20 +1222,26 @@ def run_ray(jobs: list[dict], outdir: Outdir, address: str | None = None, timeou
 def summarize(rows: list[dict], *, versions: dict[str, str], shard: tuple[int, int] | None, engine: str,
               wall_s: float, workers: int | None) -> dict:
     """The batch summary (``batch.schema.json``): rows sorted by name, counts per status, totals over the models
-    whose output was written (``ok``, ``unverified`` and ``remainder``; a total is None when no such model has
-    the figure)."""
+    whose output was written (``ok``, ``unverified`` and ``remainder``, ``totals.written`` of them; a total is None
+    when no such model has the figure, and ``totals.unknown`` counts, per figure, those whose figure is unknown and
+    so not in the total)."""
     models = sorted(rows, key=lambda r: r["name"])
     counts = {s: sum(1 for r in models if r["status"] == s) for s in STATUSES}
 
+    written = [r for r in models if r["status"] in WRITTEN_STATUSES]
+
     def total(key):
-        values = [r[key] for r in models if r["status"] in ("ok", "unverified", "remainder") and r[key] is not None]
+        values = [r[key] for r in written if r[key] is not None]
         return sum(values) if values else None
 
     return {"schema_version": SUMMARY_SCHEMA_VERSION, "kind": "onnxfuse-batch-summary", "versions": versions,
             "engine": engine, "workers": workers, "shard": f"{shard[0]}/{shard[1]}" if shard else None,
             "wall_s": round(wall_s, 3), "counts": counts, "cached": sum(1 for r in models if r.get("cached")),
             "totals": {"models": len(models), "fusions": total("fusions"), "saved_bytes": total("saved_bytes"),
-                       "saved_bytes_beyond": total("saved_bytes_beyond"), "time_s": total("time_s")},
+                       "saved_bytes_beyond": total("saved_bytes_beyond"), "time_s": total("time_s"),
+                       "written": len(written),
+                       "unknown": {k: sum(1 for r in written if r[k] is None)
+                                   for k in ("saved_bytes", "saved_bytes_beyond")}},
             "models": models}
 
 
@@ -1296,9 +1401,11 @@ def _doc_for_compare(row: dict) -> dict:
 
 
 def compare_summaries(old: dict, new: dict) -> dict:
-    """The zoo-wide gate: per model present in both, what changed (``onnxfuse.report.baseline.compare`` on its fusions
-    and optimized traffic). A model regressed when it lost a fusion, its optimized traffic grew, or it was ``ok``
-    and no longer is. Models added or removed are listed, never a regression.
+    """The zoo-wide gate: per model present in both whose output was written in ``old``
+    (:data:`WRITTEN_STATUSES`: a ``--no-verify`` baseline's ``unverified`` rows gate too), what changed
+    (``onnxfuse.report.baseline.compare`` on its fusions and optimized traffic). A model regressed when it lost a
+    fusion, its optimized traffic grew, its output is no longer written, or it was ``ok`` and no longer is. Models
+    added or removed are listed, never a regression.
 
     Returns:
         ``{"regressed": bool, "models": {name: {"regressed", "lines"}}, "added": [...], "removed": [...]}``.
@@ -1310,10 +1417,11 @@ def compare_summaries(old: dict, new: dict) -> dict:
                            "removed": sorted(set(old_rows) - set(new_rows)), "models": {}}
     for name in sorted(set(old_rows) & set(new_rows)):
         a, b = old_rows[name], new_rows[name]
-        if a["status"] != "ok":
+        if a["status"] not in WRITTEN_STATUSES:
             continue
-        if b["status"] != "ok":
-            out["models"][name] = {"regressed": True, "lines": [f"status: {b['status']} (was ok): {b['reason']}"]}
+        if b["status"] not in WRITTEN_STATUSES or (a["status"] == "ok" and b["status"] != "ok"):
+            out["models"][name] = {"regressed": True,
+                                   "lines": [f"status: {b['status']} (was {a['status']}): {b['reason']}"]}
             continue
         try:
             c = baseline.compare(_doc_for_compare(a), _doc_for_compare(b))

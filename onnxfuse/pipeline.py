@@ -133,24 +133,40 @@ class Options:
     threads: int = 1
 
 
+#: ``Options`` fields that no command or API argument sets, each refused by name there (click's "No such option",
+#: Python's "unexpected keyword argument"): knobs of the library itself, for its tests and benchmarks.
+#: ``expressions``: the symbolic report even where the input shapes fix every dim
+#: (``tests/test_symbolic_real_models.py``); ``find_culprits``: the culprit search after a failed verification,
+#: always on for the commands. (``compare_with_onnxruntime`` is set by ``verify``: :func:`make_options`.)
+#: ``tests/test_options_record.py`` checks that every other field is reachable from ``optimize`` on the command
+#: line, in the API and in ``batch``, or refused there by name.
+LIBRARY_ONLY_OPTIONS = ("expressions", "find_culprits")
+
+
 def make_options(*, target: str = DEFAULT_TARGET, only=(), skip=(), input_shapes: dict[str, tuple[int, ...]] | None
                  = None, constant_initializer_inputs: bool = False, ort_level: str | None = None,
                  ort_version: str | None = None, materialize_weights: float = 0.0,
-                 input_data: str | None = None, bandwidth: float | None = None, tune: bool = False,
+                 input_data: str | os.PathLike | None = None, bandwidth: float | None = None, plugins=(),
+                 fix_input_shapes: dict[str, tuple[int, ...]] | None = None, drop_culprits: bool = False,
+                 compare_layers: bool = False, verify: bool = True, tune: bool = False,
                  tune_budget: float = DEFAULT_TUNE_BUDGET_S, threads: int = 1) -> Options:
-    """The one way :class:`Options` are built from what a user gave (the CLI's ``cli/args/optimization.py``, the
-    API's ``optimize`` / ``analyse``): every option checked the same way, so that a new option is declared here
-    once. ``input_shapes``: input name -> positive dims (already parsed); ``ort_level`` None: the default level;
-    ``materialize_weights``: MiB (2**20 bytes) the model may grow by (``--materialize-weights``); ``bandwidth``:
-    GB/s (10^9 bytes per second) for the memory-time estimate (``--bandwidth``; None: none); ``tune``,
-    ``tune_budget`` (seconds), ``threads``: :attr:`Options.tune`, :attr:`Options.tune_budget_s`,
-    :attr:`Options.threads`.
+    """The one way :class:`Options` are built from what a user gave (the CLI's ``cli/args/optimization.py`` and
+    ``cli/optimize.py``, the API's ``optimize`` / ``analyse``, ``batch``'s workers): every option checked the same
+    way, so that a new option is declared here once. ``input_shapes`` / ``fix_input_shapes``: input name ->
+    positive dims (already parsed); ``ort_level`` None: the default level; ``materialize_weights``: MiB (2**20
+    bytes) the model may grow by (``--materialize-weights``); ``bandwidth``: GB/s (10^9 bytes per second) for the
+    memory-time estimate (``--bandwidth``; None: none); ``plugins``: ``--plugin`` specs, ``Pass`` classes or
+    instances; ``drop_culprits`` / ``compare_layers``: ``--drop-culprits`` / ``--layers``; ``verify`` False
+    (``--no-verify``): no comparison with onnxruntime's own graphs either (``compare_with_onnxruntime``), so that
+    such a run makes no onnxruntime session; ``tune``, ``tune_budget`` (seconds), ``threads``:
+    :attr:`Options.tune`, :attr:`Options.tune_budget_s`, :attr:`Options.threads`. The fields no user sets are
+    :data:`LIBRARY_ONLY_OPTIONS`.
 
     Raises:
-        InputError: ``only`` or ``skip`` is a string, or together they leave no pass; ``ort_version`` is not a
-            string; ``materialize_weights`` is negative or not finite; ``bandwidth`` is not a positive finite
-            number; ``tune`` is not a bool, ``tune_budget`` not a positive finite number of seconds, ``threads``
-            not an integer >= 1.
+        InputError: ``only``, ``skip`` or ``plugins`` is a string, or ``only`` and ``skip`` together leave no pass;
+            ``ort_version`` is not a string; ``materialize_weights`` is negative or not finite; ``bandwidth`` is
+            not a positive finite number; ``tune`` is not a bool, ``tune_budget`` not a positive finite number of
+            seconds, ``threads`` not an integer >= 1.
     """
     _check_tune(tune, tune_budget, threads)
     if bandwidth is not None and (isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float))
@@ -158,6 +174,9 @@ def make_options(*, target: str = DEFAULT_TARGET, only=(), skip=(), input_shapes
         raise InputError(f"--bandwidth must be a positive, finite number of GB/s, got {bandwidth!r}")
     if isinstance(only, str) or isinstance(skip, str):
         raise InputError("only/skip take a sequence of pass names, not a string")
+    if isinstance(plugins, (str, type, Pass)):
+        raise InputError("--plugin takes a sequence of plugins (\"module:Name\", a Pass class or instance), "
+                         f"not one: [{plugins!r}]")
     only, skip = tuple(only), tuple(skip)
     if only and set(only) <= set(skip):
         raise InputError("--only and --skip leave no pass to run")
@@ -170,10 +189,13 @@ def make_options(*, target: str = DEFAULT_TARGET, only=(), skip=(), input_shapes
     if not math.isfinite(mib) or mib < 0:
         raise InputError("--materialize-weights must be a finite number of MiB, 0 or more")
     return Options(target=target, only=only, skip=skip, input_shapes=dict(input_shapes or {}),
-                   constant_initializer_inputs=constant_initializer_inputs, input_data=input_data,
+                   constant_initializer_inputs=bool(constant_initializer_inputs),
+                   input_data=None if input_data is None else os.fspath(input_data),
                    ort_level=ort_level or DEFAULT_ORT_LEVEL, ort_version=ort_version,
                    materialize_weights_bytes=int(mib * 2**20),
-                   bandwidth_gb_per_s=None if bandwidth is None else float(bandwidth), tune=tune,
+                   bandwidth_gb_per_s=None if bandwidth is None else float(bandwidth), plugins=tuple(plugins),
+                   fix_input_shapes=dict(fix_input_shapes or {}), drop_culprits=bool(drop_culprits),
+                   compare_layers=bool(compare_layers), compare_with_onnxruntime=bool(verify), tune=tune,
                    tune_budget_s=float(tune_budget), threads=threads)
 
 
@@ -708,6 +730,10 @@ def _verify_and_compare_graphs(loaded: model_io.LoadedModel, out: onnx.ModelProt
         return _verify_and_compare(loaded, out, input_shapes, verify_options, level)
     not_run = None if not verifying else Verification.skipped_by_user() if verify_options is None \
         else Verification.unchanged()
+    if level is None and not fusions and options.compare_with_onnxruntime and options.ort_level is not None:
+        # nothing rewritten: 0 B saved beyond onnxruntime, said as such (the report's onnxruntime section), with
+        # no session made; None (unknown) stays for a comparison not asked for (--no-verify)
+        return not_run, ort_graph.RuntimeGraphs.nothing_rewritten(options.ort_level)
     if level is None:
         return not_run, None
     log.debug("asking onnxruntime which of these fusions it makes itself at level %s", level)

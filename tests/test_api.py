@@ -320,3 +320,44 @@ def test_profile_in_the_api_gives_a_new_report_with_paired_timing():
                __import__("onnxfuse.report.present", fromlist=["x"]).summary_lines(report))
     with pytest.raises(onnxfuse.InputError, match="ort_level"):
         onnxfuse.profile(result, ort_level="fastest")
+
+
+def test_the_readme_api_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    """README.md's "Python API" example, run as written in a folder holding a ``model.onnx`` with an input ``x`` of
+    symbolic dims (Conv -> HardSwish written out, which onnxruntime does not fuse at load and ``--target cpu``
+    does) and an ``other-optimizer-output.onnx``: it prints the documented figure,
+    ``report.saved_bytes_beyond_onnxruntime``, first, and that figure is the summary's first one."""
+    import re
+
+    from onnxfuse.report import present
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Python API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "saved_bytes_beyond_onnxruntime" in code  # the figure every view leads with is the one documented
+    b = GraphBuilder()
+    y = b.conv(b.input("x", ["N", 3, "H", "W"]), 3, 8)
+    clip = b.op("Clip", [b.op("Add", [y, b.const(np.array(3.0, np.float32))]), b.const(np.array(0.0, np.float32)),
+                         b.const(np.array(6.0, np.float32))])
+    model = b.build(b.op("Div", [b.op("Mul", [y, clip]), b.const(np.array(6.0, np.float32))]))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    onnx.save(model, str(tmp_path / "other-optimizer-output.onnx"))
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)  # the repository's own documentation
+    printed = capsys.readouterr().out.split()
+    result = scope["result"]
+    figure = result.report.saved_bytes_beyond_onnxruntime
+    assert figure is not None and figure > 0 and printed[0] == str(figure)
+    assert printed[-1] == "passed" and (tmp_path / "model.fused.onnx").is_file()
+    assert present.human_bytes(figure) in present.summary_lines(result.report)[0]
+    assert scope["check"].status == "passed" and (tmp_path / "fusion-report.html").is_file()
+
+
+def test_analyse_takes_input_data_as_report_does(tmp_path):
+    """``onnxfuse.analyse(input_data=...)`` is ``onnxfuse report --input-data``: the arrays' shapes are the
+    report's input shapes."""
+    path = tmp_path / "inputs.npz"
+    np.savez(path, x=np.zeros((2, 3, 8, 8), np.float32))
+    report = onnxfuse.analyse(conv_bn_relu(symbolic=True), input_data=path)
+    assert report.input_shapes == {"x": [2, 3, 8, 8]} and report.saved_bytes is not None

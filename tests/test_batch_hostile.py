@@ -358,7 +358,8 @@ def test_a_merged_page_never_links_where_a_summary_says(ran, tmp_path):
 @pytest.mark.parametrize("verification, status", [
     ({"status": "passed", "reason": None, "cause": None}, "ok"),
     ({"status": "unchanged", "reason": None, "cause": None}, "ok"),
-    ({"status": "skipped", "reason": "--no-verify", "cause": "user"}, "ok"),
+    ({"status": "skipped", "reason": "--no-verify", "cause": "user"}, "unverified"),  # not verified: never ok
+    ({"status": "partial", "reason": "output y: NaN on both sides", "cause": None}, "unverified"),
     ({"status": "skipped", "reason": "onnxruntime cannot run the original: x", "cause": "load"}, "unverified"),
     ({"status": "skipped", "reason": "onnxruntime: std::bad_alloc", "cause": "load"}, "memory"),
     ({"status": "skipped", "reason": "MemoryError: Unable to allocate 4 GiB", "cause": "inputs"}, "memory"),
@@ -474,3 +475,36 @@ def test_a_negative_saving_is_a_valid_row():
     errors = [e.message for e in rows.iter_errors({"saved_bytes": -11783540, "saved_bytes_beyond": -5})
               if "minimum" in e.message or "less than" in e.message]
     assert errors == []
+
+
+def test_a_no_verify_baseline_still_gates_and_an_older_ok_row_of_an_unverified_model_is_no_cache_hit(ran, tmp_path):
+    """--no-verify rows are unverified, never ok: a --no-verify baseline still gates fusions and traffic
+    (b.compare_summaries compares every row whose model was written), a row that is no longer written regresses,
+    and a cache record an older onnxfuse wrote with an unverified model as ok is a miss (the model runs again)."""
+    _, out, summary = ran
+    old = json.loads(json.dumps(summary))
+    for r in old["models"]:
+        r.update(status="unverified", verification="skipped", reason="not verified: --no-verify")
+    new = json.loads(json.dumps(old))
+    assert b.compare_summaries(old, new)["regressed"] is False
+    lost = json.loads(json.dumps(new))
+    row = lost["models"][0]
+    row["fusion_kinds"] = {}
+    assert b.compare_summaries(old, lost)["models"][row["name"]]["regressed"]
+    gone = json.loads(json.dumps(new))
+    gone["models"][0].update(status="error", reason="x")
+    assert b.compare_summaries(old, gone)["models"][gone["models"][0]["name"]]["lines"][0].startswith(
+        "status: error (was unverified)")
+    # a cache record holding an ok row of a model that was not verified (an older rule) is not served
+    outdir = b.Outdir(out)
+    good = summary["models"][0]
+    assert outdir.cached(good["key"]) is not None
+    record_path = outdir.cache / f"{good['key']}.json"
+    record = json.loads(record_path.read_text())
+    record["row"]["verification"] = "skipped"
+    record_path.write_text(json.dumps(record))
+    try:
+        assert outdir.cached(good["key"]) is None
+    finally:
+        record["row"]["verification"] = good["verification"]
+        record_path.write_text(json.dumps(record))

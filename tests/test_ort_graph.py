@@ -112,10 +112,16 @@ def test_a_model_onnxruntime_cannot_optimize_is_reported_not_compared(monkeypatc
     assert present.runtime_line(doc).endswith(f"not compared ({rt['reason']})")
 
 
-def test_no_comparison_without_fusions_or_when_not_asked():
+def test_nothing_rewritten_is_0_b_beyond_onnxruntime_and_no_comparison_when_not_asked():
+    """Nothing rewritten: no session is made, and the section says 0 B beyond onnxruntime (status unchanged), as the
+    API's figure and a batch row do; not asked for (--no-verify): no section, the figure unknown."""
     b = GraphBuilder()
     x = b.input("x", [1, 3, 8, 8])
-    assert "onnxruntime" not in _analyse(b.build(b.op("Sigmoid", [x])))
+    unchanged = _analyse(b.build(b.op("Sigmoid", [x])))
+    rt = unchanged["onnxruntime"]
+    assert rt["status"] == "unchanged" and rt["saved_bytes_beyond"] == 0 and rt["kernels_before"] is None
+    assert present.saved_beyond_onnxruntime(unchanged) == 0
+    assert present.runtime_line(unchanged).endswith("nothing was fused, so nothing is saved beyond it (0 B)")
     doc = pipeline.analyse(None, pipeline.Options(target="cpu", compare_with_onnxruntime=False),
                            loaded=_loaded(_conv_bn_relu())).report.to_dict()
     assert "onnxruntime" not in doc and present.runtime_line(doc) is None

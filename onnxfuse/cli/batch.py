@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from onnxfuse.cli.args.optimization import DEFAULT_ORT_LEVEL, ort_level_option, target_option
+from onnxfuse.cli.args.optimization import DEFAULT_ORT_LEVEL, optimization_options_except
 from onnxfuse.cli.args.plugins import plugin_option
+from onnxfuse.cli.args.report_output import bandwidth_option, check_bandwidth
+from onnxfuse.cli.args.verification import verify_options_except
 from onnxfuse.cli.console import log, verbosity, verbosity_options
 from onnxfuse.cli.exits import fail_cleanly
 from onnxfuse.errors import InputError
@@ -23,9 +25,10 @@ if TYPE_CHECKING:
 BATCH_EXIT_CODES_HELP = """\b
 Exit codes (the first that applies):
   2    usage or data error (one line, nothing run or written)
-  1    a model failed verification (mismatch) or was not verified
-       (unverified: verification skipped), or --baseline found a
-       regression
+  1    a model failed verification (mismatch) or a verification it was
+       asked for did not finish (unverified: skipped or partial; rows
+       that --no-verify left unverified do not count), or --baseline
+       found a regression
   2    a model failed otherwise (unreadable or refused, crashed, timed
        out, over --max-memory): its row says why
   4    --drop-culprits wrote a verified remainder for a model whose
@@ -34,6 +37,12 @@ Exit codes (the first that applies):
   0    every model was optimized and verified (or taken from the cache)
   130  interrupted (Ctrl-C), 143 terminated (SIGTERM); OUTDIR holds only
        complete files"""
+
+
+#: ``optimize``'s options that differ from model to model: a manifest row gives them (its field), the command line
+#: does not (click answers "No such option"); ``input_data`` batch refuses altogether (``batch.REFUSED_OPTIONS``).
+PER_MODEL_OPTIONS = {"input_shape": "input_shapes", "input_value": "input_values", "input_range": "input_ranges",
+                     "input_data": None}
 
 
 @click.command(epilog=BATCH_EXIT_CODES_HELP)
@@ -56,27 +65,34 @@ Exit codes (the first that applies):
 @click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
               help="Run the models as Ray tasks (pip install 'onnxfuse[ray]'): --ray starts or finds a local "
                    "cluster, --ray=ADDRESS joins one (write the = sign).")
-@target_option("Default target of every model (a manifest can set it per model).")
-@ort_level_option("Default onnxruntime level of every model (a manifest can set it per model).",
-                  default=DEFAULT_ORT_LEVEL)
-@click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison for every model.")
+@optimization_options_except(*PER_MODEL_OPTIONS)
+@plugin_option
+@click.option("--no-verify", is_flag=True, help="Skip the onnxruntime comparison for every model (each row is then "
+              "unverified, as asked: not an exit 1 by itself).")
+@click.option("--layers", is_flag=True,
+              help="When a model fails verification, also compare it with the original tensor by tensor (its "
+                   "report's verification.layers), as optimize --layers.")
 @click.option("--drop-culprits", is_flag=True,
               help="When a model fails verification, write the verified remainder with the rewrites that broke it "
                    "left unfused (row status remainder, exit 4) instead of nothing.")
-@plugin_option
+@verify_options_except(*PER_MODEL_OPTIONS)
+@bandwidth_option
 @verbosity_options
 @click.pass_context
 @fail_cleanly
 def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int | None, timeout: float | None,
           max_memory: str | None, shard: str | None, merge: bool, baseline: Path | None, ray_address: str | None,
-          target: str, ort_level: str, no_verify: bool, drop_culprits: bool = False,
-          plugins: tuple[str, ...] = ()) -> None:
+          target: str, only: tuple[str, ...], skip: tuple[str, ...], ort_level: str | None, ort_version: str | None,
+          constant_initializer_inputs: bool, materialize_weights: float, no_verify: bool, layers: bool,
+          drop_culprits: bool, input_sets: int, rtol: float | None, atol: float | None,
+          verify_timeout: float | None, bandwidth: float | None, plugins: tuple[str, ...] = ()) -> None:
     """Optimize, verify and report every model of INPUTS into OUTDIR, each in a worker process of its own.
 
     INPUTS are .onnx files, folders (searched recursively) and manifests (.json or .csv: per-model input
-    shapes, input values, target and ort level: JSON {"models": [{"path", "input_shapes", "input_values",
-    "target", "ort_level"}]} or CSV with those columns). A second run does only what
-    is missing or changed.
+    shapes, input values and ranges, fixed input shapes, target and ort level: JSON {"models": [{"path",
+    "input_shapes", "input_values", "input_ranges", "fix_input_shapes", "target", "ort_level"}]} or CSV with
+    those columns). The other options are optimize's, for every model. A second run does only what is missing
+    or changed.
 
     \b
     Examples:
@@ -114,8 +130,14 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
             resolve(plugins)
         if drop_culprits and no_verify:
             raise InputError("--drop-culprits needs verification: it ships what verified; drop --no-verify")
-        defaults = b.ModelOptions(target=target, ort_level=ort_level, verify=not no_verify, plugins=tuple(plugins),
-                                  drop_culprits=drop_culprits)
+        check_bandwidth(bandwidth)
+        defaults = b.ModelOptions(target=target, ort_level=ort_level or DEFAULT_ORT_LEVEL, verify=not no_verify,
+                                  plugins=tuple(plugins), drop_culprits=drop_culprits, only=tuple(only),
+                                  skip=tuple(skip), ort_version=ort_version,
+                                  constant_initializer_inputs=constant_initializer_inputs,
+                                  materialize_weights=materialize_weights, bandwidth=bandwidth, compare_layers=layers,
+                                  input_sets=input_sets, rtol=rtol, atol=atol, verify_timeout=verify_timeout)
+        b.run_options(defaults.to_dict())  # each value checked as optimize checks it: one error before any model
         summary = _run(ctx, inputs, outdir, defaults, jobs, timeout, limit, shard, ray_address, versions, start)
     gate = b.compare_summaries(old, summary) if old is not None else None
     written = b.write_summary(outdir, summary, gate)
@@ -123,7 +145,11 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
         _print_summary(summary, gate)
     log.info("wrote %s", ", ".join(str(p) for p in written))
     c = summary["counts"]
-    if c["mismatch"] or c.get("unverified") or (gate is not None and gate["regressed"]):
+    # unverified by request (--no-verify, as optimize --no-verify exits 0) is said on its row, not an exit 1
+    from onnxfuse.batch import NOT_VERIFIED_REASON
+
+    asked = [r for r in summary["models"] if r["status"] == "unverified" and r["reason"] != NOT_VERIFIED_REASON]
+    if c["mismatch"] or asked or (gate is not None and gate["regressed"]):
         sys.exit(1)
     if any(c[s] for s in ("error", "crashed", "timeout", "memory")):
         sys.exit(2)
@@ -170,8 +196,13 @@ def _print_summary(summary: dict[str, Any], gate: dict[str, Any] | None) -> None
     click.echo(headline(summary) + f" ({summary['wall_s']:.1f} s)")
     if (note := sizes_note(summary)) is not None:
         click.echo(note)
+    from onnxfuse.batch import NOT_VERIFIED_REASON
+
+    unverified = [r for r in summary["models"] if r["status"] == "unverified" and r["reason"] == NOT_VERIFIED_REASON]
+    if unverified:  # one line for what --no-verify asked for, not one per model
+        click.echo(f"  {len(unverified)} model{'s' if len(unverified) > 1 else ''} unverified: {NOT_VERIFIED_REASON}")
     for r in summary["models"]:
-        if r["status"] != "ok":
+        if r["status"] != "ok" and r not in unverified:
             click.echo(f"  {text(r['name'])}: {r['status']}: {text(r['reason'])}")
     if gate is not None:
         for name, m in gate["models"].items():

@@ -78,12 +78,11 @@ def bench(ctx: click.Context, original: Path, optimized: Path | None, target: st
     if optimized is not None:
         _refuse_optimization_options(ctx)
     options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version,
-                         materialize_weights)
+                         materialize_weights, verify=False)  # bench measures onnxruntime itself: no comparison
     levels = tuple(levels) or ORT_LEVELS
     bench_options = bench_mod.BenchOptions(runs=runs, max_time=max_time, margin=margin / 100, warmup=warmup,
                                            threads=threads, levels=levels, input_shapes=options.input_shapes,
                                            input_data=input_data, profile=profile, timeout=timeout or None)
-    options.compare_with_onnxruntime = False  # bench measures onnxruntime itself
     feeds = parse_input_feeds(input_data, input_value, input_range)
     bench_options.input_values, bench_options.input_ranges = feeds.values, feeds.ranges
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:

@@ -75,15 +75,13 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
 
     output_path = Path(output_arg)
     reports = _check_outputs(input_path, output_path, output_arg, report_paths, report_format, bandwidth, overwrite)
+    # one make_options call, as the API and batch make it; --input-data's real inputs fix the report's shapes too;
+    # --no-verify runs no onnxruntime session at all (verify=False: no comparison with onnxruntime's graphs)
     options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version,
-                         materialize_weights, tune, tune_budget, threads)
-    options.plugins = plugins
-    options.fix_input_shapes = parse_fix_input_shapes(fix_input_shape)
-    options.input_data = input_data  # real inputs fix the report's shapes too
-    options.bandwidth_gb_per_s = bandwidth  # checked by check_bandwidth above; the report is built with it
-    options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
-    options.drop_culprits = drop_culprits
-    options.compare_layers = layers
+                         materialize_weights, plugins=plugins, fix_input_shapes=parse_fix_input_shapes(fix_input_shape),
+                         input_data=input_data, bandwidth=bandwidth, drop_culprits=drop_culprits,
+                         compare_layers=layers, verify=not no_verify,
+                         tune=tune, tune_budget=tune_budget, threads=threads)
     checked = to_verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol,
                                 verify_timeout)
     log.debug("optimizing %s for target %s", input_path, target)

@@ -96,11 +96,8 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
     check_bandwidth(bandwidth)
     old = baseline_mod.load(baseline) if baseline is not None else None
     options = to_options(target, only, skip, input_shape, constant_initializer_inputs, ort_level, ort_version,
-                         materialize_weights)
-    options.plugins = plugins
-    options.fix_input_shapes = parse_fix_input_shapes(fix_input_shape)
-    options.input_data = input_data
-    options.bandwidth_gb_per_s = bandwidth  # checked by check_bandwidth above; the report is built with it
+                         materialize_weights, plugins=plugins, fix_input_shapes=parse_fix_input_shapes(fix_input_shape),
+                         input_data=input_data, bandwidth=bandwidth)
     with progress(ctx, f"analysing {model_path}"):
         result = pipeline.analyse(model_path, options)
     report = result.report

@@ -45,6 +45,8 @@ class RuntimeGraphs:
             ops outside the default domain; empty when unavailable.
         original_tensors: names of the tensors the nodes of onnxruntime's graph of the original write.
         reason: why the graphs are unavailable (onnxruntime could not load a model), else None.
+        unchanged: nothing was rewritten, so no session was made: the output runs as the original does, and
+            nothing is saved beyond onnxruntime (:meth:`nothing_rewritten`).
     """
 
     level: str
@@ -54,6 +56,12 @@ class RuntimeGraphs:
     optimized_ops: dict[str, int] = field(default_factory=dict)
     original_tensors: frozenset[str] = frozenset()
     reason: str | None = None
+    unchanged: bool = False
+
+    @classmethod
+    def nothing_rewritten(cls, level: str) -> RuntimeGraphs:
+        """The comparison of a model that nothing rewrote: no session needed (the output is the original)."""
+        return cls(level=level, onnxruntime=installed_version(), unchanged=True)
 
     @property
     def available(self) -> bool:

@@ -39,13 +39,23 @@ def sizes_note(summary: dict) -> str | None:
             "(give input_shapes in a manifest for your own).")
 
 
+def _total(t: dict, key: str) -> str:
+    """A total of the summary with, when some models' figure is unknown (not in it), how many: never 0 B for
+    "unknown" (a summary written before ``totals.unknown`` existed has no such count)."""
+    unknown, written = (t.get("unknown") or {}).get(key, 0), t.get("written")
+    if not unknown or t[key] is None:
+        return _bytes(t[key])
+    return f"{_bytes(t[key])} ({unknown} of {written} models unknown, not counted)"
+
+
 def headline(summary: dict) -> str:
-    """The summary's first sentence (text; names are not in it): counts per status, fusions, bytes saved."""
+    """The summary's first sentence (text; names are not in it): counts per status, fusions, bytes saved (the
+    figure against onnxruntime first, as every model's own report leads with it)."""
     c, t = summary["counts"], summary["totals"]
     return (f"{t['models']} models: " + (", ".join(f"{n} {s}" for s, n in c.items() if n) or "none") +
             f" ({summary['cached']} from the cache); {t['fusions'] or 0} fusions; memory traffic saved beyond "
-            f"onnxruntime at the chosen level: {_bytes(t['saved_bytes_beyond'])}; against the graph as exported: "
-            f"{_bytes(t['saved_bytes'])}.")
+            f"onnxruntime at the chosen level: {_total(t, 'saved_bytes_beyond')}; against the graph as exported: "
+            f"{_total(t, 'saved_bytes')}.")
 
 
 def _num_cell(value, text: str) -> str:

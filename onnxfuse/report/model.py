@@ -522,7 +522,10 @@ def _runtime_section(runtime: RuntimeGraphs, rows: list[dict[str, Any]], beyond:
            "status": "compared" if runtime.available else "unavailable", "reason": runtime.reason,
            "kernels_before": None, "kernels_after": None, "fusions": len(rows), "fusions_made_by_onnxruntime": None,
            "saved_bytes_beyond": None, "saved_bytes_beyond_expr": None, "ops_removed": {}, "ops_added": {}}
-    if not runtime.available:
+    if runtime.unchanged:  # nothing rewritten (pipeline, no session): 0 B beyond onnxruntime, said as such
+        out.update(status="unchanged", reason="nothing was rewritten: onnxruntime runs the output as the original",
+                   fusions_made_by_onnxruntime=0, saved_bytes_beyond=0, saved_bytes_beyond_expr="0")
+    if not runtime.available or runtime.unchanged:
         return out
     from onnxfuse.ort.optimized_graph import kernels, ops_removed
 

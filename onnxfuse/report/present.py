@@ -684,12 +684,14 @@ def _other_release(doc: Doc) -> str:
 
 def runtime_line(doc: Doc, code=False, plain=str) -> str | None:
     """The summary's first line: what onnxfuse saves beyond what onnxruntime already makes of the original at
-    load (the report's ``onnxruntime`` section), or None when nothing was fused or nothing was compared.
+    load (the report's ``onnxruntime`` section; 0 B when nothing was fused), or None when nothing was compared.
     ``plain``: applied to text taken from the model or onnxruntime's messages (as in :func:`headline`)."""
     rt = doc.get("onnxruntime")
-    if not rt or not doc["fusions"]:
+    if not rt:
         return None
     head = f"vs onnxruntime {rt['installed']} (installed, CPU provider{_other_release(doc)}) at level {rt['level']}"
+    if not doc["fusions"]:  # nothing fused: a true 0, stated as such (saved_beyond_onnxruntime)
+        return f"{head}: nothing was fused, so nothing is saved beyond it (0 B)"
     if rt["status"] != "compared":
         return f"{head}: not compared ({plain(rt['reason'])})"
     made, total = rt["fusions_made_by_onnxruntime"], rt["fusions"]
@@ -1061,7 +1063,7 @@ def _totals_section(doc: Doc) -> Section:
                Column("nodes", True), Column("unknown nodes", True))
     rows: list[tuple[Cell, ...]] = []
     rt = doc.get("onnxruntime")
-    if rt and doc["fusions"]:  # the figure every view leads with, first; the exported-graph one beside it
+    if rt:  # the figure every view leads with, first (0 B when nothing was fused); the exported-graph one beside it
         beyond = saved_beyond_onnxruntime(doc)
         if beyond is not None:
             lead = byte_cell(beyond, None, doc, suffix=sizes_label(doc), anchor="total-saved-beyond")

@@ -68,3 +68,47 @@ def timeout_seconds(value: float | None) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise InputError(f"verify timeout: expected a number of seconds >= 0 (0: no limit), got {value!r}")
     return float(value) or None
+
+
+#: ``VerifyOptions`` fields that no command or API argument sets: ``floor_multiple`` (the noise-floor rule's
+#: multiple, for tests of the rule) and ``index_inputs`` (found in the model by ``pipeline.optimize``).
+#: ``tests/test_options_record.py`` checks that every other field is reachable from ``optimize`` on the command
+#: line, in the API and in ``batch``, or refused there by name.
+LIBRARY_ONLY_VERIFY_OPTIONS = ("floor_multiple", "index_inputs")
+
+
+def make_verify_options(*, input_shapes: dict[str, tuple[int, ...]] | None = None, input_data: str | None = None,
+                        input_values: dict[str, float] | None = None,
+                        input_ranges: dict[str, tuple[float, float]] | None = None,
+                        input_sets: int = DEFAULT_INPUT_SETS, rtol: float | None = None, atol: float | None = None,
+                        verify_timeout: float | None = None) -> VerifyOptions:
+    """The one way :class:`VerifyOptions` are built from what a user gave (``--input-data``, ``--input-value``,
+    ``--input-range``, ``--input-sets``, ``--rtol``, ``--atol``, ``--verify-timeout``; the CLI, the API's
+    ``optimize`` / ``verify`` and ``batch``'s workers), each checked the same way. Values are already parsed
+    (the CLI parses its text first); ``verify_timeout`` None: :data:`DEFAULT_TIMEOUT_S`, 0: no limit.
+
+    Raises:
+        InputError: ``input_sets`` not an int >= 1; a value not a finite number; a range not two finite numbers,
+            low <= high, with a finite span; ``rtol`` or ``atol`` neither None nor a finite number >= 0; a
+            negative or non-finite ``verify_timeout``.
+    """
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    for label, tolerance in (("--rtol", rtol), ("--atol", atol)):
+        if tolerance is not None and not (number(tolerance) and tolerance >= 0):
+            raise InputError(f"{label}: expected a finite number >= 0 or None, got {tolerance!r}")
+    if isinstance(input_sets, bool) or not isinstance(input_sets, int) or input_sets < 1:
+        raise InputError(f"--input-sets: expected an integer >= 1, got {input_sets!r}")
+    for name, value in (input_values or {}).items():
+        if not number(value):
+            raise InputError(f"--input-value {name}: expected a finite number, got {value!r}")
+    for name, pair in (input_ranges or {}).items():
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(number(v) for v in pair)
+                and pair[0] <= pair[1] and math.isfinite(pair[1] - pair[0])):
+            raise InputError(f"--input-range {name}: expected (low, high), finite numbers with low <= high, "
+                             f"got {pair!r}")
+    return VerifyOptions({k: tuple(v) for k, v in (input_shapes or {}).items()},
+                         None if input_data is None else str(input_data), dict(input_values or {}),
+                         {k: (v[0], v[1]) for k, v in (input_ranges or {}).items()}, input_sets, rtol=rtol, atol=atol,
+                         timeout=timeout_seconds(verify_timeout))

@@ -62,9 +62,9 @@ def ort_level_option(help: str, default: str | None) -> Callable[[F], F]:
                         show_default=default is not None, help=help)
 
 
-def optimization_options(fn: F) -> F:
-    """Options shared by ``optimize``, ``report`` and ``bench``; :func:`to_options` reads them."""
-    decorators = [
+def _optimization_decorators() -> list[Callable[[F], F]]:
+    """The group's options, in the order ``--help`` shows them (each a click decorator)."""
+    return [
         target_option("What the output must run on: cpu+cuda (float32 FusedConv with Relu only), cpu (every "
                       "activation the CPU kernel has), cuda, or onnx (folds only, no contrib ops)."),
         click.option("--only", multiple=True, type=PassChoice(), metavar="PASS",
@@ -91,7 +91,11 @@ def optimization_options(fn: F) -> F:
                           "computes them at load. Folds that give a node its own copy of a weight other nodes "
                           "share spend it too, after a free 1 MiB for the whole model (fold-copies-shared-weight)."),
     ]
-    for deco in reversed(decorators):
+
+
+def optimization_options(fn: F) -> F:
+    """Options shared by ``optimize``, ``report`` and ``bench``; :func:`to_options` reads them."""
+    for deco in reversed(_optimization_decorators()):
         fn = deco(fn)
     return fn
 
@@ -124,6 +128,22 @@ def tune_options(fn: F) -> F:
     return fn
 
 
+def optimization_options_except(*names: str) -> Callable[[F], F]:
+    """:func:`optimization_options` without the options whose parameter names are among ``names`` (``batch``,
+    whose ``input_shape`` is per model, in a manifest); the rest exactly as declared there."""
+    declared = optimization_option_names()
+
+    def apply(fn: F) -> F:
+        for name, deco in reversed(list(zip(declared, _optimization_decorators(), strict=True))):
+            if name not in names:
+                fn = deco(fn)
+        return fn
+
+    return apply
+
+
+
+
 def optimization_option_names() -> tuple[str, ...]:
     """The parameter names :func:`optimization_options` declares, read from the declaration itself (so that a
     command that must refuse them, ``bench`` with OPTIMIZED, never misses a new one)."""
@@ -136,11 +156,12 @@ def optimization_option_names() -> tuple[str, ...]:
 
 def to_options(target: str, only: Iterable[str], skip: Iterable[str], input_shape: Iterable[str],
                constant_initializer_inputs: bool, ort_level: str | None, ort_version: str | None = None,
-               materialize_weights: float = 0.0, tune: bool = False,
-               tune_budget: float = DEFAULT_TUNE_BUDGET_S, threads: int = 1) -> pipeline.Options:
+               materialize_weights: float = 0.0, **more: Any) -> pipeline.Options:
     """The values of :func:`optimization_options` as ``pipeline.Options``, built by ``pipeline.make_options`` as
-    the API builds them (``ort_level`` None: the default; ``tune``, ``tune_budget``, ``threads``: those of
-    :func:`tune_options`, for ``optimize``).
+    the API and batch build them (``ort_level`` None: the default). ``more``: the command's other options, as
+    ``make_options`` keywords (``plugins``, ``fix_input_shapes``, ``input_data``, ``bandwidth``,
+    ``drop_culprits``, ``compare_layers``, ``verify``; ``tune``, ``tune_budget``, ``threads`` from
+    :func:`tune_options`, for ``optimize``), parsed.
 
     Raises:
         InputError: ``--only`` and ``--skip`` leave no pass, a malformed ``--input-shape``, or another value
@@ -150,5 +171,4 @@ def to_options(target: str, only: Iterable[str], skip: Iterable[str], input_shap
 
     return pipeline.make_options(target=target, only=only, skip=skip, input_shapes=parse_input_shapes(input_shape),
                                  constant_initializer_inputs=constant_initializer_inputs, ort_level=ort_level,
-                                 ort_version=ort_version, materialize_weights=materialize_weights, tune=tune,
-                                 tune_budget=tune_budget, threads=threads)
+                                 ort_version=ort_version, materialize_weights=materialize_weights, **more)

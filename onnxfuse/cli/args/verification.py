@@ -21,9 +21,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_TIMEOUT_S = 300.0
 
 
-def verify_options(fn: F) -> F:
-    """The options of ``optimize`` and ``verify`` that say how to compare; :func:`to_verify_options` reads them."""
-    decorators = [
+def _verify_decorators() -> list[Callable[[F], F]]:
+    """The group's options, in the order ``--help`` shows them (each a click decorator)."""
+    return [
         input_data_option("Real inputs for verification: an .npz with one array per graph input name."),
         input_value_options,
         click.option("--input-sets", type=click.IntRange(1), default=1, show_default=True,
@@ -38,24 +38,44 @@ def verify_options(fn: F) -> F:
                           f"verification is skipped (reason: time), never hangs. 0: no limit. [default: "
                           f"{DEFAULT_TIMEOUT_S:g}]"),
     ]
-    for deco in reversed(decorators):
+
+
+def verify_options(fn: F) -> F:
+    """The options of ``optimize`` and ``verify`` that say how to compare; :func:`to_verify_options` reads them."""
+    for deco in reversed(_verify_decorators()):
         fn = deco(fn)
     return fn
+
+
+def verify_options_except(*names: str) -> Callable[[F], F]:
+    """:func:`verify_options` without the options whose parameter names are ``names`` (``batch``, whose inputs are
+    per model, in a manifest); the rest exactly as declared there."""
+    def apply(fn: F) -> F:
+        for deco in reversed(_verify_decorators()):
+            probe = deco(lambda: None)
+            declared = {p.name for p in getattr(probe, "__click_params__", [])}
+            if not declared & set(names):
+                fn = deco(fn)
+        return fn
+
+    return apply
 
 
 def to_verify_options(input_shapes: dict[str, tuple[int, ...]], input_data: str | None,
                       input_value: Iterable[str], input_range: Iterable[str], input_sets: int, rtol: float | None,
                       atol: float | None, verify_timeout: float | None) -> VerifyOptions:
-    """The values of :func:`verify_options` (and the parsed ``--input-shape``) as ``VerifyOptions``.
+    """The values of :func:`verify_options` (and the parsed ``--input-shape``) as ``VerifyOptions``, built by
+    ``verification.options.make_verify_options`` as the API and batch build them.
 
     Raises:
         InputError: a tolerance or time that is not finite, or a bad input feed (:func:`parse_input_feeds`).
     """
-    from onnxfuse.verification.options import VerifyOptions, timeout_seconds
+    from onnxfuse.verification.options import make_verify_options
 
     for name, value in (("--rtol", rtol), ("--atol", atol), ("--verify-timeout", verify_timeout)):
         if value is not None and not math.isfinite(value):
             raise InputError(f"{name} must be a finite number")
     feeds = parse_input_feeds(input_data, input_value, input_range)
-    return VerifyOptions(input_shapes, feeds.data, feeds.values, feeds.ranges, input_sets, rtol, atol,
-                         timeout=timeout_seconds(verify_timeout))
+    return make_verify_options(input_shapes=input_shapes, input_data=feeds.data, input_values=feeds.values,
+                               input_ranges=feeds.ranges, input_sets=input_sets, rtol=rtol, atol=atol,
+                               verify_timeout=verify_timeout)
