@@ -281,7 +281,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     selected = _check_options(options)
     if options.input_data:
         check_regular_file(options.input_data, "--input-data")
-    loaded, model = _model_of(path, loaded)
+    # a run that hands no model to onnxruntime keeps the large external weights on disk (model.io.load_model)
+    loaded, model = _model_of(path, loaded, lazy=verify_options is None and not _compares(options))
     if verify_options is not None and not verify_options.index_inputs:  # float ids: drawn as valid indices
         verify_options.index_inputs = indices.float_index_inputs(model)
     options, fixed = _fix_inputs(model, options, loaded)
@@ -553,9 +554,16 @@ def _finish_model(out: onnx.ModelProto, options: Options, selected: tuple[Pass, 
     return forms, min_release
 
 
-def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None
+def _compares(options: Options) -> bool:
+    """True when :func:`analyse` may hand the model to onnxruntime without verification: the comparison with its
+    graphs (``compare_with_onnxruntime`` at an ``ort_level``)."""
+    return options.compare_with_onnxruntime and options.ort_level is not None
+
+
+def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None, lazy: bool = False
               ) -> tuple[model_io.LoadedModel, onnx.ModelProto]:
-    """``loaded`` (else the model at ``path``, loaded) and its model.
+    """``loaded`` (else the model at ``path``, loaded, its large external weights left on disk with ``lazy``:
+    :func:`onnxfuse.model.io.load_model`) and its model.
 
     Raises:
         TypeError: neither is given, or ``loaded``'s model was released by an earlier :func:`analyse`.
@@ -564,7 +572,7 @@ def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | Non
     if loaded is None:
         if path is None:
             raise TypeError("analyse: give a path or a loaded model")
-        loaded = model_io.load_model(path)
+        loaded = model_io.load_model(path, lazy=lazy)
     model = loaded.model
     if model is None:
         raise TypeError(f"analyse: {loaded.label}'s model was released by an earlier run; load it again")
@@ -773,10 +781,10 @@ def _cross_check(sym: symbolic.SymbolicShapes, concrete: dict, values: dict) -> 
 
 
 def _serialized_bytes(model: onnx.ModelProto) -> int | None:
-    """Bytes of ``model`` serialized (``model_io.serialized_parts``, which sizes a model over protobuf's 2 GiB limit
-    too), or None when protobuf cannot size it."""
+    """Bytes of ``model`` serialized with its weights inline (``model_io.inline_bytes``, which sizes a model over
+    protobuf's 2 GiB limit too, weights still on disk included), or None when protobuf cannot size it."""
     try:
-        return model_io.serialized_parts(model)[1]
+        return model_io.inline_bytes(model)
     except Exception:  # a part over protobuf's limit that it refuses to size: the size is unknown
         return None
 

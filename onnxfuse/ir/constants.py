@@ -15,6 +15,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxfuse.errors import InputError, one_line
 from onnxfuse.ir.edit import all_graphs, producer
+from onnxfuse.model import io as model_io
 from onnxfuse.model.domains import is_default_domain
 from onnxfuse.model.dtypes import np_dtype, onnx_dtype_or_none
 
@@ -101,11 +102,14 @@ def _load(constant: gs.Constant):
     then exported as its original message, which has the same bytes graphsurgeon's export of the array would
     write, and the array is freed once the fold that read it is done (a cached copy of every read weight lived
     as long as the graph). Any other tensor is cached as ``Constant.values`` caches it, so that it is exported
-    from the array as before.
+    from the array as before. A weight still on disk (:func:`onnxfuse.model.io.is_lazy`) is read from its file
+    each time it is asked for (:func:`onnxfuse.model.io.external_array`) and stays lazily referenced the same way.
     """
     lazy = constant._values
     if type(lazy) is LazyValues:
         proto = lazy.tensor
+        if model_io.is_lazy(proto):
+            return model_io.external_array(proto)
         try:
             raw_only = _raw_tensor_fields_only(proto)
             dtype = _RAW_DTYPES.get(proto.data_type) if raw_only else None

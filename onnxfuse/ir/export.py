@@ -159,7 +159,11 @@ def _write_constant(proto: onnx.TensorProto, constant: gs.Constant) -> None:
     proto.data_type = data_type
     proto.name = constant.name
     proto.dims.extend(constant.shape)
-    proto.raw_data = constant.values.tobytes()
+    raw = constant.values.tobytes()
+    # the array goes before protobuf copies the bytes in: two copies of the weight at the peak, not three (the
+    # caller points the constant at ``proto`` next)
+    constant._values = LazyValues(onnx.TensorProto(name=constant.name, data_type=data_type, dims=constant.shape))
+    proto.raw_data = raw
 
 
 def _copy(message):
