@@ -8,6 +8,7 @@ import contextlib
 import errno
 import hashlib
 import math
+import mmap
 import os
 import re
 import stat
@@ -277,9 +278,11 @@ def _external_source(tensor: onnx.TensorProto) -> tuple[Path, int, int]:
 
 
 def external_array(tensor: onnx.TensorProto) -> np.ndarray:
-    """The values of the lazy ``tensor`` (:func:`is_lazy`), read from its file: a new array of its dims and the
-    numpy dtype of its type (little-endian, as ONNX IR.md "External tensor data" stores them), in native byte
-    order. The tensor is not changed.
+    """The values of the lazy ``tensor`` (:func:`is_lazy`): a read-only array of its dims and the numpy dtype of
+    its type, memory-mapped from its file (``mmap``, read access), so that reading its shape or dtype reads no
+    byte and a fold reads only what it computes from; the mapping goes with the last view of it. ONNX IR.md
+    ("External tensor data") stores little-endian bytes: on a big-endian machine the values are a converted copy.
+    The tensor is not changed.
 
     Raises:
         InputError: the file is unreadable or holds fewer bytes than the tensor needs (it changed since the load).
@@ -287,15 +290,21 @@ def external_array(tensor: onnx.TensorProto) -> np.ndarray:
     path, offset, _ = _external_source(tensor)
     dtype = np.dtype(_NP_OF[tensor.data_type]).newbyteorder("<")
     count = math.prod(tensor.dims)
+    length = count * dtype.itemsize
     try:
         with open(path, "rb") as fh:
-            array = np.fromfile(fh, dtype=dtype, count=count, offset=offset)
+            size = os.fstat(fh.fileno()).st_size
+            if size < offset + length:
+                raise InputError(f"tensor {tensor.name!r}: {path.name} holds {max(0, size - offset)} of its {length} "
+                                 f"bytes at offset {offset} (the file changed since the model was read)")
+            if not length:
+                return np.empty(tuple(tensor.dims), dtype.newbyteorder("="))
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            mapped = mmap.mmap(fh.fileno(), offset + length - start, access=mmap.ACCESS_READ, offset=start)
     except (OSError, ValueError) as exc:
         raise InputError(f"tensor {tensor.name!r}: cannot read its external data from {path.name} "
                          f"({one_line(exc)})") from None
-    if array.size != count:
-        raise InputError(f"tensor {tensor.name!r}: {path.name} holds {array.size} of its {count} elements at offset "
-                         f"{offset} (the file changed since the model was read)")
+    array = np.frombuffer(mapped, dtype=dtype, count=count, offset=offset - start)
     return array.astype(dtype.newbyteorder("="), copy=False).reshape(tuple(tensor.dims))
 
 
@@ -1203,10 +1212,7 @@ def _write_external(model: onnx.ModelProto, tmpdir: Path, tmp_model: Path, model
         tensor.data_location = onnx.TensorProto.EXTERNAL
         for key, value in (("location", _STAGED_DATA), ("offset", str(offset)), ("length", str(length))):
             tensor.external_data.add(key=key, value=value)
-    digest = hashlib.sha256()
-    with open(staged, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
+    digest = _sha256(staged)
     try:
         name_max = os.pathconf(folder, "PC_NAME_MAX")
     except (OSError, ValueError):
@@ -1226,6 +1232,38 @@ def _write_external(model: onnx.ModelProto, tmpdir: Path, tmp_model: Path, model
 
 #: Block size of the data file's writes and copies, in bytes.
 _BLOCK = 1 << 22
+
+
+def _sha256(path: Path):
+    """The SHA-256 of the file ``path`` (a ``hashlib`` object), its holes (``SEEK_HOLE``) hashed from a block of
+    zeros in memory rather than read: reading a hole makes the kernel zero a page-cache page for every page."""
+    digest = hashlib.sha256()
+    zeros = memoryview(bytes(_BLOCK))
+    with open(path, "rb") as fh:
+        fd, size, pos = fh.fileno(), os.fstat(fh.fileno()).st_size, 0
+        while pos < size:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                data = size if exc.errno == errno.ENXIO else pos  # ENXIO: only a hole is left
+            except AttributeError:  # no SEEK_DATA on this platform
+                data = pos
+            for start in range(pos, data, _BLOCK):
+                digest.update(zeros[:min(_BLOCK, data - start)])
+            if data >= size:
+                break
+            try:
+                hole = os.lseek(fd, data, os.SEEK_HOLE)
+            except (OSError, AttributeError):
+                hole = size
+            pos = data
+            while pos < hole:
+                block = os.pread(fd, min(_BLOCK, hole - pos), pos)
+                if not block:
+                    raise OSError(errno.EIO, f"{path.name} ended while it was read")
+                digest.update(block)
+                pos += len(block)
+    return digest
 
 
 def _write_data_file(model: onnx.ModelProto, staged: Path) -> list[tuple[onnx.TensorProto, int, int]]:
