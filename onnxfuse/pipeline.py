@@ -7,10 +7,14 @@ writes the model it returns).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import shutil
 import sys
+import tempfile
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -281,7 +285,6 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     selected = _check_options(options)
     if options.input_data:
         check_regular_file(options.input_data, "--input-data")
-    # a run that hands no model to onnxruntime keeps the large external weights on disk (model.io.load_model)
     loaded, model = _model_of(path, loaded, lazy=verify_options is None and not _compares(options))
     if verify_options is not None and not verify_options.index_inputs:  # float ids: drawn as valid indices
         verify_options.index_inputs = indices.float_index_inputs(model)
@@ -308,7 +311,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     skips: list[Skip] = []
     rewriter = _Rewriter(options, overridable, dict(info), own_sym, loader, selected, loaded.label)
     if blocker is None:
-        out, fusions, skips = rewriter.run(model)
+        with _spilling(loaded, model):
+            out, fusions, skips = rewriter.run(model)
         log.debug("passes done: %d fusions, %d patterns declined", len(fusions), len(skips))
     else:
         out = model
@@ -554,9 +558,21 @@ def _finish_model(out: onnx.ModelProto, options: Options, selected: tuple[Pass, 
     return forms, min_release
 
 
+def _spilling(loaded: model_io.LoadedModel, model: onnx.ModelProto):
+    """For a model whose weights stay on disk (``model_io.has_lazy``): :func:`onnxfuse.ir.constants.spilling`
+    into a new temporary folder (``tempfile``, so ``TMPDIR``) that lives as long as ``loaded`` (the result's
+    model reads its folded weights there until it is written); else a block that changes nothing."""
+    if not model_io.has_lazy(model):
+        return contextlib.nullcontext()
+    folder = Path(tempfile.mkdtemp(prefix="onnxfuse-folded-"))
+    weakref.finalize(loaded, shutil.rmtree, folder, True)
+    return constants.spilling(folder)
+
+
 def _compares(options: Options) -> bool:
     """True when :func:`analyse` may hand the model to onnxruntime without verification: the comparison with its
-    graphs (``compare_with_onnxruntime`` at an ``ort_level``)."""
+    graphs (``compare_with_onnxruntime`` at an ``ort_level``). A run that hands no model to onnxruntime (neither
+    this nor verification) keeps the large external weights on disk (``model_io.load_model`` with ``lazy``)."""
     return options.compare_with_onnxruntime and options.ort_level is not None
 
 

@@ -336,6 +336,32 @@ def materialize(model: onnx.ModelProto) -> None:
         del tensor.external_data[:]
 
 
+def spill(array: np.ndarray, name: str, folder: Path) -> onnx.TensorProto | None:
+    """Write ``array`` to a new file in ``folder`` (zeros left as holes) and return a lazy TensorProto of it
+    (:func:`is_lazy`: external, ``basepath`` ``folder``) named ``name``: a folded weight that waits for the write
+    on disk rather than in memory. None, writing nothing, when its dtype is not in :data:`_LAZY_DTYPES`.
+
+    Raises:
+        OSError: the file cannot be written (disk full).
+    """
+    data_type = next((t for t, d in _NP_OF.items() if np.dtype(d) == array.dtype), None)
+    if data_type is None:
+        return None
+    fd, path = tempfile.mkstemp(suffix=".data", dir=folder)
+    try:
+        raw = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False)
+        _write_sparse(fd, raw.data, 0)
+        os.ftruncate(fd, raw.nbytes)
+    finally:
+        os.close(fd)
+    tensor = onnx.TensorProto(name=name, data_type=data_type, dims=array.shape)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", Path(path).name), ("offset", "0"), ("length", str(raw.nbytes)),
+                       (BASEPATH_KEY, str(folder))):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
 def has_lazy(model: onnx.ModelProto) -> bool:
     """True when a tensor of ``model`` is lazy (:func:`is_lazy`)."""
     return any(is_lazy(t) for t in onnx.external_data_helper._get_all_tensors(model))
@@ -1306,13 +1332,13 @@ def _write_data_file(model: onnx.ModelProto, staged: Path) -> list[tuple[onnx.Te
     return placed
 
 
-def _write_sparse(fd: int, data: bytes, offset: int) -> None:
+def _write_sparse(fd: int, data: bytes | memoryview, offset: int) -> None:
     """Write ``data`` at ``offset`` of ``fd``, one :data:`_BLOCK` at a time, leaving out blocks of zeros (the
     caller truncates the file to its full length)."""
-    view = memoryview(data)
-    for start in range(0, len(data), _BLOCK):
-        stop = min(start + _BLOCK, len(data))
-        if data.count(0, start, stop) == stop - start:
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), _BLOCK):
+        stop = min(start + _BLOCK, len(view))
+        if bytes(view[start:stop]).count(0) == stop - start:  # a block of zeros: left as a hole
             continue
         _pwrite_all(fd, view[start:stop], offset + start)
 
