@@ -49,6 +49,10 @@ LAZY_MIN_BYTES = 1 << 20
 #: :func:`save_model` never writes it; :func:`materialize` reads such tensors in.
 BASEPATH_KEY = "basepath"
 
+#: The ``external_data`` key that marks, in memory only, a lazy tensor :func:`spill` wrote: its inline form has
+#: no ``data_location`` field (a folded weight's ``make_tensor`` form), which :func:`inline_bytes` counts.
+SPILLED_KEY = "onnxfuse_spilled"
+
 #: ONNX types whose external bytes are read as ``numpy.fromfile`` of the little-endian dtype (ONNX IR.md,
 #: "External tensor data": raw little-endian bytes); tensors of other types are read in at load.
 _LAZY_DTYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
@@ -357,7 +361,7 @@ def spill(array: np.ndarray, name: str, folder: Path) -> onnx.TensorProto | None
     tensor = onnx.TensorProto(name=name, data_type=data_type, dims=array.shape)
     tensor.data_location = onnx.TensorProto.EXTERNAL
     for key, value in (("location", Path(path).name), ("offset", "0"), ("length", str(raw.nbytes)),
-                       (BASEPATH_KEY, str(folder))):
+                       (BASEPATH_KEY, str(folder)), (SPILLED_KEY, "1")):
         tensor.external_data.add(key=key, value=value)
     return tensor
 
@@ -861,7 +865,8 @@ def serialized_parts(model: onnx.ModelProto) -> tuple[list, int]:
 def inline_bytes(model: onnx.ModelProto) -> int:
     """Bytes of ``model`` serialized with every weight inline: :func:`serialized_parts`'s total, where each lazy
     main-graph initializer (:func:`is_lazy`) counts as the tensor an eager load gives (its ``raw_data`` of the
-    external length instead of its ``external_data`` entries; ``data_location`` is set either way, 2 bytes), so
+    external length instead of its ``external_data`` entries; ``data_location`` is set either way, 2 bytes,
+    except for a spilled fold, :data:`SPILLED_KEY`, whose inline form has none), so
     that the report's figure does not depend on how the model was loaded (protobuf encoding guide,
     "Length-Delimited Records").
 
@@ -877,7 +882,8 @@ def inline_bytes(model: onnx.ModelProto) -> int:
         old = tensor.ByteSize()
         length = _external_source(tensor)[2]
         entries = sum(1 + len(_varint(e.ByteSize())) + e.ByteSize() for e in tensor.external_data)
-        new = old - entries + 1 + len(_varint(length)) + length
+        spilled = any(e.key == SPILLED_KEY for e in tensor.external_data)  # no data_location inline: 2 bytes less
+        new = old - entries + 1 + len(_varint(length)) + length - (2 if spilled else 0)
         delta += len(_varint(new)) + new - len(_varint(old)) - old
     graph = 0
     for gdesc, gvalue in model.graph.ListFields():
