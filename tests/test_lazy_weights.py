@@ -251,3 +251,13 @@ def test_folded_weights_wait_on_disk_and_their_folder_goes_with_the_result(tmp_p
     del result, folded
     gc.collect()
     assert not folder.exists()
+
+
+def test_in_place_copies_the_weights_before_the_input_data_goes(tmp_path):
+    src = _save_input(tmp_path / "in")
+    original = onnx.load(str(src))
+    result = _optimize(src, src, "--in-place")
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in src.parent.iterdir())
+    assert "in.onnx.data" not in names and len(names) == 2  # the model and its new data file, nothing else
+    assert_same_outputs(original, onnx.load(str(src)))
