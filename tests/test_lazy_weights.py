@@ -261,3 +261,19 @@ def test_in_place_copies_the_weights_before_the_input_data_goes(tmp_path):
     names = sorted(p.name for p in src.parent.iterdir())
     assert "in.onnx.data" not in names and len(names) == 2  # the model and its new data file, nothing else
     assert_same_outputs(original, onnx.load(str(src)))
+
+
+def test_a_weight_that_cannot_be_mapped_is_read_instead(tmp_path, monkeypatch):
+    import mmap
+
+    src = _save_input(tmp_path / "in")
+    model = model_io.load_model(src, lazy=True).model
+    assert model is not None
+    [lazy] = [t for t in model.graph.initializer if t.name == "conv.w"]
+    mapped = model_io.external_array(lazy)
+
+    def no_mapping(*_args, **_kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(mmap, "mmap", no_mapping)
+    np.testing.assert_array_equal(model_io.external_array(lazy), mapped)

@@ -284,7 +284,8 @@ def _external_source(tensor: onnx.TensorProto) -> tuple[Path, int, int]:
 def external_array(tensor: onnx.TensorProto) -> np.ndarray:
     """The values of the lazy ``tensor`` (:func:`is_lazy`): a read-only array of its dims and the numpy dtype of
     its type, memory-mapped from its file (``mmap``, read access), so that reading its shape or dtype reads no
-    byte and a fold reads only what it computes from; the mapping goes with the last view of it. ONNX IR.md
+    byte and a fold reads only what it computes from; the mapping goes with the last view of it (where no mapping
+    can be made, each holding a file descriptor, the bytes are read instead). ONNX IR.md
     ("External tensor data") stores little-endian bytes: on a big-endian machine the values are a converted copy.
     The tensor is not changed.
 
@@ -304,7 +305,11 @@ def external_array(tensor: onnx.TensorProto) -> np.ndarray:
             if not length:
                 return np.empty(tuple(tensor.dims), dtype.newbyteorder("="))
             start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            mapped = mmap.mmap(fh.fileno(), offset + length - start, access=mmap.ACCESS_READ, offset=start)
+            try:
+                mapped = mmap.mmap(fh.fileno(), offset + length - start, access=mmap.ACCESS_READ, offset=start)
+            except OSError:  # no mapping to be had (each holds a descriptor: EMFILE, ENOMEM): read it instead
+                array = np.fromfile(fh, dtype=dtype, count=count, offset=offset)
+                return array.astype(dtype.newbyteorder("="), copy=False).reshape(tuple(tensor.dims))
     except (OSError, ValueError) as exc:
         raise InputError(f"tensor {tensor.name!r}: cannot read its external data from {path.name} "
                          f"({one_line(exc)})") from None
