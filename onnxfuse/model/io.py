@@ -70,7 +70,8 @@ class LoadedModel:
     """A model read from disk (or handed over as a ModelProto) and checked.
 
     Attributes:
-        model: the ModelProto with any external data loaded into memory; ``pipeline.analyse`` sets it to None
+        model: the ModelProto with its external data loaded into memory (with :func:`load_model`'s ``lazy``, the
+            large weights left on disk: :func:`is_lazy`); ``pipeline.analyse`` sets it to None
             once it has built a new model, to free the memory. For a ModelProto input this is a copy.
         path: the file it came from; None for a ModelProto input.
         sha256: hex SHA-256 of the model file's bytes (not of external data files); for a ModelProto input, of
@@ -1059,11 +1060,12 @@ def _mark_lazy(model: onnx.ModelProto, location: str | None, folder: Path) -> No
 
 
 def _restore_weights(model: onnx.ModelProto, names: set[str], sources: tuple[Path | None, ...]) -> None:
-    """Undo a failed external-data write on ``model`` (in memory): onnx marks each tensor external and clears its
-    ``raw_data`` as it writes it, so a disk that fills at the last tensor left the caller's model without the
-    weights already written (a retry of the save wrote a broken model). Each tensor that onnxfuse's write made
-    external (its location one of ``names``: ``weights.data`` or the content name) gets its bytes back from the
-    first of ``sources`` that exists, the staged or moved data file, and is inline again.
+    """Undo a failed external-data write on ``model`` (in memory): the write marks each tensor external and clears
+    its ``raw_data`` once the data file holds it, so a failure after that (the model file's write, the commit)
+    left the caller's model without those weights (a retry of the save wrote a broken model). Each tensor that
+    onnxfuse's write made external (its location one of ``names``: ``weights.data`` or the content name; lazy
+    ones are :func:`_repoint`'s) gets its bytes back from the first of ``sources`` that exists, the staged or moved
+    data file, and is inline again.
 
     Raises:
         OSError: the data file cannot be read back (the save's own error is then the one reported).
