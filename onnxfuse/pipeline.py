@@ -7,10 +7,14 @@ writes the model it returns).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import shutil
 import sys
+import tempfile
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -338,7 +342,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     selected = _check_options(options)
     if options.input_data:
         check_regular_file(options.input_data, "--input-data")
-    loaded, model = _model_of(path, loaded)
+    loaded, model = _model_of(path, loaded, lazy=verify_options is None and not _compares(options))
     if verify_options is not None and not verify_options.index_inputs:  # float ids: drawn as valid indices
         verify_options.index_inputs = indices.float_index_inputs(model)
     options, fixed = _fix_inputs(model, options, loaded)
@@ -361,7 +365,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     overridable = frozenset() if options.constant_initializer_inputs else loaded.overridable
     blocker = convert.rewrite_blocker(model)
     rewriter = _Rewriter(options, overridable, dict(info), own_sym, loader, selected, loaded.label)
-    out, fusions, skips, tuned = _rewrite(rewriter, model, blocker, loaded, input_shapes, verify_options, tuner)
+    with _spilling(loaded, model):
+        out, fusions, skips, tuned = _rewrite(rewriter, model, blocker, loaded, input_shapes, verify_options, tuner)
     forms, min_release = _finish_model(out, options, selected)
     if fusions:
         # Let the input's protobuf go once the result exists (peak memory: it is as large as the model).
@@ -662,9 +667,29 @@ def _finish_model(out: onnx.ModelProto, options: Options, selected: tuple[Pass, 
     return forms, min_release
 
 
-def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None
+def _spilling(loaded: model_io.LoadedModel, model: onnx.ModelProto):
+    """For a model whose weights stay on disk (``model_io.has_lazy``): :func:`onnxfuse.ir.constants.spilling`
+    into a new temporary folder (``tempfile``, so ``TMPDIR``) that lives as long as ``loaded`` (the result's
+    model reads its folded weights there until it is written); else a block that changes nothing."""
+    if not model_io.has_lazy(model):
+        return contextlib.nullcontext()
+    folder = Path(tempfile.mkdtemp(prefix="onnxfuse-folded-"))
+    weakref.finalize(loaded, shutil.rmtree, folder, True)
+    return constants.spilling(folder)
+
+
+def _compares(options: Options) -> bool:
+    """True when :func:`analyse` may hand the model to onnxruntime without verification: the comparison with its
+    graphs (``compare_with_onnxruntime`` at an ``ort_level``) or ``--tune``'s timed sessions. A run that hands no
+    model to onnxruntime (neither this nor verification) keeps the large external weights on disk
+    (``model_io.load_model`` with ``lazy``)."""
+    return (options.compare_with_onnxruntime and options.ort_level is not None) or options.tune
+
+
+def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | None, lazy: bool = False
               ) -> tuple[model_io.LoadedModel, onnx.ModelProto]:
-    """``loaded`` (else the model at ``path``, loaded) and its model.
+    """``loaded`` (else the model at ``path``, loaded, its large external weights left on disk with ``lazy``:
+    :func:`onnxfuse.model.io.load_model`) and its model.
 
     Raises:
         TypeError: neither is given, or ``loaded``'s model was released by an earlier :func:`analyse`.
@@ -673,7 +698,7 @@ def _model_of(path: str | os.PathLike | None, loaded: model_io.LoadedModel | Non
     if loaded is None:
         if path is None:
             raise TypeError("analyse: give a path or a loaded model")
-        loaded = model_io.load_model(path)
+        loaded = model_io.load_model(path, lazy=lazy)
     model = loaded.model
     if model is None:
         raise TypeError(f"analyse: {loaded.label}'s model was released by an earlier run; load it again")
@@ -887,10 +912,10 @@ def _cross_check(sym: symbolic.SymbolicShapes, concrete: dict, values: dict) -> 
 
 
 def _serialized_bytes(model: onnx.ModelProto) -> int | None:
-    """Bytes of ``model`` serialized (``model_io.serialized_parts``, which sizes a model over protobuf's 2 GiB limit
-    too), or None when protobuf cannot size it."""
+    """Bytes of ``model`` serialized with its weights inline (``model_io.inline_bytes``, which sizes a model over
+    protobuf's 2 GiB limit too, weights still on disk included), or None when protobuf cannot size it."""
     try:
-        return model_io.serialized_parts(model)[1]
+        return model_io.inline_bytes(model)
     except Exception:  # a part over protobuf's limit that it refuses to size: the size is unknown
         return None
 

@@ -289,23 +289,23 @@ def _three_conv_model(tmp_path, scale: float, name: str = "src.onnx"):
 
 
 def _enospc_at_the_last_tensor(monkeypatch, tensors: int = 3):
-    """onnx's external data writer fails with ENOSPC in the middle of the last tensor (half its bytes written)."""
+    """The external data writer (``model_io._write_sparse``, one call per tensor written from memory) fails with
+    ENOSPC in the middle of the last tensor (half its bytes written)."""
     import errno
+    import os
 
-    import onnx.external_data_helper as helper
+    from onnxfuse.model import io as model_io
 
-    real, calls = helper.save_external_data, []
+    real, calls = model_io._write_sparse, []
 
-    def save_external_data(tensor, base_path):
-        calls.append(tensor.name)
+    def write_sparse(fd, data, offset):
+        calls.append(offset)
         if len(calls) == tensors:
-            info = helper.ExternalDataInfo(tensor)
-            with open(f"{base_path}/{info.location}", "ab") as fh:
-                fh.write(tensor.raw_data[: len(tensor.raw_data) // 2])
+            os.pwrite(fd, bytes(data[: len(data) // 2]), offset)
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(tensor, base_path)
+        real(fd, data, offset)
 
-    monkeypatch.setattr(helper, "save_external_data", save_external_data)
+    monkeypatch.setattr(model_io, "_write_sparse", write_sparse)
     return calls
 
 

@@ -6,7 +6,9 @@ reads both, and never hands out an array that may be edited in place.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -15,6 +17,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxfuse.errors import InputError, one_line
 from onnxfuse.ir.edit import all_graphs, producer
+from onnxfuse.model import io as model_io
 from onnxfuse.model.domains import is_default_domain
 from onnxfuse.model.dtypes import np_dtype, onnx_dtype_or_none
 
@@ -101,11 +104,14 @@ def _load(constant: gs.Constant):
     then exported as its original message, which has the same bytes graphsurgeon's export of the array would
     write, and the array is freed once the fold that read it is done (a cached copy of every read weight lived
     as long as the graph). Any other tensor is cached as ``Constant.values`` caches it, so that it is exported
-    from the array as before.
+    from the array as before. A weight still on disk (:func:`onnxfuse.model.io.is_lazy`) is read from its file
+    each time it is asked for (:func:`onnxfuse.model.io.external_array`) and stays lazily referenced the same way.
     """
     lazy = constant._values
     if type(lazy) is LazyValues:
         proto = lazy.tensor
+        if model_io.is_lazy(proto):
+            return model_io.external_array(proto)
         try:
             raw_only = _raw_tensor_fields_only(proto)
             dtype = _RAW_DTYPES.get(proto.data_type) if raw_only else None
@@ -160,10 +166,41 @@ class Namer:
         return name
 
 
+#: Where :func:`new_constant` writes large new weights instead of keeping them in memory (:func:`spilling`; the
+#: innermost block's folder last); empty: it keeps them.
+_SPILL: list[Path] = []
+
+
+@contextlib.contextmanager
+def spilling(folder: Path):
+    """Within the block, :func:`new_constant` writes each new weight of ``model_io.LAZY_MIN_BYTES`` or more to a
+    file in ``folder`` (:func:`onnxfuse.model.io.spill`) and hands out a constant that reads it lazily: a run
+    that keeps the input's weights on disk keeps its folded ones there too, so that memory holds the weights of
+    one fold at a time, not every folded weight until the model is written."""
+    _SPILL.append(folder)
+    try:
+        yield
+    finally:
+        _SPILL.pop()
+
+
 def new_constant(namer: Namer, base: str, values: np.ndarray) -> gs.Constant:
     """A new initializer with a fresh name holding ``values``, which must be an array no one else holds (the
-    result of the fold arithmetic); it is copied only if not C-contiguous or not writeable."""
+    result of the fold arithmetic); it is copied only if not C-contiguous or not writeable. Within
+    :func:`spilling`, a large one is written to a file and read lazily from there.
+
+    Raises:
+        InputError: the spilled weight cannot be written (disk full).
+    """
+    name = namer.fresh(base)
     array = np.ascontiguousarray(values)
+    if _SPILL and array.nbytes >= model_io.LAZY_MIN_BYTES:
+        try:
+            spilled = model_io.spill(array, name, _SPILL[-1])
+        except OSError as exc:
+            raise InputError(f"cannot write folded weight {name} to {_SPILL[-1]} ({exc.strerror or exc})") from None
+        if spilled is not None:
+            return gs.Constant(name, LazyValues(spilled))
     if not array.flags.writeable:
         array = array.copy()
-    return gs.Constant(namer.fresh(base), array)
+    return gs.Constant(name, array)

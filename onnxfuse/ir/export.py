@@ -14,6 +14,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxfuse.errors import InputError, one_line
 from onnxfuse.ir.edit import all_graphs
+from onnxfuse.model import io as model_io
 from onnxfuse.model.domains import MS_DOMAIN
 from onnxfuse.model.proto import proto_graphs
 
@@ -79,7 +80,10 @@ def _initializer_sources(tensor_map: dict[str, gs.Tensor], existing: set[int]
         values = tensor._values
         if isinstance(values, gs.ir.tensor.LazyValues):
             if id(values.tensor) not in existing:
-                return None
+                if not model_io.is_lazy(values.tensor):
+                    return None
+                wanted.append((None, tensor))  # a spilled weight (constants.spilling): a new message, no data
+                continue
             wanted.append((values.tensor, tensor))
         else:
             wanted.append((None, tensor))
@@ -111,7 +115,12 @@ def _write_initializers(target: onnx.GraphProto, wanted: list[tuple[onnx.TensorP
     by the ``restored`` ones, in that order, reordering the input's messages in place (no copy of a weight)."""
     order: list[onnx.TensorProto] = []
     for proto, constant in wanted:
-        if proto is None:
+        if proto is None and isinstance(constant._values, LazyValues):  # spilled: its reference, no data
+            proto = target.initializer.add()
+            proto.CopyFrom(constant._values.tensor)
+            proto.name = constant.name
+            constant._values = LazyValues(proto)
+        elif proto is None:
             proto = target.initializer.add()
             _write_constant(proto, constant)
             # the written message now holds the values: let the graph read them from there, so that the folded
@@ -159,7 +168,11 @@ def _write_constant(proto: onnx.TensorProto, constant: gs.Constant) -> None:
     proto.data_type = data_type
     proto.name = constant.name
     proto.dims.extend(constant.shape)
-    proto.raw_data = constant.values.tobytes()
+    raw = constant.values.tobytes()
+    # the array goes before protobuf copies the bytes in: two copies of the weight at the peak, not three (the
+    # caller points the constant at ``proto`` next)
+    constant._values = LazyValues(onnx.TensorProto(name=constant.name, data_type=data_type, dims=constant.shape))
+    proto.raw_data = raw
 
 
 def _copy(message):

@@ -5,16 +5,21 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import math
+import mmap
 import os
 import re
 import stat
+import sys
 import tempfile
 import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.json_format import ParseError
 from google.protobuf.message import DecodeError
@@ -34,6 +39,27 @@ MIN_OPSET = 7
 #: protobuf refuses to serialize a message over 2 GiB; models above this are written with external data.
 PROTOBUF_LIMIT_BYTES = 2**31 - 1
 
+#: External initializers of the main graph with at least this many bytes stay on disk when a model is loaded with
+#: ``lazy=True`` (:func:`load_model`): read when a pass reads them (:func:`external_array`), copied file to file
+#: when the model is written (:func:`save_model`). Smaller ones (shapes, axes, biases) are read in at load.
+LAZY_MIN_BYTES = 1 << 20
+
+#: The ``external_data`` key that marks a tensor whose data is still on disk, in memory only: the absolute folder
+#: its ``location`` is relative to (onnx's own key for it, ``onnx.external_data_helper.set_external_data``).
+#: :func:`save_model` never writes it; :func:`materialize` reads such tensors in.
+BASEPATH_KEY = "basepath"
+
+#: The ``external_data`` key that marks, in memory only, a lazy tensor :func:`spill` wrote: its inline form has
+#: no ``data_location`` field (a folded weight's ``make_tensor`` form), which :func:`inline_bytes` counts.
+SPILLED_KEY = "onnxfuse_spilled"
+
+#: ONNX types whose external bytes are read as ``numpy.fromfile`` of the little-endian dtype (ONNX IR.md,
+#: "External tensor data": raw little-endian bytes); tensors of other types are read in at load.
+_LAZY_DTYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                          onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32,
+                          onnx.TensorProto.INT64, onnx.TensorProto.UINT8, onnx.TensorProto.UINT16,
+                          onnx.TensorProto.UINT32, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL})
+
 #: What onnx raises for bytes that are no model in the format the file's extension names (binary protobuf,
 #: ``.json``, ``.textproto``, ``.onnxtxt``; onnx.serialization's registry).
 _PARSE_ERRORS = (DecodeError, ParseError, TextParseError, OnnxTextParseError, RuntimeError, ValueError)
@@ -44,7 +70,8 @@ class LoadedModel:
     """A model read from disk (or handed over as a ModelProto) and checked.
 
     Attributes:
-        model: the ModelProto with any external data loaded into memory; ``pipeline.analyse`` sets it to None
+        model: the ModelProto with its external data loaded into memory (with :func:`load_model`'s ``lazy``, the
+            large weights left on disk: :func:`is_lazy`); ``pipeline.analyse`` sets it to None
             once it has built a new model, to free the memory. For a ModelProto input this is a copy.
         path: the file it came from; None for a ModelProto input.
         sha256: hex SHA-256 of the model file's bytes (not of external data files); for a ModelProto input, of
@@ -103,15 +130,18 @@ class LoadedModel:
         return self.proto.SerializeToString()
 
 
-def load_model(path: str | os.PathLike) -> LoadedModel:
+def load_model(path: str | os.PathLike, lazy: bool = False) -> LoadedModel:
     """Read, check and return the model at ``path``.
 
-    External data is read from files beside the model. The file itself is only read.
+    External data is read from files beside the model. The file itself is only read. With ``lazy`` the large
+    weights stay on disk (:func:`_load_small_external`), so that memory holds only those a pass reads; such a
+    model goes through :func:`materialize` before anything else reads its weights (onnxruntime, numpy_helper).
 
     Raises:
         InputError: with a one-line message naming the file and the cause, when the path is missing, a directory
             or empty, the bytes are not an ONNX protobuf (or are truncated), an external data reference is
-            malformed (:func:`check_external_data`) or its file is missing, ``onnx.checker`` rejects the model
+            malformed (:func:`check_external_data`), its file is missing or (``lazy``) shorter than the range a
+            tensor names, ``onnx.checker`` rejects the model
             (:func:`check_shapes`: as with ``full_check``), two nodes of a graph share a name
             (:func:`check_node_names`), or its IR version / opset is older than MIN_IR_VERSION / MIN_OPSET.
     """
@@ -172,16 +202,179 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     hygiene.negative_dims_to_symbolic(model)
     warning, inferred = checked_shapes(model, str(p))
     if has_external:
-        try:
-            onnx.load_external_data_for_model(model, str(base))
-        except Exception as exc:  # onnx raises ValidationError/OSError/ValueError here depending on the defect
-            raise InputError(f"{p}: cannot read external data ({one_line(exc)})") from None
+        _read_external(model, base, str(p), lazy)
     overridable = overridable_initializers(model)
     return LoadedModel(model, p, sha256, file_bytes, has_external, overridable,
                        tuple(base / loc for loc in sorted(locations)),
                        warnings=notes + ([warning] if warning else []),
                        # the skeleton was made before the external data was read in: it would differ from one now
                        shape_inference=None if has_external else inferred, file_id=(opened.st_dev, opened.st_ino))
+
+
+def _read_external(model: onnx.ModelProto, base: Path, label: str, lazy: bool) -> None:
+    """Read ``model``'s external data from ``base`` (``lazy``: :func:`_load_small_external`).
+
+    Raises:
+        InputError: one line naming ``label`` and the defect.
+    """
+    try:
+        if lazy:
+            _load_small_external(model, base, label)
+        else:
+            onnx.load_external_data_for_model(model, str(base))
+    except InputError:
+        raise
+    except Exception as exc:  # onnx raises ValidationError/OSError/ValueError here depending on the defect
+        raise InputError(f"{label}: cannot read external data ({one_line(exc)})") from None
+
+
+def _load_small_external(model: onnx.ModelProto, base: Path, label: str) -> None:
+    """:func:`load_model`'s ``lazy`` read of external data: the main graph's external initializers of
+    :data:`LAZY_MIN_BYTES` or more, of a type in :data:`_LAZY_DTYPES`, get a :data:`BASEPATH_KEY` entry (the
+    model's folder) and stay on disk, read by :func:`external_array` when a pass reads them and copied file to
+    file by :func:`save_model`; every other external tensor is read in as ``onnx.load_external_data_for_model``
+    reads it.
+
+    Raises:
+        InputError: a large tensor's range lies beyond its file's end, or its length differs from its dims and
+            type (what the read of an eager load would leave for onnx.checker or the first read to find).
+    """
+    sizes: dict[str, int] = {}
+    for tensor in model.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL or tensor.data_type not in _LAZY_DTYPES:
+            continue
+        info = onnx.external_data_helper.ExternalDataInfo(tensor)
+        if info.location not in sizes:
+            sizes[info.location] = (base / info.location).stat().st_size
+        offset = int(info.offset or 0)
+        length = int(info.length) if info.length is not None else sizes[info.location] - offset
+        if length < LAZY_MIN_BYTES:
+            continue
+        expected = math.prod(tensor.dims) * np.dtype(_NP_OF[tensor.data_type]).itemsize
+        if offset + length > sizes[info.location] or length != expected:
+            raise InputError(f"{label}: tensor {tensor.name!r} names {length} bytes at offset {offset} of "
+                             f"{info.location!r} ({sizes[info.location]} bytes); its dims {list(tensor.dims)} "
+                             f"and type need {expected} bytes inside the file")
+        tensor.external_data.add(key=BASEPATH_KEY, value=str(base))
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        if onnx.external_data_helper.uses_external_data(tensor) and not is_lazy(tensor):
+            onnx.external_data_helper.load_external_data_for_tensor(tensor, str(base))
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
+
+
+_NP_OF: dict[int, np.dtype] = {t: onnx.helper.tensor_dtype_to_np_dtype(t) for t in _LAZY_DTYPES}
+
+
+def is_lazy(tensor: onnx.TensorProto) -> bool:
+    """True when ``tensor``'s data is still on disk (:func:`load_model` with ``lazy``): it is external and has a
+    :data:`BASEPATH_KEY` entry."""
+    return tensor.data_location == onnx.TensorProto.EXTERNAL and any(
+        e.key == BASEPATH_KEY for e in tensor.external_data)
+
+
+def _external_source(tensor: onnx.TensorProto) -> tuple[Path, int, int]:
+    """``(file, offset, length in bytes)`` of a lazy tensor's data (:func:`is_lazy`)."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    offset = int(entries.get("offset") or 0)
+    length = entries.get("length")
+    path = Path(entries[BASEPATH_KEY]) / entries["location"]
+    return path, offset, int(length) if length else path.stat().st_size - offset
+
+
+def external_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """The values of the lazy ``tensor`` (:func:`is_lazy`): a read-only array of its dims and the numpy dtype of
+    its type, memory-mapped from its file (``mmap``, read access), so that reading its shape or dtype reads no
+    byte and a fold reads only what it computes from; the mapping goes with the last view of it (where no mapping
+    can be made, each holding a file descriptor, the bytes are read instead). ONNX IR.md
+    ("External tensor data") stores little-endian bytes: on a big-endian machine the values are a converted copy.
+    The tensor is not changed.
+
+    Raises:
+        InputError: the file is unreadable or holds fewer bytes than the tensor needs (it changed since the load).
+    """
+    path, offset, _ = _external_source(tensor)
+    dtype = np.dtype(_NP_OF[tensor.data_type]).newbyteorder("<")
+    count = math.prod(tensor.dims)
+    length = count * dtype.itemsize
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < offset + length:
+                raise InputError(f"tensor {tensor.name!r}: {path.name} holds {max(0, size - offset)} of its {length} "
+                                 f"bytes at offset {offset} (the file changed since the model was read)")
+            if not length:
+                return np.empty(tuple(tensor.dims), dtype.newbyteorder("="))
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            try:
+                mapped = mmap.mmap(fh.fileno(), offset + length - start, access=mmap.ACCESS_READ, offset=start)
+            except OSError:  # no mapping to be had (each holds a descriptor: EMFILE, ENOMEM): read it instead
+                array = np.fromfile(fh, dtype=dtype, count=count, offset=offset)
+                return array.astype(dtype.newbyteorder("="), copy=False).reshape(tuple(tensor.dims))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"tensor {tensor.name!r}: cannot read its external data from {path.name} "
+                         f"({one_line(exc)})") from None
+    array = np.frombuffer(mapped, dtype=dtype, count=count, offset=offset - start)
+    return array.astype(dtype.newbyteorder("="), copy=False).reshape(tuple(tensor.dims))
+
+
+def materialize(model: onnx.ModelProto) -> None:
+    """Read every lazy tensor of ``model`` (:func:`is_lazy`, any graph) into its ``raw_data``, in place, and make
+    it an ordinary inline tensor, as ``onnx.load_external_data_for_model`` leaves it: for what reads weights
+    from the proto itself (onnxruntime given the model, ``onnx.numpy_helper``). Memory: the weights' size.
+
+    Raises:
+        InputError: as :func:`external_array`.
+    """
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        if not is_lazy(tensor):
+            continue
+        path, offset, length = _external_source(tensor)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(length)
+        except OSError as exc:
+            raise InputError(f"tensor {tensor.name!r}: cannot read its external data from {path.name} "
+                             f"({exc.strerror or exc})") from None
+        if len(data) != length:
+            raise InputError(f"tensor {tensor.name!r}: {path.name} holds {len(data)} of its {length} bytes at "
+                             f"offset {offset} (the file changed since the model was read)")
+        tensor.raw_data = data
+        del data
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
+
+
+def spill(array: np.ndarray, name: str, folder: Path) -> onnx.TensorProto | None:
+    """Write ``array`` to a new file in ``folder`` (zeros left as holes) and return a lazy TensorProto of it
+    (:func:`is_lazy`: external, ``basepath`` ``folder``) named ``name``: a folded weight that waits for the write
+    on disk rather than in memory. None, writing nothing, when its dtype is not in :data:`_LAZY_DTYPES`.
+
+    Raises:
+        OSError: the file cannot be written (disk full).
+    """
+    data_type = next((t for t, d in _NP_OF.items() if np.dtype(d) == array.dtype), None)
+    if data_type is None:
+        return None
+    fd, path = tempfile.mkstemp(suffix=".data", dir=folder)
+    try:
+        raw = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False)
+        _write_sparse(fd, raw.data, 0)
+        os.ftruncate(fd, raw.nbytes)
+    finally:
+        os.close(fd)
+    tensor = onnx.TensorProto(name=name, data_type=data_type, dims=array.shape)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", Path(path).name), ("offset", "0"), ("length", str(raw.nbytes)),
+                       (BASEPATH_KEY, str(folder)), (SPILLED_KEY, "1")):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+def has_lazy(model: onnx.ModelProto) -> bool:
+    """True when a tensor of ``model`` is lazy (:func:`is_lazy`)."""
+    return any(is_lazy(t) for t in onnx.external_data_helper._get_all_tensors(model))
 
 
 def _check_model_file(p: Path) -> None:
@@ -600,6 +793,36 @@ def _has_unknown_fields(message) -> bool:
     return len(unknown_fields.UnknownFieldSet(message)) > 0
 
 
+#: The fields of a TensorProto of raw bytes (``make_tensor(..., raw=True)``), which :func:`_message_size` sizes
+#: without encoding; every other field, ``(name, repeated)``.
+_RAW_FIELDS = frozenset({"name", "data_type", "dims", "raw_data"})
+_OTHER_FIELDS = tuple((f.name, f.is_repeated) for f in onnx.TensorProto.DESCRIPTOR.fields if f.name not in _RAW_FIELDS)
+
+
+def _int_varint_size(value: int) -> int:
+    """Bytes of an int32/int64 field's varint: a negative value takes 10 (protobuf encoding guide, "Signed
+    Integers")."""
+    return 10 if value < 0 else len(_varint(value))
+
+
+def _message_size(message) -> int:
+    """``message.ByteSize()``; for a large TensorProto of raw bytes alone (name, data type, dims, raw_data; the
+    form folds write), computed from its fields instead: upb's ByteSize encodes the message, which held two more
+    copies of a folded weight at once (the report sized the model at its peak). Reading the length of
+    ``raw_data`` still copies it once."""
+    if not isinstance(message, onnx.TensorProto) or math.prod(message.dims) < LAZY_MIN_BYTES // 8 \
+            or not (message.HasField("raw_data") and message.HasField("data_type")) \
+            or any(len(getattr(message, name)) if repeated else message.HasField(name)
+                   for name, repeated in _OTHER_FIELDS):
+        return message.ByteSize()
+    size = 1 + _int_varint_size(message.data_type) + sum(1 + _int_varint_size(d) for d in message.dims)
+    if message.HasField("name"):
+        name = len(message.name.encode("utf-8"))
+        size += 1 + len(_varint(name)) + name
+    raw = len(message.raw_data)
+    return size + 1 + len(_varint(raw)) + raw
+
+
 def serialized_parts(model: onnx.ModelProto) -> tuple[list, int]:
     """Plan ``model``'s serialization in parts: ``(parts, total bytes)``.
 
@@ -630,7 +853,7 @@ def serialized_parts(model: onnx.ModelProto) -> tuple[list, int]:
             if gdesc.is_repeated and gdesc.type == gdesc.TYPE_MESSAGE:
                 tag = _varint(gdesc.number << 3 | 2)
                 for element in gvalue:
-                    size = element.ByteSize()
+                    size = _message_size(element)
                     head = tag + _varint(size)
                     graph_parts += (head, element)
                     graph_size += len(head) + size
@@ -645,6 +868,39 @@ def serialized_parts(model: onnx.ModelProto) -> tuple[list, int]:
     return parts, total
 
 
+def inline_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of ``model`` serialized with every weight inline: :func:`serialized_parts`'s total, where each lazy
+    main-graph initializer (:func:`is_lazy`) counts as the tensor an eager load gives (its ``raw_data`` of the
+    external length instead of its ``external_data`` entries; ``data_location`` is set either way, 2 bytes,
+    except for a spilled fold, :data:`SPILLED_KEY`, whose inline form has none), so
+    that the report's figure does not depend on how the model was loaded (protobuf encoding guide,
+    "Length-Delimited Records").
+
+    Raises:
+        as :func:`serialized_parts`.
+    """
+    total = serialized_parts(model)[1]
+    lazy = [t for t in model.graph.initializer if is_lazy(t)]
+    if not lazy or not model.HasField("graph"):
+        return total
+    delta = 0
+    for tensor in lazy:
+        old = tensor.ByteSize()
+        length = _external_source(tensor)[2]
+        entries = sum(1 + len(_varint(e.ByteSize())) + e.ByteSize() for e in tensor.external_data)
+        spilled = any(e.key == SPILLED_KEY for e in tensor.external_data)  # no data_location inline: 2 bytes less
+        new = old - entries + 1 + len(_varint(length)) + length - (2 if spilled else 0)
+        delta += len(_varint(new)) + new - len(_varint(old)) - old
+    graph = 0
+    for gdesc, gvalue in model.graph.ListFields():
+        if gdesc.is_repeated and gdesc.type == gdesc.TYPE_MESSAGE:
+            graph += sum(len(_varint(gdesc.number << 3 | 2)) + len(_varint(n)) + n
+                         for n in (_message_size(element) for element in gvalue))
+        else:
+            graph += len(_one_field(onnx.GraphProto, gdesc, gvalue))
+    return total + delta + len(_varint(graph + delta)) - len(_varint(graph))
+
+
 def write_parts(path: str | os.PathLike, parts: list) -> None:
     """Write the parts of :func:`serialized_parts` to ``path`` one at a time (each message serialized with
     ``deterministic=True`` as it is written), so that the whole model never exists as one ``bytes`` object.
@@ -655,18 +911,6 @@ def write_parts(path: str | os.PathLike, parts: list) -> None:
     with open(path, "wb") as fh:
         for part in parts:
             fh.write(part if isinstance(part, bytes) else part.SerializeToString(deterministic=True))
-
-
-@contextlib.contextmanager
-def _working_directory(path: Path):
-    # onnx's convert_model_to_external_data tests os.path.exists(location) against the *current* directory, so
-    # an unrelated X.data in the cwd blocked writing X (onnx 1.23); run it where only our files are.
-    previous = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
 
 
 #: Name of the new weights inside the temporary folder, before they get their content-derived name.
@@ -722,12 +966,12 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
        being replaced) and no other model file in the folder references them (:func:`_used_elsewhere`).
 
     A replaced ``path`` keeps its permission bits (a 0600 model stays 0600, its data file too); a new file gets
-    0666 less the umask.
+    0666 less the umask. Lazy weights (:func:`is_lazy`) are copied from their files.
 
     A crash or failure at any point leaves the old model with its data, or the new model with its data, never a
     mix; a failure before step 3 removes what step 2 moved. A ``path`` that is a symbolic link is written through:
     the file it points to is replaced and the link stays. Writing external data moves the weights out of
-    ``model`` into the file.
+    ``model`` into the file; they stay lazy there (:func:`is_lazy`).
 
     Args:
         protected: files that must not be replaced or removed (the input model's external data files).
@@ -747,19 +991,19 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
     given = Path(path)
     target, folder = _output_place(given)
     _check_not_replacing(given, target, never_replace, os.stat)
-    parts = _inline_parts(model, external_data)
+    parts = None if has_lazy(model) else _inline_parts(model, external_data)
     if parts is None and given.is_symlink() and Path(os.path.abspath(given)).parent.resolve() != folder:
         raise InputError(f"{given}: is a symbolic link into another folder ({folder}), and the model has external "
                          "data, which onnx and onnxruntime look for beside the path they open: give the real path")
     old_locations, old_mode = _old_output(target, folder, in_place)
     tmpdir = _temporary_folder(given, folder)
     written: list[Path] = []
-    moved: Path | None = None
-    location: str | None = None
+    moved, location = None, None
+    repointed: list = []  # lazy tensors pointed at the new data file (back to their old one unless committed)
     try:
         tmp_model = tmpdir / "model.onnx"
         if parts is None:
-            location = _stage_external(model, tmpdir, tmp_model, target.name, folder)
+            location = _stage_external(model, tmpdir, tmp_model, target.name, folder, repointed)
         else:
             write_parts(tmp_model, parts)  # streamed: the whole model is never one bytes object
         _give_mode(old_mode, tmp_model, None if location is None else tmpdir / _STAGED_DATA)
@@ -770,14 +1014,15 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: b
         _commit_hook()
         _check_not_replacing(given, target, never_replace, os.lstat)
         os.replace(tmp_model, target)  # the commit point
-        moved, parts = None, []  # committed: the weights in memory are the data file's now (nothing to restore)
+        moved, parts, repointed = None, [], []  # committed: the weights are the data file's now (nothing to restore)
+        _mark_lazy(model, location, folder)
         _fsync_folder(folder)
         written.insert(0, given)
     except OSError as exc:
         raise InputError(f"{given}: cannot write the output ({exc.strerror or exc}); nothing was written") from None
     finally:
-        if parts is None and location is not None:  # not committed: the written weights come back into ``model``
-            _restore_weights(model, {location}, (tmpdir / _STAGED_DATA, moved))
+        if parts is None:  # not committed: the written weights come back into ``model``
+            _undo_write(model, repointed, location, (tmpdir / _STAGED_DATA, moved))
         _discard(tmpdir, moved)
     _remove_stale_data(folder, target, old_locations - {location}, () if in_place else protected, in_place)
     return written
@@ -792,18 +1037,41 @@ def _old_output(target: Path, folder: Path, in_place: bool) -> tuple[set[str], i
     return referenced_data_files(target) if ours else set(), _mode_of(target)
 
 
+def _undo_write(model: onnx.ModelProto, repointed: list, location: str | None, sources: tuple[Path | None, ...]
+                ) -> None:
+    """Undo an external-data write that was not committed: the lazy tensors read their old files again
+    (:func:`_repoint`), the others get their bytes back (:func:`_restore_weights`)."""
+    _repoint(repointed)
+    if location is not None:
+        _restore_weights(model, {location}, sources)
+
+
+def _mark_lazy(model: onnx.ModelProto, location: str | None, folder: Path) -> None:
+    """After the commit: every main-graph initializer the write put in the data file ``location`` (None: none)
+    becomes lazy
+    (:func:`is_lazy`) on that file in ``folder``, so that ``model`` stays whole in memory: readable
+    (:func:`external_array`, :func:`materialize`) and writable again (:func:`save_model`)."""
+    if location is None:
+        return
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and not is_lazy(tensor) and any(
+                e.key == "location" and e.value == location for e in tensor.external_data):
+            tensor.external_data.add(key=BASEPATH_KEY, value=str(folder))
+
+
 def _restore_weights(model: onnx.ModelProto, names: set[str], sources: tuple[Path | None, ...]) -> None:
-    """Undo a failed external-data write on ``model`` (in memory): onnx marks each tensor external and clears its
-    ``raw_data`` as it writes it, so a disk that fills at the last tensor left the caller's model without the
-    weights already written (a retry of the save wrote a broken model). Each tensor that onnxfuse's write made
-    external (its location one of ``names``: ``weights.data`` or the content name) gets its bytes back from the
-    first of ``sources`` that exists, the staged or moved data file, and is inline again.
+    """Undo a failed external-data write on ``model`` (in memory): the write marks each tensor external and clears
+    its ``raw_data`` once the data file holds it, so a failure after that (the model file's write, the commit)
+    left the caller's model without those weights (a retry of the save wrote a broken model). Each tensor that
+    onnxfuse's write made external (its location one of ``names``: ``weights.data`` or the content name; lazy
+    ones are :func:`_repoint`'s) gets its bytes back from the first of ``sources`` that exists, the staged or moved
+    data file, and is inline again.
 
     Raises:
         OSError: the data file cannot be read back (the save's own error is then the one reported).
     """
     staged = [t for t in onnx.external_data_helper._get_all_tensors(model)
-              if t.data_location == onnx.TensorProto.EXTERNAL
+              if t.data_location == onnx.TensorProto.EXTERNAL and not is_lazy(t)
               and any(e.key == "location" and e.value in names for e in t.external_data)]
     source = next((p for p in sources if p is not None and p.is_file()), None)
     for tensor in staged:
@@ -932,48 +1200,218 @@ def _commit_hook() -> None:
 
 
 def _stage_external(model: onnx.ModelProto, tmpdir: Path, tmp_model: Path, model_name: str,
-                    folder: Path) -> str | None:
+                    folder: Path, repointed: list) -> str | None:
     """Write ``model`` with its weights in ``tmpdir/weights.data``, give that file the model file's mode and its
     content name (:func:`data_file_name`) in the model, write the model to ``tmp_model``; return the data file's
-    name, or None when no tensor went external (all under onnx's 1 KiB threshold)."""
+    name, or None when no tensor went external (all under onnx's 1 KiB threshold). ``repointed`` receives
+    ``(tensor, its external_data entries before)`` for every lazy tensor (:func:`is_lazy`) the write points at
+    the new file, for :func:`_repoint` to undo."""
     staged = tmpdir / _STAGED_DATA
     try:
-        return _write_external(model, tmpdir, tmp_model, model_name, folder)
+        return _write_external(model, tmpdir, tmp_model, model_name, folder, repointed)
     except BaseException:
+        _repoint(repointed)
         _restore_weights(model, {_STAGED_DATA} | {
             e.value for t in onnx.external_data_helper._get_all_tensors(model) for e in t.external_data
             if e.key == "location" and _own_data_name(model_name, e.value) and e.value.endswith(".data")}, (staged,))
         raise
 
 
+def _repoint(repointed: list) -> None:
+    """Give each lazy tensor of ``repointed`` (:func:`_stage_external`) its external_data entries back: it reads
+    its old file again. Empties ``repointed``."""
+    for tensor, entries in repointed:
+        del tensor.external_data[:]
+        for key, value in entries:
+            tensor.external_data.add(key=key, value=value)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+    del repointed[:]
+
+
 def _write_external(model: onnx.ModelProto, tmpdir: Path, tmp_model: Path, model_name: str,
-                    folder: Path) -> str | None:
-    """:func:`_stage_external`'s work, which it undoes on ``model`` when this raises."""
-    with _working_directory(tmpdir):
-        onnx.save_model(model, tmp_model.name, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=_STAGED_DATA, size_threshold=1024)
+                    folder: Path, repointed: list) -> str | None:
+    """:func:`_stage_external`'s work, which it undoes on ``model`` when this raises.
+
+    The data file has the layout ``onnx.save_model(save_as_external_data=True, all_tensors_to_one_file=True,
+    size_threshold=1024)`` gives it (onnx.external_data_helper: every initializer, subgraphs' too, whose
+    ``raw_data`` is at least the threshold by ``sys.getsizeof``, one after the other in
+    ``_get_initializer_tensors`` order, no padding), written by :func:`_write_data_file`: a lazy tensor's bytes
+    are copied from its file without passing through memory, and zeros are left as holes.
+    """
     staged = tmpdir / _STAGED_DATA
-    if not staged.exists():
+    placed = _write_data_file(model, staged)
+    if not placed:
+        write_parts(tmp_model, serialized_parts(model)[0])
         return None
-    digest = hashlib.sha256()
-    with open(staged, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
+    for tensor, offset, length in placed:
+        if is_lazy(tensor):
+            repointed.append((tensor, [(e.key, e.value) for e in tensor.external_data]))
+        del tensor.external_data[:]
+        tensor.ClearField("raw_data")
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", _STAGED_DATA), ("offset", str(offset)), ("length", str(length))):
+            tensor.external_data.add(key=key, value=value)
+    digest = _sha256(staged)
     try:
         name_max = os.pathconf(folder, "PC_NAME_MAX")
     except (OSError, ValueError):
         name_max = 255
     location = data_file_name(model_name, digest.hexdigest(), name_max)
-    for tensor in onnx.external_data_helper._get_all_tensors(model):
+    for tensor, _, _ in placed:
         for entry in tensor.external_data:
             if entry.key == "location" and entry.value == _STAGED_DATA:
                 entry.value = location
     write_parts(tmp_model, serialized_parts(model)[0])  # the weights are out of the model: it is small now
-    # onnx creates the data file with mode 0600; give it the model file's (0666 less the umask), so that whoever
+    # the data file was created with mode 0600; give it the model file's (0666 less the umask), so that whoever
     # may read the model may read its weights too
     os.chmod(staged, stat.S_IMODE(os.stat(tmp_model).st_mode))
     _fsync(staged)
     return location
+
+
+#: Block size of the data file's writes and copies, in bytes.
+_BLOCK = 1 << 22
+
+
+def _sha256(path: Path):
+    """The SHA-256 of the file ``path`` (a ``hashlib`` object), its holes (``SEEK_HOLE``) hashed from a block of
+    zeros in memory rather than read: reading a hole makes the kernel zero a page-cache page for every page."""
+    digest = hashlib.sha256()
+    zeros = memoryview(bytes(_BLOCK))
+    with open(path, "rb") as fh:
+        fd, size, pos = fh.fileno(), os.fstat(fh.fileno()).st_size, 0
+        while pos < size:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                data = size if exc.errno == errno.ENXIO else pos  # ENXIO: only a hole is left
+            except AttributeError:  # no SEEK_DATA on this platform
+                data = pos
+            for start in range(pos, data, _BLOCK):
+                digest.update(zeros[:min(_BLOCK, data - start)])
+            if data >= size:
+                break
+            try:
+                hole = os.lseek(fd, data, os.SEEK_HOLE)
+            except (OSError, AttributeError):
+                hole = size
+            pos = data
+            while pos < hole:
+                block = os.pread(fd, min(_BLOCK, hole - pos), pos)
+                if not block:
+                    raise OSError(errno.EIO, f"{path.name} ended while it was read")
+                digest.update(block)
+                pos += len(block)
+    return digest
+
+
+def _write_data_file(model: onnx.ModelProto, staged: Path) -> list[tuple[onnx.TensorProto, int, int]]:
+    """Write the data of every initializer of ``model`` that goes external (see :func:`_write_external`) to
+    ``staged``, created only when one does; return ``(tensor, offset, length)`` of each, in file order. The
+    tensors are not changed. A lazy tensor (:func:`is_lazy`) is copied from its file (:func:`_copy_range`), an
+    inline one written from its ``raw_data`` one block at a time, blocks of zeros skipped; the file is then
+    truncated to its length, so that skipped zeros read back as zeros (holes where the file system has them).
+
+    Raises:
+        OSError: a file cannot be read or written (disk full).
+    """
+    placed: list[tuple[onnx.TensorProto, int, int]] = []
+    fd: int | None = None
+    end = 0
+    try:
+        for tensor in onnx.external_data_helper._get_initializer_tensors(model):
+            if is_lazy(tensor):
+                source, offset, length = _external_source(tensor)
+                fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) if fd is None else fd
+                with open(source, "rb") as fh:
+                    _copy_range(fh.fileno(), fd, offset, length, end)
+            elif tensor.HasField("raw_data"):
+                raw = tensor.raw_data  # one copy (protobuf hands out new bytes), freed once written
+                if sys.getsizeof(raw) < 1024:  # onnx's test (convert_model_to_external_data)
+                    continue
+                length = len(raw)
+                fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) if fd is None else fd
+                _write_sparse(fd, raw, end)
+                del raw
+            else:
+                continue
+            placed.append((tensor, end, length))
+            end += length
+        if fd is not None:
+            os.ftruncate(fd, end)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return placed
+
+
+def _write_sparse(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Write ``data`` at ``offset`` of ``fd``, one :data:`_BLOCK` at a time, leaving out blocks of zeros (the
+    caller truncates the file to its full length)."""
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), _BLOCK):
+        stop = min(start + _BLOCK, len(view))
+        if bytes(view[start:stop]).count(0) == stop - start:  # a block of zeros: left as a hole
+            continue
+        _pwrite_all(fd, view[start:stop], offset + start)
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    while len(data):
+        done = os.pwrite(fd, data, offset)
+        data, offset = data[done:], offset + done
+
+
+def _copy_range(src: int, dst: int, offset: int, length: int, dst_offset: int) -> None:
+    """Copy ``length`` bytes at ``offset`` of file ``src`` to ``dst_offset`` of file ``dst`` (descriptors), the
+    data regions only (``lseek`` ``SEEK_DATA``/``SEEK_HOLE``, Linux and the BSDs): holes stay holes where the
+    file system reports them, and the caller truncates ``dst`` to its length.
+
+    Raises:
+        OSError: a read or write failed, or ``src`` ends before the range does.
+    """
+    end = offset + length
+    pos = offset
+    while pos < end:
+        try:
+            data = os.lseek(src, pos, os.SEEK_DATA)
+            hole = min(os.lseek(src, data, os.SEEK_HOLE), end)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data after pos: the rest of the range is a hole
+                if os.fstat(src).st_size < end:
+                    raise OSError(errno.EIO, "the external data file is shorter than the tensor's range") from None
+                return
+            data, hole = pos, end  # no hole support: copy everything
+        except AttributeError:  # os.SEEK_DATA missing on this platform
+            data, hole = pos, end
+        if data >= end:
+            return
+        _copy_bytes(src, dst, data, hole - data, dst_offset + data - offset)
+        pos = hole
+
+
+def _copy_bytes(src: int, dst: int, offset: int, length: int, dst_offset: int) -> None:
+    """``length`` bytes from ``offset`` of ``src`` to ``dst_offset`` of ``dst``: ``os.copy_file_range`` (the
+    kernel copies, no user-space buffer), else ``pread``/``pwrite`` in :data:`_BLOCK` blocks."""
+    copy = getattr(os, "copy_file_range", None)
+    while length > 0:
+        n = 0
+        if copy is not None:
+            try:
+                n = copy(src, dst, min(length, 1 << 30), offset, dst_offset)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ETXTBSY):
+                    raise
+                copy = None
+                continue
+        else:
+            block = os.pread(src, min(length, _BLOCK), offset)
+            n = len(block)
+            if n:
+                _pwrite_all(dst, block, dst_offset)
+        if n == 0:
+            raise OSError(errno.EIO, "the external data file is shorter than the tensor's range")
+        offset, dst_offset, length = offset + n, dst_offset + n, length - n
 
 
 def _same_bytes(a: Path, b: Path) -> bool:
