@@ -433,11 +433,18 @@ def _dim_values(info: dict, counted: dict[str, tuple | None]) -> dict[str, Any]:
 
 
 def _precision(fusions: list[Fusion]) -> list[str]:
-    """The report's warning that the body runs in float32, where float16_body rewrote the model."""
+    """The report's warning, where float16_body rewrote the model, that its body runs in float32 and why the figure
+    against the graph as exported grows (each tensor of the body counted at 4 bytes an element, where the export's
+    float16 tensor has 2; traffic.md), while the figure against onnxruntime compares like with like: onnxruntime's
+    CPU provider, without float16 kernels for those ops, runs them in float32 too, behind Casts it inserts at load
+    (``core/optimizer/insert_cast_transformer.cc``; ``passes/float16_body.py``)."""
     if not any(f.pass_name == "float16_body" for f in fusions):
         return []
     return ["precision: the body runs in float32 between Casts at the float16 graph inputs and outputs "
-            "(float16_body; its weights are stored as float32, twice their bytes)"]
+            "(float16_body: onnxruntime's CPU provider has no float16 kernel for its ops and would run them in "
+            "float32 behind Casts of its own); so the figure against the graph as exported counts every body "
+            "tensor at 4 bytes an element where the export's float16 has 2, and can grow, and the weights are "
+            "stored as float32, twice their bytes; the figure against onnxruntime compares float32 with float32"]
 
 
 def _after_sizes(before: traffic.Sizes, out: onnx.ModelProto, fusions: list[Fusion], written_before: frozenset[str],

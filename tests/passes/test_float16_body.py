@@ -179,3 +179,19 @@ def test_report_counts_the_body_in_float32_and_says_so(fuse, no_f16_kernel):
     # the fused Conv reads x as float32 (4 bytes an element) after the Cast: 1 x 3 x 8 x 8 x 4 bytes
     assert row["bytes_after"] >= 3 * 8 * 8 * 4
     assert any("body runs in float32" in w for w in report.warnings)
+
+
+def test_report_says_why_the_figure_against_the_export_grows(fuse, no_f16_kernel):
+    """With nothing fused after it, float16_body alone makes the traffic against the graph as exported grow
+    (every body tensor counted at 4 bytes an element, not 2): the report's warning says what precision the body
+    runs in and why, in every format."""
+    from onnxfuse.report import formats
+
+    result = fuse(conv_clip(), only=(PASS,), target="cpu")
+    doc = result.report.to_dict()
+    assert doc["totals"]["saved_bytes"] < 0
+    (warning,) = [w for w in doc["warnings"] if w.startswith("precision:")]
+    assert "body runs in float32" in warning and "graph as exported" in warning and "4 bytes" in warning
+    for fmt in ("text", "markdown", "html", "json"):
+        shown = " ".join(formats.render(result.report, fmt, width=10_000).split())
+        assert "against the graph as exported counts every body tensor at 4 bytes" in shown, fmt
