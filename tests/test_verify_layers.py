@@ -105,13 +105,17 @@ def test_a_failed_optimize_with_layers_prints_the_first_diverging_tensor(monkeyp
     assert layers["first"][0]["tensor"] == culprit.output and layers["first"][0]["candidate_node"][0] == culprit.node
 
 
-def _bn_flatten_gemm():
-    """x [3, 5, 2, 2] -> BatchNormalization -> Flatten -> Gemm: batchnorm_gemm keeps the Flatten, which then
+def _bn_flatten_gemm(batch=3):
+    """x [batch, 5, 2, 2] -> BatchNormalization -> Flatten -> Gemm: batchnorm_gemm keeps the Flatten, which then
     flattens x itself."""
     from tests.passes.test_batchnorm_gemm import bn_gemm
 
-    b, y = bn_gemm((3, 5, 2, 2), flatten_axis=1, trans_b=True)
+    b, y = bn_gemm((batch, 5, 2, 2), flatten_axis=1, trans_b=True)
     return b.build(y)
+
+
+def _bn_flatten_gemm_symbolic_batch():
+    return _bn_flatten_gemm("N")
 
 
 def _bn_reshape_gemm():
@@ -130,7 +134,8 @@ def _matmul_reshape_transpose_bn():
     return b.build(y)
 
 
-@pytest.mark.parametrize("make", [_bn_flatten_gemm, _bn_reshape_gemm, _matmul_reshape_transpose_bn])
+@pytest.mark.parametrize("make", [_bn_flatten_gemm, _bn_flatten_gemm_symbolic_batch, _bn_reshape_gemm,
+                                  _matmul_reshape_transpose_bn])
 def test_a_fold_that_keeps_a_node_gives_its_changed_output_a_new_name(tmp_path, make):
     """A fold that leaves a Flatten/Reshape in place changes the value that node writes: its output gets a new
     name, so the tensors both models have under one name hold the same values (no false divergence), and the

@@ -208,12 +208,14 @@ def _recorded_types(model: onnx.ModelProto, written_before: AbstractSet[str], di
 
 def _derive_shape(node: onnx.NodeProto, shapes: dict[str, tuple | None], elem: dict[str, int],
                   values: dict[str, onnx.TensorProto]) -> None:
-    """Give the output of a Reshape or Gemm that a pass wrote (a tensor the original's shape inference never saw)
-    its shape from its inputs', in place, where every dim needed is known; anything else is left unknown.
+    """Give the output of a Reshape, Flatten or Gemm that a pass wrote (a tensor the original's shape inference
+    never saw) its shape from its inputs', in place, where every dim needed is known; anything else is left
+    unknown.
 
     Reshape (ONNX Operators.md, Reshape): the constant shape's 0 copies the input dim (``allowzero`` 0), one -1 is
-    the element count over the other dims. Gemm (Operators.md, Gemm): ``[M, N]`` with M from A (``transA``) and
-    N from B (``transB``).
+    the element count over the other dims. Flatten (Operators.md, Flatten): ``[d0 * ... * d(axis-1), d(axis) *
+    ... * d(n-1)]``, a negative axis counted from the end. Gemm (Operators.md, Gemm): ``[M, N]`` with M from A
+    (``transA``) and N from B (``transB``).
     """
     if not node.output or node.output[0] in shapes or not is_default_domain(node.domain):
         return
@@ -235,6 +237,14 @@ def _derive_shape(node: onnx.NodeProto, shapes: dict[str, tuple | None], elem: d
             rest = count // known if type(count) is int and type(known) is int else count / known
             dims = [rest if type(d) is int and d == -1 else d for d in dims]
         shapes[out] = tuple(dims)
+    elif node.op_type == "Flatten" and node.input:
+        src = shapes.get(node.input[0])
+        if src is None or any(d is None for d in src):
+            return
+        axis = attrs.get("axis", 1) + (len(src) if attrs.get("axis", 1) < 0 else 0)
+        if not 0 <= axis <= len(src):
+            return
+        shapes[out] = (math.prod(src[:axis]), math.prod(src[axis:]))
     elif node.op_type == "Gemm" and len(node.input) >= 2:
         a, b = shapes.get(node.input[0]), shapes.get(node.input[1])
         if a is None or b is None or len(a) != 2 or len(b) != 2:
