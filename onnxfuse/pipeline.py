@@ -359,6 +359,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
     del skel  # weight-free, but its messages take a few MiB at the peak that comes later
     before_sizes = traffic.Sizes(sym.shapes, {**elem_types, **sym.elem_types}, sym.reasons).with_model(model)
     before_rows = traffic.node_traffic(model, before_sizes)
+    written_before = _tensor_names(model)
     missing = _missing_shapes(model, input_shapes)
     before_ops = _op_counts(model.graph)
 
@@ -384,7 +385,7 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
                 from onnxfuse.ort import optimized_graph as ort_graph
 
                 runtime = ort_graph.runtime_graphs(loaded.ort_source(), out, options.ort_level)
-    after_sizes = _float32_body_sizes(before_sizes.with_model(out), out, fusions)
+    after_sizes = _after_sizes(before_sizes, out, fusions, written_before, _dim_values(info, sym.shapes))
     after_rows = traffic.node_traffic(out, after_sizes)
     release = deployment_release(options)
     mismatches = [*mismatches, *_release_warnings(release, forms, min_release)]
@@ -510,19 +511,61 @@ def _own_symbolic(sym: symbolic.SymbolicShapes, skel: onnx.ModelProto, info: dic
     return None, lambda: symbolic.infer(skel, info)
 
 
+def _tensor_names(model: onnx.ModelProto) -> frozenset[str]:
+    """Every tensor name of ``model``'s graphs: node outputs, graph inputs and initializers."""
+    names: set[str] = set()
+    for graph, _ in proto.proto_graphs(model.graph):
+        names.update(o for n in graph.node for o in n.output if o)
+        names.update(v.name for v in graph.input)
+        names.update(t.name for t in graph.initializer)
+    return frozenset(names)
+
+
+def _dim_values(info: dict, counted: dict[str, tuple | None]) -> dict[str, Any]:
+    """Named dim (a ``dim_param`` of onnx shape inference, as the passes see shapes: ``Context.shape``) -> its
+    value in the shapes the report counts (``counted``: an expression in the input symbols, or a number at the
+    input shapes), paired position by position over the tensors both know; a name paired with two different
+    values is left out. The sizes of the tensors a pass inserted are read from the shapes it recorded in
+    those names (``traffic.Sizes.with_model``)."""
+    out: dict[str, Any] = {}
+    clash: set[str] = set()
+    for name, entry in info.items():
+        shape, got = entry[0], counted.get(name)
+        if shape is None or got is None or len(shape) != len(got):
+            continue
+        for d, value in zip(shape, got):
+            if isinstance(d, str) and value is not None and d not in clash:
+                if d in out and out[d] != value:
+                    clash.add(d)
+                    del out[d]
+                elif d not in out:
+                    out[d] = value
+    return out
+
+
 def _precision(fusions: list[Fusion]) -> list[str]:
-    """The report's warning that the body runs in float32, where float16_body rewrote the model."""
+    """The report's warning, where float16_body rewrote the model, that its body runs in float32 and why the figure
+    against the graph as exported grows (each tensor of the body counted at 4 bytes an element, where the export's
+    float16 tensor has 2; traffic.md), while the figure against onnxruntime compares like with like: onnxruntime's
+    CPU provider, without float16 kernels for those ops, runs them in float32 too, behind Casts it inserts at load
+    (``core/optimizer/insert_cast_transformer.cc``; ``passes/float16_body.py``)."""
     if not any(f.pass_name == "float16_body" for f in fusions):
         return []
     return ["precision: the body runs in float32 between Casts at the float16 graph inputs and outputs "
-            "(float16_body; its weights are stored as float32, twice their bytes)"]
+            "(float16_body: onnxruntime's CPU provider has no float16 kernel for its ops and would run them in "
+            "float32 behind Casts of its own); so the figure against the graph as exported counts every body "
+            "tensor at 4 bytes an element where the export's float16 has 2, and can grow, and the weights are "
+            "stored as float32, twice their bytes; the figure against onnxruntime compares float32 with float32"]
 
 
-def _float32_body_sizes(sizes: traffic.Sizes, out: onnx.ModelProto, fusions: list[Fusion]) -> traffic.Sizes:
-    """``sizes`` (the original's tensor sizes with ``out``'s constants), for an ``out`` whose body float16_body
-    made float32 (one of ``fusions`` is its; else ``sizes`` as they are): every float16 tensor but the graph
-    inputs and outputs is float32 now (4 bytes an element, not 2), and each Cast at an input or output writes a
-    tensor of its input's shape."""
+def _after_sizes(before: traffic.Sizes, out: onnx.ModelProto, fusions: list[Fusion], written_before: frozenset[str],
+                 dims: dict[str, Any]) -> traffic.Sizes:
+    """The sizes of ``out``'s tensors: the original's (``before``) with ``out``'s constants, and the tensors the
+    passes inserted (not in ``written_before``) as they recorded them (``dims``: :func:`_dim_values`;
+    ``traffic.Sizes.with_model``). For an ``out`` whose body float16_body made float32 (one of ``fusions`` is
+    its): every float16 tensor but the graph inputs and outputs is float32 now (4 bytes an element, not 2), and
+    each Cast at an input or output writes a tensor of its input's shape."""
+    sizes = before.with_model(out, written_before, dims)
     if not any(f.pass_name == "float16_body" for f in fusions):
         return sizes
     ends = {v.name for v in (*out.graph.input, *out.graph.output)}

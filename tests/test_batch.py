@@ -283,7 +283,7 @@ def test_ray_option_swallowing_an_input_no_input_or_merge_with_shard_is_a_one_li
     result = _batch(["-o", tmp_path / "out"])
     assert result.exit_code == 2 and "give at least one model" in result.output
     result = _batch(["--merge", "--shard", "1/2", tmp_path / "summary.json", "-o", tmp_path / "out"])
-    assert result.exit_code == 2 and "--shard and --ray do not apply" in result.output
+    assert result.exit_code == 2 and "--merge and --shard contradict each other" in result.output
 
 
 def test_sizes_and_default_jobs():

@@ -289,7 +289,7 @@ def test_quiet_and_verbose_work_after_the_command(tmp_path):
 
 def test_only_and_skip_leaving_nothing_is_a_usage_error(tmp_path):
     result = invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--only", "conv_affine", "--skip", "conv_affine")
-    assert result.exit_code == 2 and "no pass" in result.output
+    assert result.exit_code == 2 and "--only and --skip contradict each other: both name conv_affine" in result.output
 
 
 def test_bandwidth_must_be_positive_and_is_shown(tmp_path):
@@ -1056,3 +1056,46 @@ def test_attributes_graphsurgeon_drops_keep_the_model_unchanged(tmp_path, kind):
     from onnxfuse.ort.sessions import session
 
     session(str(out))  # it loads, as the input does
+
+
+#: How each option of the conflict rules is given in the test below (parameter name -> arguments).
+_GIVEN = {"no_verify": ["--no-verify"], "require_verify": ["--require-verify"], "drop_culprits": ["--drop-culprits"],
+          "layers": ["--layers"], "input_sets": ["--input-sets", "2"], "rtol": ["--rtol", "0.1"],
+          "atol": ["--atol", "0.1"], "verify_timeout": ["--verify-timeout", "10"],
+          "input_value": ["--input-value", "x=1"], "input_range": ["--input-range", "x=0,1"],
+          "profile_timeout": ["--profile-timeout", "5"], "profile": ["--profile"], "merge": ["--merge"],
+          "shard": ["--shard", "1/2"], "ray_address": ["--ray=localhost:1"], "jobs": ["-j", "1"],
+          "timeout": ["--timeout", "5"], "max_memory": ["--max-memory", "1G"], "target": ["--target", "cpu"],
+          "ort_level": ["--ort-level", "all"], "plugins": ["--plugin", "nosuchmodule:Pass"]}
+
+
+def _conflict_cases():
+    from onnxfuse.cli.args.conflicts import BATCH_CONFLICTS, OPTIMIZE_CONFLICTS, REPORT_NEEDS
+
+    for command, rules, needs in (("optimize", OPTIMIZE_CONFLICTS, False), ("report", REPORT_NEEDS, True),
+                                  ("batch", BATCH_CONFLICTS, False)):
+        for a, b, _ in rules:
+            yield pytest.param(command, a, b, needs, id=f"{command}-{a}-{b}")
+
+
+@pytest.mark.parametrize(("command", "a", "b", "needs"), list(_conflict_cases()))
+def test_contradictory_options_are_one_usage_error_naming_both(tmp_path, command, a, b, needs):
+    """Two options that contradict each other, or one given without the option it needs, exit 2 with one line
+    that names both, before any work: nothing is written."""
+    out = tmp_path / "out"
+    positional = {"optimize": [SAMPLE, out / "o.onnx"], "report": [SAMPLE], "batch": [SAMPLE, "-o", out]}[command]
+    out.mkdir()
+    result = invoke(command, *positional, *_GIVEN[a], *([] if needs else _GIVEN[b]))
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    said = "needs" if needs else "contradict each other"
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], lines
+    params = {p.name: p for p in main.commands[command].params}
+    assert all(max(params[name].opts, key=len) in lines[0] for name in (a, b)), lines[0]
+    assert not any(out.iterdir())
+
+
+def test_an_option_at_its_default_does_not_conflict(tmp_path):
+    """Only options given count: --no-verify alone keeps the verification options at their defaults."""
+    result = invoke("optimize", SAMPLE, tmp_path / "o.onnx", "--no-verify")
+    assert result.exit_code == 0, result.output

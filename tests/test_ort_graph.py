@@ -172,3 +172,30 @@ def test_a_tensor_onnxruntime_recast_still_counts_as_written():
     assert {"getitem", "clip_3_1", "clip_3", "relu_out", "conv_out"} <= names
     graphs = ort_graph.RuntimeGraphs(level="all", onnxruntime="x", original_tensors=frozenset(names))
     assert not graphs.made_by_onnxruntime(["getitem"]) and graphs.made_by_onnxruntime(["gone"])
+
+
+def test_a_tensor_onnxruntime_writes_in_its_nchwc_layout_still_counts_as_written():
+    """onnxruntime's NCHWc transformer names the blocked-layout node after the tensor it writes (``<name>_nchwc``,
+    ``_token_N`` appended to a name already taken) and writes it as ``reorder_token_N``: that tensor still makes
+    its round trip, so a fusion that removed it is not one onnxruntime makes itself. The graph is built here as
+    onnxruntime would save it (no processor's layout choice asserted)."""
+    from onnx import TensorProto, helper
+
+    nchwc = "com.microsoft.nchwc"
+    nodes = [
+        helper.make_node("ReorderInput", ["x"], ["reorder_token_0"], name="ReorderInput", domain=nchwc),
+        helper.make_node("Conv", ["reorder_token_0", "w"], ["reorder_token_1"], name="conv_out_nchwc", domain=nchwc),
+        helper.make_node("Conv", ["reorder_token_1", "w"], ["reorder_token_2"], name="conv2_out_nchwc_token_7",
+                         domain=nchwc),
+        helper.make_node("QuickGelu", ["reorder_token_2"], ["reorder_token_3"], name="silu", domain="com.microsoft"),
+        helper.make_node("Conv", ["reorder_token_3", "w"], ["reorder_token_4"], name="relu_out_nchwc", domain=nchwc),
+        helper.make_node("ReorderOutput", ["reorder_token_4"], ["y"], name="ReorderOutput_token_9", domain=nchwc),
+    ]
+    graph = helper.make_graph(nodes, "ort", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 4, 4])])
+    written = ort_graph.written_tensors(helper.make_model(graph))
+    assert {"conv_out", "conv2_out", "relu_out", "y", "reorder_token_1"} <= written
+    graphs = ort_graph.RuntimeGraphs(level="all", onnxruntime="x", original_tensors=written)
+    # Conv -> Relu fused by onnxfuse: onnxruntime wrote conv_out (blocked), so the fusion goes beyond it
+    assert not graphs.made_by_onnxruntime(["conv_out"]) and not graphs.made_by_onnxruntime(["conv2_out"])
+    assert graphs.made_by_onnxruntime(["conv3_out"])  # a tensor no node writes under any name

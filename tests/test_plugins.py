@@ -400,4 +400,4 @@ def test_batch_drop_culprits_writes_the_verified_remainder(tmp_path):
     assert_same_outputs(model, out)
     refused = CliRunner().invoke(main, ["batch", str(path), "-o", str(tmp_path / "n"), "--no-verify",
                                         "--drop-culprits"])
-    assert refused.exit_code == 2 and "--drop-culprits needs verification" in refused.output
+    assert refused.exit_code == 2 and "--no-verify and --drop-culprits contradict each other" in refused.output

@@ -464,3 +464,25 @@ def test_strided_conv_chain_dims_stay_one_rounding_deep(ceil_mode_pool):
         for h in (1, 2, 3, 7, 64, 65, 224, 1023, 4097, 10 ** 6 + 3):
             assert int(dim.xreplace({H: h})) == expected_dim(h, depth, ceil_mode_pool), (depth, h)
     assert ops[0] == ops[1] == ops[2], ops
+
+
+def test_tensors_a_pass_inserted_are_sized_from_their_inputs_or_the_recorded_shape():
+    """Sizes.with_model on a rewritten model: a new Flatten output is derived from its input's (symbolic) shape, a
+    new Transpose output takes the shape recorded in value_info (its named dim mapped to the counted one), and a
+    tensor of the original keeps the original's size whatever the value_info says."""
+    n = symbolic.make_symbol("N")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, 2, 2])
+    nodes = [helper.make_node("Flatten", ["x"], ["flat_new"], axis=1),
+             helper.make_node("Transpose", ["x"], ["t_new"], perm=[0, 2, 3, 1]),
+             helper.make_node("Relu", ["x"], ["old"])]
+    info = [helper.make_tensor_value_info("t_new", TensorProto.FLOAT, ["batch", 2, 2, 5]),
+            helper.make_tensor_value_info("old", TensorProto.FLOAT, [7, 7])]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("old", TensorProto.FLOAT, None)],
+                              value_info=info)
+    before = traffic.Sizes({"x": (n, 5, 2, 2), "old": (n, 5, 2, 2)}, {"x": TensorProto.FLOAT, "old": 1})
+    after = before.with_model(helper.make_model(graph), frozenset({"x", "old"}), {"batch": n})
+    assert after.shapes["flat_new"] == (n, 20) and after.bytes("flat_new") == 80 * n
+    assert after.shapes["t_new"] == (n, 2, 2, 5) and after.elem_types["t_new"] == TensorProto.FLOAT
+    assert after.shapes["old"] == (n, 5, 2, 2)
+    unmapped = before.with_model(helper.make_model(graph), frozenset({"x", "old"}), {})
+    assert unmapped.bytes("t_new") is None  # a named dim the counted shapes do not know stays unknown

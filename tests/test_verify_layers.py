@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from click.testing import CliRunner
 
 from onnxfuse import pipeline
 from onnxfuse.cli.main import main
 from onnxfuse.verification.layers import compare_layers
+from tests.builders import GraphBuilder
+from tests.conftest import optimize
 from tests.test_culprits import Mutant, chain_model, inject, pick_site
 
 
@@ -99,3 +103,52 @@ def test_a_failed_optimize_with_layers_prints_the_first_diverging_tensor(monkeyp
     assert lines[first].strip().startswith(f"{culprit.output}:") and culprit.node in lines[first]
     layers = json.loads(report.read_text())["verification"]["layers"]
     assert layers["first"][0]["tensor"] == culprit.output and layers["first"][0]["candidate_node"][0] == culprit.node
+
+
+def _bn_flatten_gemm(batch=3):
+    """x [batch, 5, 2, 2] -> BatchNormalization -> Flatten -> Gemm: batchnorm_gemm keeps the Flatten, which then
+    flattens x itself."""
+    from tests.passes.test_batchnorm_gemm import bn_gemm
+
+    b, y = bn_gemm((batch, 5, 2, 2), flatten_axis=1, trans_b=True)
+    return b.build(y)
+
+
+def _bn_flatten_gemm_symbolic_batch():
+    return _bn_flatten_gemm("N")
+
+
+def _bn_reshape_gemm():
+    """The same through Reshape([0, -1]) (TorchScript's ``x.view(x.size(0), -1)``), the batch symbolic."""
+    b = GraphBuilder()
+    y = b.op("Reshape", [b.bn(b.input("x", ["N", 5, 2, 2]), 5), b.const(np.array([0, -1], np.int64))])
+    return b.build(b.gemm(y, 20, 4, trans_b=True))
+
+
+def _matmul_reshape_transpose_bn():
+    """MatMul -> Reshape -> Transpose -> BatchNormalization: matmul_batchnorm keeps the Reshape, which then
+    reshapes the normalized MatMul output."""
+    from tests.passes.test_matmul_batchnorm import conformer_like
+
+    b, y = conformer_like(transpose=True, reshape=True)
+    return b.build(y)
+
+
+@pytest.mark.parametrize("make", [_bn_flatten_gemm, _bn_flatten_gemm_symbolic_batch, _bn_reshape_gemm,
+                                  _matmul_reshape_transpose_bn])
+def test_a_fold_that_keeps_a_node_gives_its_changed_output_a_new_name(tmp_path, make):
+    """A fold that leaves a Flatten/Reshape in place changes the value that node writes: its output gets a new
+    name, so the tensors both models have under one name hold the same values (no false divergence), and the
+    report still sizes every node (the new tensor's shape is recorded where the old one's was known)."""
+    model = make()
+    result = optimize(tmp_path, model)
+    assert result.fusions and "BatchNormalization" not in {n.op_type for n in result.model.graph.node}
+    layers = compare_layers(model, result.model)
+    assert layers.verification.status == "passed" and layers.diverging == 0, layers.lines()
+    kept = {n.output[0] for n in model.graph.node} & {n.output[0] for n in result.model.graph.node}
+    graph_outputs = {o.name for o in model.graph.output}
+    for name in kept - graph_outputs:  # a name in both is written by a node that computes the same value
+        assert name in layers.compared
+    doc = result.report.to_dict()
+    assert doc["unknown_nodes"] == [] and doc["totals"]["after"]["unknown_nodes"] == 0
+    assert all(f["bytes_after_expr"] is not None for f in doc["fusions"])

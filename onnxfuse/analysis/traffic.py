@@ -15,7 +15,8 @@ stays an int, so a model with only numeric dims never imports sympy); None means
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -139,8 +140,19 @@ class Sizes:
         """From :func:`onnxfuse.analysis.shapes.infer`'s ``(info, elem_types)``: named dims count as unknown."""
         return cls({k: v[0] for k, v in info.items()}, elem_types)
 
-    def with_model(self, model: onnx.ModelProto) -> Sizes:
-        """A copy that also knows every initializer and ``Constant`` value of ``model`` (new folded weights)."""
+    def with_model(self, model: onnx.ModelProto, written_before: AbstractSet[str] | None = None,
+                   dims: Mapping[str, Bytes] | None = None) -> Sizes:
+        """A copy that also knows every initializer and ``Constant`` value of ``model`` (new folded weights).
+
+        With ``written_before`` (the names of the tensors written by a node of the model these sizes were
+        inferred on), ``model`` is a rewrite of it: a tensor that a node of ``model`` writes and that is not
+        among them is one a pass inserted, which the original's shape inference never saw. It gets its shape
+        from :func:`_derive_shape` where its inputs' shapes give it, else from ``model``'s ``value_info`` (graph
+        outputs included), where the pass recorded the shape it knew (``onnx_graphsurgeon`` exports a variable's
+        dtype and shape there): ``dim_value`` as the number, ``dim_param`` as ``dims[name]`` (the expression
+        of that named dim in these sizes; unknown when absent), a dim with neither unknown. A tensor of the
+        original keeps the original's size whatever ``model``'s ``value_info`` says (it may be stale there).
+        """
         shapes, elem = dict(self.shapes), dict(self.elem_types)
         values: dict[str, onnx.TensorProto] = {}
         for graph, _ in proto_graphs(model.graph):
@@ -155,9 +167,16 @@ class Sizes:
                             shapes[node.output[0]] = tuple(attr.t.dims)
                             elem[node.output[0]] = attr.t.data_type
                             values[node.output[0]] = attr.t
+        recorded = _recorded_types(model, written_before, dims or {}) if written_before is not None else {}
         for graph, _ in proto_graphs(model.graph):
             for node in graph.node:
                 _derive_shape(node, shapes, elem, values)
+                for name in node.output:
+                    if name in recorded and (name not in shapes or name not in elem):
+                        shape, elem_type = recorded[name]
+                        shapes.setdefault(name, shape)
+                        if elem_type:
+                            elem.setdefault(name, elem_type)
         return Sizes(shapes, elem, self.reasons)
 
     def bytes(self, name: str) -> Bytes | None:
@@ -167,14 +186,36 @@ class Sizes:
         return self._cache[name]
 
 
+def _recorded_types(model: onnx.ModelProto, written_before: AbstractSet[str], dims: Mapping[str, Bytes]
+                    ) -> dict[str, tuple[tuple | None, int]]:
+    """Tensor name -> ``(shape, elem_type)`` from the ``value_info`` and graph outputs of every graph of
+    ``model``, for the tensors not in ``written_before`` (see :meth:`Sizes.with_model`); the shape None when the
+    value_info has none (unknown rank)."""
+    out: dict[str, tuple[tuple | None, int]] = {}
+    for graph, _ in proto_graphs(model.graph):
+        for vi in (*graph.value_info, *graph.output):
+            if vi.name in written_before or vi.name in out or not vi.type.HasField("tensor_type"):
+                continue
+            tt = vi.type.tensor_type
+            shape = None
+            if tt.HasField("shape"):
+                shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+                              else dims.get(d.dim_param) if d.HasField("dim_param") else None
+                              for d in tt.shape.dim)
+            out[vi.name] = (shape, tt.elem_type)
+    return out
+
+
 def _derive_shape(node: onnx.NodeProto, shapes: dict[str, tuple | None], elem: dict[str, int],
                   values: dict[str, onnx.TensorProto]) -> None:
-    """Give the output of a Reshape or Gemm that a pass wrote (a tensor the original's shape inference never saw)
-    its shape from its inputs', in place, where every dim needed is known; anything else is left unknown.
+    """Give the output of a Reshape, Flatten or Gemm that a pass wrote (a tensor the original's shape inference
+    never saw) its shape from its inputs', in place, where every dim needed is known; anything else is left
+    unknown.
 
     Reshape (ONNX Operators.md, Reshape): the constant shape's 0 copies the input dim (``allowzero`` 0), one -1 is
-    the element count over the other dims. Gemm (Operators.md, Gemm): ``[M, N]`` with M from A (``transA``) and
-    N from B (``transB``).
+    the element count over the other dims. Flatten (Operators.md, Flatten): ``[d0 * ... * d(axis-1), d(axis) *
+    ... * d(n-1)]``, a negative axis counted from the end. Gemm (Operators.md, Gemm): ``[M, N]`` with M from A
+    (``transA``) and N from B (``transB``).
     """
     if not node.output or node.output[0] in shapes or not is_default_domain(node.domain):
         return
@@ -196,6 +237,14 @@ def _derive_shape(node: onnx.NodeProto, shapes: dict[str, tuple | None], elem: d
             rest = count // known if type(count) is int and type(known) is int else count / known
             dims = [rest if type(d) is int and d == -1 else d for d in dims]
         shapes[out] = tuple(dims)
+    elif node.op_type == "Flatten" and node.input:
+        src = shapes.get(node.input[0])
+        if src is None or any(d is None for d in src):
+            return
+        axis = attrs.get("axis", 1) + (len(src) if attrs.get("axis", 1) < 0 else 0)
+        if not 0 <= axis <= len(src):
+            return
+        shapes[out] = (math.prod(src[:axis]), math.prod(src[axis:]))
     elif node.op_type == "Gemm" and len(node.input) >= 2:
         a, b = shapes.get(node.input[0]), shapes.get(node.input[1])
         if a is None or b is None or len(a) != 2 or len(b) != 2:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from onnxfuse.cli.args.conflicts import BATCH_CONFLICTS, check_conflicts
 from onnxfuse.cli.args.optimization import DEFAULT_ORT_LEVEL, optimization_options_except
 from onnxfuse.cli.args.plugins import plugin_option
 from onnxfuse.cli.args.report_output import bandwidth_option, check_bandwidth
@@ -113,8 +114,7 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
                          "a bare --ray after INPUTS")
     if not inputs:
         raise InputError("give at least one model, folder or manifest (INPUTS), or summaries with --merge")
-    if merge and (shard or ray_address is not None):
-        raise InputError("--merge joins summaries already made: --shard and --ray do not apply to it")
+    check_conflicts(ctx, BATCH_CONFLICTS)
     old = b.load_summary(baseline, "--baseline") if baseline is not None else None
     limit = b.parse_size(max_memory) if max_memory else None
     versions = b.library_versions()
@@ -128,8 +128,6 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
             from onnxfuse.passes.plugin import resolve
 
             resolve(plugins)
-        if drop_culprits and no_verify:
-            raise InputError("--drop-culprits needs verification: it ships what verified; drop --no-verify")
         check_bandwidth(bandwidth)
         defaults = b.ModelOptions(target=target, ort_level=ort_level or DEFAULT_ORT_LEVEL, verify=not no_verify,
                                   plugins=tuple(plugins), drop_culprits=drop_culprits, only=tuple(only),

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from onnxfuse.cli import files
+from onnxfuse.cli.args.conflicts import REPORT_NEEDS, check_needs, check_passes
 from onnxfuse.cli.args.model_inputs import (
     fix_input_shape_option,
     input_data_option,
@@ -77,6 +78,8 @@ def report(ctx: click.Context, model_path: Path, target: str, only: tuple[str, .
       onnxfuse report model.onnx --baseline main.json -o new.json
       onnxfuse report model.onnx -o report.html
     """
+    check_needs(ctx, REPORT_NEEDS)
+    check_passes(only, skip)
     parse_fix_input_shapes(fix_input_shape)
     parse_input_shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load
     from onnxfuse import pipeline

@@ -12,7 +12,9 @@ ones the user's runtime makes anyway. This module has onnxruntime write the grap
 * **materialized tensors**: the names of the tensors those nodes write. A fusion of onnxfuse is *made by
   onnxruntime too* when none of the intermediate tensors it removed is still written in onnxruntime's graph of the
   original (onnxruntime keeps the name of the last output of a chain it fuses, as onnxfuse does, and drops the
-  intermediates).
+  intermediates). Tensors onnxruntime renamed count by their original names: those it writes again in another
+  dtype (``InsertedPrecisionFreeCast_``, :func:`original_names`) and those it writes in its NCHWc layout
+  (``reorder_token_N``, :func:`written_tensors`).
 
 The graphs are only inspected (their weights are written to a side file and never read back); the sessions run
 on the CPU execution provider of the installed onnxruntime, which is what these figures are measured against.
@@ -113,9 +115,33 @@ def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto | str, leve
         return result
     result.original_ops = op_counts(original_graph)
     result.optimized_ops = op_counts(optimized_graph)
-    result.original_tensors = frozenset(original_names(name for graph in _graphs(original_graph.graph)
-                                                       for node in graph.node for name in node.output if name))
+    result.original_tensors = written_tensors(original_graph)
     return result
+
+
+#: onnxruntime's NCHWc transformer replaces a node by one in the blocked layout named after the tensor the old node
+#: wrote, ``<tensor>_nchwc`` (``graph.GenerateNodeName``, which appends ``_token_N`` to a name already taken), and
+#: gives it a new output, ``reorder_token_N``; a ReorderOutput writes the tensor under its own name again only where
+#: a node outside the layout reads it (``onnxruntime/core/optimizer/nchwc_transformer.cc``).
+_NCHWC_DOMAIN = "com.microsoft.nchwc"
+_NCHWC_NODE = re.compile(r"^(?P<tensor>.+)_nchwc(?:_token_\d+)?$")
+
+
+def written_tensors(graph: onnx.ModelProto) -> frozenset[str]:
+    """The tensors the nodes of onnxruntime's optimized ``graph`` (every subgraph included) write, by the names the
+    model it optimized gives them: each output's name (:func:`original_names`), and for a node of the NCHWc layout
+    (:data:`_NCHWC_NODE`) the tensor it is named after, which it writes in the blocked layout under a
+    ``reorder_token_N`` name: that tensor still makes its round trip through memory, so a fusion that removed it
+    is not one onnxruntime makes itself."""
+    names: list[str] = []
+    for sub in _graphs(graph.graph):
+        for node in sub.node:
+            names.extend(name for name in node.output if name)
+            if node.domain == _NCHWC_DOMAIN:
+                found = _NCHWC_NODE.match(node.name)
+                if found:
+                    names.append(found["tensor"])
+    return frozenset(original_names(names))
 
 
 #: Prefixes onnxruntime gives a tensor it writes again in another dtype: its insert-cast transformer runs an op

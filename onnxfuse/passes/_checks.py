@@ -117,3 +117,23 @@ def describe(p: Pass, conv: gs.Node, original: tuple[tuple[str, str, str], ...],
              activation: str | None = None) -> Fusion:
     """The :class:`Fusion` record of pass ``p`` for a rewrite whose result is ``conv`` (call after the rewrite)."""
     return Fusion(p.name, conv.name, conv.op, original, activation, conv.outputs[0].name, p.kind)
+
+
+def renew_output(node: gs.Node, ctx: Context, suffix: str) -> gs.Variable:
+    """Give ``node``'s first output a fresh name (``<name>_<suffix>``) and make every reader read it; returns it.
+
+    For a rewrite that keeps ``node`` but changes what its output holds (``batchnorm_gemm`` keeps the Flatten
+    between the BN and the Gemm, which then flattens the BN's input): a tensor name means one value in the input
+    and the output, so tools that compare two models tensor by tensor (``onnxfuse verify --layers``,
+    ``verification.layers``; Polygraphy's ``--outputs mark all``) never compare two different values under one
+    name. The new tensor gets the old one's dtype and shape (``Context.dtype`` / ``Context.shape``), which the
+    export writes into ``value_info`` and the report's traffic reads (``traffic.Sizes.with_model``).
+    """
+    old = node.outputs[0]
+    new = gs.Variable(ctx.namer.fresh(f"{old.name}_{suffix}"), dtype=ctx.dtype(old), shape=ctx.shape(old))
+    for reader in edit.consumers(old):
+        for i, t in enumerate(reader.inputs):
+            if t is old:
+                reader.inputs[i] = new
+    node.outputs[0] = new
+    return new

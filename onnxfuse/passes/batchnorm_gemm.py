@@ -8,6 +8,10 @@ Before => after (X is the BN input: [M, C], or [M, C, d1, ...] flattened into [M
     BatchNormalization(X) -> Flatten(axis=1) or Reshape(to [M, K]) -> Gemm(...)
         =>  Flatten(X) or Reshape(X) -> Gemm(..., B', C', ...)     (it stays: only the BN is gone)
 
+The Flatten or Reshape that stays writes a tensor of a new name (``<name>_unnormalized``): it now holds X's
+features, not the BN's (``_checks.renew_output``), so ``onnxfuse verify --layers`` does not compare it with the
+input's tensor of the old name.
+
 Math (ONNX Operators.md, BatchNormalization and Gemm): BN(x) = x * s + t per channel with
 ``s = scale / sqrt(var + epsilon)`` and ``t = bias - mean * s``. Flatten at axis 1, and a row-major Reshape that
 keeps axis 0 (torch's ``x.view(x.size(0), -1)``), keep each sample's features in channel-major order, so Gemm
@@ -49,7 +53,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import edit
-from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
+from onnxfuse.passes._checks import describe, is_op, private_check, renew_output, replaced, skip
 from onnxfuse.passes._fold import batchnorm_scale_shift, fold_fits
 from onnxfuse.passes._gemm import (
     GemmAttrs,
@@ -162,6 +166,8 @@ class BatchNormGemm(Pass[GemmFoldMatch]):
         bn, *between, gemm = match.nodes
         original = replaced([bn, gemm])  # a Flatten/Reshape stays in the graph: it is not part of the fused node
         (between[0] if between else gemm).inputs[0] = bn.inputs[0]
+        if between:  # the Flatten/Reshape stays, and now reshapes X, not BN(X): its output is another value
+            renew_output(between[0], ctx, "unnormalized")
         set_gemm_weights(gemm, ctx, match.b, match.c, match.dtype)
         edit.replace_chain(ctx.edit_order, gemm, gemm, [bn])
         return describe(self, gemm, original)

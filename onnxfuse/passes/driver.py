@@ -42,7 +42,8 @@ def run_passes(graph: gs.Graph, selected: tuple[Pass, ...], ctx: Context) -> tup
     exclusion names (:func:`left_out_reason`; ``--tune``'s ``slower-when-measured``).
 
     Returns the rewrites in the order applied (each with its ``site``) and the skips seen in each stage's last
-    (unchanged) round.
+    (unchanged) round. Each rewrite's ``replaced`` names a node by the output it is known by in the report's
+    lineage (:func:`_report_keys`): the input's name for a node that only canonicalization moved.
     """
     stages = [tuple(p for p in selected if p.kind is RewriteKind.CANONICALIZE),
               tuple(p for p in selected if p.kind is not RewriteKind.CANONICALIZE)]
@@ -52,9 +53,10 @@ def run_passes(graph: gs.Graph, selected: tuple[Pass, ...], ctx: Context) -> tup
     for sub in list(edit.all_graphs(graph)):
         order = edit.NodeOrder(sub)
         ctx.graph, ctx.members, ctx.order = sub, {id(n) for n in sub.nodes}, order
+        keys = {id(n): n.outputs[0].name for n in sub.nodes if n.outputs}
         for stage in stages:
             done = len(fusions)
-            _run_stage(sub, stage, ctx, order, fusions, skips)
+            _run_stage(sub, stage, ctx, order, fusions, skips, keys)
             if sub is graph and any(f.pass_name == "constant_fold" and f.replaced[0][1] in SHAPE_OPS
                                     for f in fusions[done:]):
                 refresh_shapes(sub, ctx)  # a Reshape of a folded static Shape now has a shape the passes can see
@@ -64,8 +66,30 @@ def run_passes(graph: gs.Graph, selected: tuple[Pass, ...], ctx: Context) -> tup
     return fusions, skips
 
 
+def _report_keys(f: Fusion, nodes: list[gs.Node], before: list[str], keys: dict[int, str],
+                 canonicalize: bool) -> Fusion:
+    """``f`` (the rewrite of the matched ``nodes``, whose first outputs were ``before`` when matched) with each
+    ``replaced`` entry keyed as the report's lineage knows that node (``keys``: node id -> key; updated here).
+
+    The report sums a fused node's original nodes by these keys (``report.model._lineage``) and asks onnxruntime's
+    graph of the input about them (``made_by_onnxruntime``). A fold or fusion's result is known by the output it
+    writes (``Fusion.output``, which later rewrites of it name), so after one the matched nodes are keyed by
+    their outputs then. A canonicalization is no row of its own: a node it moves to a new output
+    (``layout_wrapper`` writes a fresh tensor) keeps the key it had, its output in the input, so that a fold of it
+    afterwards counts its original traffic, not that of whichever node wrote the same name there or nothing.
+    """
+    rename = {cur: keys[id(n)] for n, cur in zip(nodes, before) if id(n) in keys and keys[id(n)] != cur}
+    if rename:
+        f = dataclasses.replace(f, replaced=tuple((name, op, rename.get(k, k)) for name, op, k in f.replaced))
+    if not canonicalize:
+        for n in nodes:
+            if n.outputs:
+                keys[id(n)] = n.outputs[0].name
+    return f
+
+
 def _run_stage(sub: gs.Graph, stage: tuple[Pass, ...], ctx: Context, order: edit.NodeOrder, fusions: list[Fusion],
-               skips: list[Skip]) -> None:
+               skips: list[Skip], keys: dict[int, str]) -> None:
     for _ in range(MAX_ROUNDS if stage else 0):
         changed, round_skips, left_out = False, [], []
         for p in stage:
@@ -82,7 +106,10 @@ def _run_stage(sub: gs.Graph, stage: tuple[Pass, ...], ctx: Context, order: edit
                         reason, detail = left_out_reason(ctx.excluded[site])
                         left_out.append(Skip(reason, detail, replaced(found.nodes), _output(found.nodes), p.name))
                         continue
-                    fusions.append(dataclasses.replace(p.rewrite(found, ctx), site=site))
+                    before = [n.outputs[0].name if n.outputs else "" for n in found.nodes]
+                    done = p.rewrite(found, ctx)
+                    done = _report_keys(done, found.nodes, before, keys, p.kind is RewriteKind.CANONICALIZE)
+                    fusions.append(dataclasses.replace(done, site=site))
                     changed = True
                 elif isinstance(found, Skip):
                     round_skips.append(_with_pass(found, p.name))

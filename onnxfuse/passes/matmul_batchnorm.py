@@ -20,6 +20,9 @@ MatMul: ``Y[..., n] = sum_k X[..., k] W[k, n]``)::
     W' = W * s (column n times s[n]),  then Add(t) per column    t is [N]
 
 Reshape and Transpose only move elements, so channel c of the BN is column c of the MatMul output everywhere.
+With Reshapes/Transposes between, the Add and each of them but the last (which writes the BN's output) write
+tensors of new names (``<name>_normalized``, ``_checks.renew_output``): they hold normalized values now, so no
+name of the input means another value in the output (``onnxfuse verify --layers`` compares tensors by name).
 
 Skipped when:
     intermediate-has-other-consumers   the MatMul output or a Reshape/Transpose output is read by another node
@@ -49,7 +52,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.ir import constants, edit
 from onnxfuse.passes import _growth
-from onnxfuse.passes._checks import describe, is_op, private_check, replaced, skip
+from onnxfuse.passes._checks import describe, is_op, private_check, renew_output, replaced, skip
 from onnxfuse.passes._fold import batchnorm_mode_check, batchnorm_scale_shift, fold_fits
 from onnxfuse.passes._gemm import matmul_weight
 from onnxfuse.passes.base import Context, Match, Pass
@@ -120,7 +123,7 @@ class MatMulBatchNorm(Pass[MatMulBatchNormMatch]):
         mm.inputs[1] = constants.new_constant(ctx.namer, f"{base}.weight_folded", match.w.astype(match.dtype))
         shift = constants.new_constant(ctx.namer, f"{base}.shift_folded", match.t.astype(match.dtype))
         y = mm.outputs[0]
-        scaled = gs.Variable(ctx.namer.fresh(f"{base}.scaled"), dtype=y.dtype, shape=y.shape)
+        scaled = gs.Variable(ctx.namer.fresh(f"{base}.scaled"), dtype=ctx.dtype(y), shape=ctx.shape(y))
         mm.outputs = [scaled]
         bn.outputs = bn.outputs[:1]
         if not chain:  # the BN node becomes the Add, in its own slot, writing its own output
@@ -131,6 +134,8 @@ class MatMulBatchNorm(Pass[MatMulBatchNormMatch]):
         add = gs.Node("Add", name=ctx.namer.fresh(f"{base}.shift"), inputs=[scaled, shift], outputs=[y])
         order.insert_before(add, order.slot(chain[0]))
         ctx.members.add(id(add))
+        for node in (add, *chain[:-1]):  # they hold the normalized values now, not MatMul(X, W)'s: new names
+            renew_output(node, ctx, "normalized")
         edit.replace_chain(order, chain[-1], bn, [bn])  # the last Reshape/Transpose writes the BN's output
         return describe(self, mm, original)
 

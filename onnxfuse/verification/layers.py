@@ -8,9 +8,11 @@ the original's topological order (ONNX requires a graph's nodes in topological o
 each with the node that writes it in either model.
 
 Works for any pair of models (another optimizer's output too) as long as tensor names are kept: a rewrite that
-fuses a chain keeps the chain's output name (onnxfuse's ``replace_chain``, onnxruntime's fusions), so the tensors
-both models have mean the same thing. Names that exist in one model only are not compared; when no intermediate
-tensor name is shared, :attr:`Layers.note` says so.
+fuses a chain keeps the chain's output name (onnxfuse's ``replace_chain``, onnxruntime's fusions), and one that
+keeps a node but changes what it writes gives that output a new name (onnxfuse's ``passes._checks.renew_output``:
+the Flatten that batchnorm_gemm keeps before the Gemm), so the tensors both models have mean the same thing.
+Names that exist in one model only are not compared; when no intermediate tensor name is shared,
+:attr:`Layers.note` says so.
 """
 
 from __future__ import annotations

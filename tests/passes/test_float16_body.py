@@ -189,3 +189,19 @@ def test_skip_slower_than_unfused_at_ort_level(fuse, monkeypatch, no_f16_kernel)
     s = assert_skipped(fuse(model, ort_level="all"), model, Reason.SLOWER_AT_ORT_LEVEL, PASS)
     assert form in s.detail and "level all" in s.detail
     assert any(f.pass_name == PASS for f in fuse(model, ort_level="extended").fusions)
+
+
+def test_report_says_why_the_figure_against_the_export_grows(fuse, no_f16_kernel):
+    """With nothing fused after it, float16_body alone makes the traffic against the graph as exported grow
+    (every body tensor counted at 4 bytes an element, not 2): the report's warning says what precision the body
+    runs in and why, in every format."""
+    from onnxfuse.report import formats
+
+    result = fuse(conv_clip(), only=(PASS,), target="cpu")
+    doc = result.report.to_dict()
+    assert doc["totals"]["saved_bytes"] < 0
+    (warning,) = [w for w in doc["warnings"] if w.startswith("precision:")]
+    assert "body runs in float32" in warning and "graph as exported" in warning and "4 bytes" in warning
+    for fmt in ("text", "markdown", "html", "json"):
+        shown = " ".join(formats.render(result.report, fmt, width=10_000).split())
+        assert "against the graph as exported counts every body tensor at 4 bytes" in shown, fmt

@@ -9,6 +9,7 @@ tolerances are conftest's RTOL/ATOL (the fold changes the order of the float32 p
 import numpy as np
 import onnx
 import pytest
+import sympy
 
 from onnxfuse.records import Reason
 from tests.builders import GraphBuilder
@@ -364,3 +365,39 @@ def test_skip_slower_than_unfused_at_ort_level(fuse, monkeypatch):
     s = assert_skipped(fuse(model, ort_level="all"), model, Reason.SLOWER_AT_ORT_LEVEL, PASS)
     assert form in s.detail and "level all" in s.detail
     assert any(f.pass_name == PASS for f in fuse(model, ort_level="extended").fusions)
+
+
+def _normalized_nhwc_input(batch):
+    """TensorFlow's input normalization on a flat NHWC input: x [batch, 64, 3] -> Mul(s[3]) -> Add(o[3]) ->
+    Reshape([0, 8, 8, 3]) -> Transpose(NHWC->NCHW) -> Conv(1x1, 3 -> 4) -> Relu."""
+    b = GraphBuilder()
+    y = b.op("Mul", [b.input("x", [batch, 64, 3]), b.const(b.rng.uniform(0.5, 1.5, 3).astype(np.float32))])
+    y = b.op("Add", [y, b.const(b.rand(3))])
+    y = b.op("Transpose", [b.op("Reshape", [y, b.const(np.array([0, 8, 8, 3], np.int64))])], perm=[0, 3, 1, 2])
+    return b.build(b.op("Relu", [b.conv(y, 3, 4, k=1, pads=[0, 0, 0, 0])]))
+
+
+@pytest.mark.parametrize(("batch", "input_shapes"), [(1, {}), ("N", {}), ("N", {"x": (2, 64, 3)})])
+def test_moved_ops_and_the_tensors_they_write_have_sizes(fuse, batch, input_shapes):
+    """The Mul and Add cross the Reshape and the Transpose (each move writes a tensor the original never had)
+    and fold into the Conv: every node of the output has a size (the shapes the pass recorded, numbers or the
+    input's named dims), and the fused row counts the original Mul and Add by their outputs in the input."""
+    model = _normalized_nhwc_input(batch)
+    result = fuse(model, only=(*FOLDS, "affine_conv"), input_shapes=input_shapes)
+    assert [n.op_type for n in result.model.graph.node] == ["Reshape", "Transpose", "FusedConv"]
+    doc = result.report.to_dict()
+    assert doc["unknown_nodes"] == [] and doc["totals"]["after"]["unknown_nodes"] == 0
+    (row,) = doc["fusions"]
+    originals = {n.name: n.output[0] for n in model.graph.node}
+    assert {(o["name"], o["output"]) for o in row["replaced"]} == {(n, originals[n]) for n in
+                                                                   ("mul2", "add4", "conv10", "relu11")}
+    def moved(r):
+        return sympy.sympify(r["read_bytes_expr"]) + sympy.sympify(r["written_bytes_expr"])
+
+    before = {r["output"]: r for r in doc["nodes"]["before"]}
+    after = {r["output"]: r for r in doc["nodes"]["after"]}
+    assert sympy.sympify(row["bytes_before_expr"]) == sum(moved(before[o["output"]]) for o in row["replaced"])
+    assert sympy.sympify(row["bytes_after_expr"]) == moved(after[row["output"]])
+    totals = doc["totals"]
+    assert sympy.sympify(totals["after"]["total_bytes_expr"]) == sum(moved(r) for r in after.values())
+    assert_same_outputs(model, result.model)
