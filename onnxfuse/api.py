@@ -117,7 +117,8 @@ _KEYWORDS = {"--input-shape": "input_shapes", "--input-value": "input_values", "
              "--input-data": "input_data", "--input-sets": "input_sets", "--target": "target",
              "--ort-level": "ort_level", "--ort-version": "ort_version", "--only": "only", "--skip": "skip",
              "--rtol": "rtol", "--atol": "atol", "--require-verify": "require_verify",
-             "--verify-timeout": "verify_timeout", "--constant-initializer-inputs": "constant_initializer_inputs",
+             "--verify-timeout": "verify_timeout", "--verify-budget": "verify_budget",
+             "--constant-initializer-inputs": "constant_initializer_inputs",
              "--no-verify": "verify=False", "--plugin": "plugins",
              "--fix-input-shape": "fix_input_shapes", "--drop-culprits": "drop_culprits",
              "--materialize-weights": "materialize_weights", "--bandwidth": "bandwidth"}
@@ -202,7 +203,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              ort_level: str = DEFAULT_ORT_LEVEL, verify_timeout: float | None = None,
              ort_version: str | None = None, name: str | None = None, plugins: Iterable = (),
              fix_input_shapes: Mapping[str, Iterable[int]] | None = None, drop_culprits: bool = False,
-             materialize_weights: float = 0.0, bandwidth: float | None = None) -> Result:
+             materialize_weights: float = 0.0, bandwidth: float | None = None,
+             verify_budget: float | None = None) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
     What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
@@ -222,9 +224,13 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
         input_values / input_ranges / input_sets: a fill value or a ``(low, high)`` range per input name (say
             ``{"sr": 16000}``), and how many seeded input sets to compare on (see docs/reference.md, "Verification").
         rtol / atol: elementwise tolerances that replace the noise-floor rule (see docs/reference.md, "Verification").
-        verify_timeout: seconds for every onnxruntime run of the verification together (None:
-            ``onnxfuse.verification.options.DEFAULT_TIMEOUT_S``, 300; 0: no limit); when they run out verification is
-            ``skipped`` with ``cause`` ``"time"`` (a :class:`VerificationError` with ``require_verify``).
+        verify_budget: CPU seconds of this process for the verification and the comparison with onnxruntime's
+            graphs together (None: ``onnxfuse.verification.options.DEFAULT_WORK_S``, 600; 0: no limit); counted
+            in CPU time, so the verdict is the same on a loaded machine; when spent verification is ``skipped``
+            with ``cause`` ``"work"`` (a :class:`VerificationError` with ``require_verify``).
+        verify_timeout: wall-clock seconds, a safety stop beside ``verify_budget`` (None:
+            ``onnxfuse.verification.options.DEFAULT_TIMEOUT_S``, 1800; 0: no limit); when reached verification is
+            ``skipped`` with ``cause`` ``"time"``.
         drop_culprits: when verification fails, onnxfuse searches its rewrite sites for those that broke it
             (within ``verify_timeout``; ``verification.culprits`` names them either way) and verifies the model
             with them left unfused; True returns that model with its ``passed`` verification (culprits named)
@@ -241,7 +247,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
             (``.result`` holds the failing result and its report), or ``require_verify`` and it was skipped.
     """
     from onnxfuse import pipeline
-    from onnxfuse.verification.options import VerifyOptions, timeout_seconds
+    from onnxfuse.verification.options import VerifyOptions, timeout_seconds, work_seconds
 
     options = _options(target, input_shapes, only, skip, constant_initializer_inputs, ort_level, ort_version,
                        materialize_weights, bandwidth)
@@ -249,12 +255,12 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     options.fix_input_shapes = _shapes(fix_input_shapes, "fix_input_shapes")
     options.input_data = None if input_data is None else str(input_data)  # real inputs fix the report's shapes
     options.drop_culprits = bool(drop_culprits)
-    timeout = timeout_seconds(verify_timeout)
+    timeout, work = timeout_seconds(verify_timeout), work_seconds(verify_budget)
     _check_inputs(input_values, input_ranges, input_sets, rtol, atol)
     loaded = _load(model, name)
     verify_options = VerifyOptions(options.input_shapes, None if input_data is None else str(input_data),
                                    dict(input_values or {}), dict(input_ranges or {}), input_sets,
-                                   rtol=rtol, atol=atol, timeout=timeout) if verify else None
+                                   rtol=rtol, atol=atol, timeout=timeout, work=work) if verify else None
     result = pipeline.optimize(loaded.path, options, verify_options, loaded=loaded)
     verification = result.report.verification
     if verification.status == "failed":
@@ -271,13 +277,14 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
            *, input_shapes: Mapping[str, Iterable[int]] | None = None,
            input_data: str | os.PathLike[str] | None = None, input_values: Mapping[str, float] | None = None,
            input_ranges: Mapping[str, tuple[float, float]] | None = None, input_sets: int = 1,
-           rtol: float | None = None, atol: float | None = None, verify_timeout: float | None = None) -> Verification:
+           rtol: float | None = None, atol: float | None = None, verify_timeout: float | None = None,
+           verify_budget: float | None = None) -> Verification:
     """Compare ``candidate`` with ``original`` in onnxruntime (graph optimizations disabled on both), on the
     same generated (or ``input_data``) inputs; any pair of models, e.g. another optimizer's output.
 
-    Arguments after ``candidate`` are as :func:`optimize`'s (``verify_timeout`` too: when it runs out the result
-    is ``skipped`` with ``cause`` ``"time"``); the rule is docs/reference.md's "Verification"
-    (:func:`onnxfuse.verification.verify.verify_models`).
+    Arguments after ``candidate`` are as :func:`optimize`'s (``verify_budget`` and ``verify_timeout`` too: when
+    they run out the result is ``skipped`` with ``cause`` ``"work"`` or ``"time"``); the rule is
+    docs/reference.md's "Verification" (:func:`onnxfuse.verification.verify.verify_models`).
 
     Returns:
         An ``onnxfuse.verification.result.Verification``: ``status`` is ``passed``, ``failed``, ``partial`` (every
@@ -286,19 +293,20 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
         applied. It does not raise on ``failed``: check ``status``.
 
     Raises:
-        InputError: an unreadable or invalid model, unreadable ``input_data``, a negative ``verify_timeout``.
+        InputError: an unreadable or invalid model, unreadable ``input_data``, a negative ``verify_timeout``
+            or ``verify_budget``.
     """
-    from onnxfuse.verification.options import VerifyOptions, timeout_seconds
+    from onnxfuse.verification.options import VerifyOptions, timeout_seconds, work_seconds
     from onnxfuse.verification.verify import verify_models
 
-    timeout = timeout_seconds(verify_timeout)
+    timeout, work = timeout_seconds(verify_timeout), work_seconds(verify_budget)
     _check_inputs(input_values, input_ranges, input_sets, rtol, atol)
     ref = _load(original)
     cand = _load(candidate).model
     assert cand is not None  # a model just loaded; only pipeline.analyse sets it to None
     opts = VerifyOptions(_shapes(input_shapes), None if input_data is None else str(input_data),
                          dict(input_values or {}), dict(input_ranges or {}), input_sets, rtol=rtol, atol=atol,
-                         timeout=timeout)
+                         timeout=timeout, work=work)
     return verify_models(ref.ort_source(), cand, opts)
 
 

@@ -9,11 +9,16 @@ from typing import TYPE_CHECKING
 import click
 
 from onnxfuse.cli import files
-from onnxfuse.cli.args.model_inputs import fix_input_shape_option, parse_fix_input_shapes, parse_input_shapes
+from onnxfuse.cli.args.model_inputs import (
+    fix_input_shape_option,
+    parse_fix_input_shapes,
+    parse_input_feeds,
+    parse_input_shapes,
+)
 from onnxfuse.cli.args.optimization import optimization_options, to_options
 from onnxfuse.cli.args.plugins import plugin_option
 from onnxfuse.cli.args.report_output import bandwidth_option, check_bandwidth, report_file_options, report_files
-from onnxfuse.cli.args.verification import to_verify_options, verify_options
+from onnxfuse.cli.args.verification import check_verify_values, to_verify_options, verify_options
 from onnxfuse.cli.console import diagnostics, log, progress, verbosity, verbosity_options, warn_unverified
 from onnxfuse.cli.exits import EXIT_CODES_HELP, EXIT_CULPRITS_LEFT_UNFUSED, fail_cleanly
 from onnxfuse.errors import InputError, VerificationError
@@ -53,7 +58,8 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
              constant_initializer_inputs: bool, materialize_weights: float, no_verify: bool, require_verify: bool,
              layers: bool, drop_culprits: bool, input_data: str | None,
              input_value: tuple[str, ...], input_range: tuple[str, ...], input_sets: int, rtol: float | None,
-             atol: float | None, verify_timeout: float | None, report_paths: tuple[Path, ...],
+             atol: float | None, verify_timeout: float | None, verify_budget: float | None,
+             report_paths: tuple[Path, ...],
              report_format: str | None, bandwidth: float | None, overwrite: bool,
              plugins: tuple[str, ...] = (), fix_input_shape: tuple[str, ...] = ()) -> None:
     """Fuse INPUT and write the verified result to OUTPUT (atomically; INPUT is never modified).
@@ -81,11 +87,16 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
     options.compare_with_onnxruntime = not no_verify  # --no-verify runs no onnxruntime session at all
     options.drop_culprits = drop_culprits
     options.compare_layers = layers
-    checked = to_verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol,
-                                verify_timeout)
+    if no_verify:  # the verification options are still checked, without importing verification
+        check_verify_values(rtol, atol, verify_timeout, verify_budget)
+        parse_input_feeds(input_data, input_value, input_range)
+        checked = None
+    else:
+        checked = to_verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol,
+                                    atol, verify_timeout, verify_budget)
     log.debug("optimizing %s for target %s", input_path, target)
     with progress(ctx, f"optimizing {input_path}"):
-        result = pipeline.optimize(input_path, options, None if no_verify else checked)
+        result = pipeline.optimize(input_path, options, checked)
     diagnostics(result.report)
     report_texts = _render_reports(result, input_path, output_path, reports, require_verify)
     _write_results(ctx, result, output_path, reports, report_texts, overwrite)

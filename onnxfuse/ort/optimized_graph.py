@@ -24,6 +24,7 @@ import os
 import re
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 
@@ -81,7 +82,8 @@ def installed_version() -> str:
 
 
 def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto | str, level: str,
-                   original_graph: onnx.ModelProto | None = None) -> RuntimeGraphs:
+                   original_graph: onnx.ModelProto | None = None, check: Callable[[], None] | None = None,
+                   original_of: RuntimeGraphs | None = None) -> RuntimeGraphs:
     """Have onnxruntime optimize ``original`` (a path, or serialized bytes) and ``optimized`` (a ModelProto, or the
     path of its file) at ``level`` on the CPU execution provider and describe both graphs (:class:`RuntimeGraphs`).
 
@@ -89,24 +91,46 @@ def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto | str, leve
     (:func:`onnxfuse.ort.sessions.session` with ``spinning=False`` and :data:`SAVE_CONFIG`) already wrote it
     (:func:`read_graph`); no session of the original is made then.
 
+    ``original_of``: an earlier result for the same ``original`` at the same ``level`` (available), whose
+    original side is taken as it is: no session of the original is made (the model after the culprit search
+    is compared again with the same original).
+
+    ``check``: called before each session is made (the budget of ``pipeline.optimize``, shared with
+    verification: ``onnxfuse.verification.run.check_budget``); when it raises :class:`RunTimeout` (or
+    :class:`WorkSpent`) no more sessions are made and the result's ``reason`` says the budget ran out.
+
     Never raises for a model onnxruntime cannot load: the result's ``reason`` says why (one line).
     """
     from onnxfuse.ort import sessions as runtime
 
     result = RuntimeGraphs(level=level, onnxruntime=installed_version())
+    reuse = original_of is not None and original_of.available and original_of.level == level
     try:
-        if original_graph is None:
+        if original_graph is None and not reuse:
+            if check is not None:
+                check()
             original_graph = _optimized_graph(original, level)
+        if check is not None:
+            check()
         with runtime.loadable(optimized, as_file=True) as source:
             optimized_graph = _optimized_graph(source, level)
+    except runtime.RunTimeout as exc:
+        kind = "work (--verify-budget)" if isinstance(exc, runtime.WorkSpent) else "time (--verify-timeout)"
+        result.reason = f"not compared: the budget that verification and this comparison share ran out of {kind}"
+        return result
     except Exception as exc:  # onnxruntime raises its own exception types for a model it cannot load
         result.reason = f"onnxruntime {result.onnxruntime} could not load the model at level {level} " \
                         f"({one_line(exc, 200)})"
         return result
-    result.original_ops = op_counts(original_graph)
+    if reuse:
+        assert original_of is not None
+        result.original_ops, result.original_tensors = original_of.original_ops, original_of.original_tensors
+    else:
+        assert original_graph is not None
+        result.original_ops = op_counts(original_graph)
+        result.original_tensors = frozenset(original_names(name for graph in _graphs(original_graph.graph)
+                                                           for node in graph.node for name in node.output if name))
     result.optimized_ops = op_counts(optimized_graph)
-    result.original_tensors = frozenset(original_names(name for graph in _graphs(original_graph.graph)
-                                                       for node in graph.node for name in node.output if name))
     return result
 
 

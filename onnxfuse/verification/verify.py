@@ -21,11 +21,11 @@ from onnxfuse.verification.models import Model, graph_only, random_ops
 from onnxfuse.verification.options import VerifyOptions
 from onnxfuse.verification.result import Cause, Status, Verification, partial_reason
 from onnxfuse.verification.run import (
-    BUDGET,
     Budget,
     Feeds,
     Outputs,
     Signature,
+    budget,
     run_all,
     run_candidate,
     second_set,
@@ -40,9 +40,12 @@ ORIGINAL_UNLOADABLE = "onnxruntime cannot load the original"
 
 def verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None,
                   floor_graph_to: str | None = None, candidate_file: str | None = None) -> Verification:
-    """:func:`_verify_models` within ``options.timeout`` seconds (DEFAULT_TIMEOUT_S): when they run out (an
-    onnxruntime run is stopped, or no time is left to make the next session) the result is ``skipped`` with
-    ``cause`` ``time``, whatever was compared so far. See :func:`onnxfuse.ort.sessions.run` for how a run is stopped
+    """:func:`_verify_models` within the budget of ``options`` (:class:`onnxfuse.verification.run.Budget`:
+    ``options.work`` CPU seconds, DEFAULT_WORK_S, and the wall-clock safety stop ``options.timeout``,
+    DEFAULT_TIMEOUT_S), or within the budget a caller already set (``pipeline.optimize``: one for the
+    verification and the comparison with onnxruntime's graphs). When the work is spent the result is ``skipped``
+    with ``cause`` ``work``; when the safety stop is reached, ``cause`` ``time``; either way whatever was compared
+    so far concludes nothing. See :func:`onnxfuse.ort.sessions.run_watched` for how a run is stopped
     (onnxruntime's ``RunOptions.terminate``, in this process). Raises as :func:`_verify_models`.
 
     ``floor_graph_to``: a file path; when the noise floor is measured, its session (the original at
@@ -60,15 +63,24 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
         return Verification(Status.SKIPPED, f"the model draws random numbers ({', '.join(random)}): its outputs "
                             "differ from run to run, so no comparison is evidence of a correct rewrite",
                             cause=Cause.RANDOM)
-    token = BUDGET.set(Budget(opts.timeout))
-    try:
-        return _verify_models(original, candidate, opts, floor_graph_to, candidate_file)
-    except runtime.RunTimeout:
-        runtime.trim_heap()
-        return Verification(Status.SKIPPED, f"time: verification did not finish within {opts.timeout:g} s "
-                            "(--verify-timeout); nothing was concluded", cause=Cause.TIME)
-    finally:
-        BUDGET.reset(token)
+    with budget(opts.timeout, opts.work) as limits:
+        try:
+            return _verify_models(original, candidate, opts, floor_graph_to, candidate_file)
+        except runtime.RunTimeout as exc:
+            runtime.trim_heap()
+            return spent_result(exc, limits)
+
+
+def spent_result(exc: runtime.RunTimeout, limits: Budget) -> Verification:
+    """The ``skipped`` result of a verification stopped by ``exc`` (raised by ``limits``): cause ``work`` for
+    :class:`onnxfuse.ort.sessions.WorkSpent`, ``time`` for the wall-clock safety stop."""
+    if isinstance(exc, runtime.WorkSpent):
+        return Verification(Status.SKIPPED, f"work: verification did not finish within {limits.work:g} CPU "
+                            "seconds (--verify-budget; counted in this process's CPU time, not wall time, so the "
+                            "same on a loaded machine); nothing was concluded", cause=Cause.WORK)
+    return Verification(Status.SKIPPED, f"time: verification did not finish within {limits.timeout:g} s of wall "
+                        "time (--verify-timeout, the safety stop beside the --verify-budget work budget); nothing "
+                        "was concluded", cause=Cause.TIME)
 
 
 @dataclass
