@@ -645,7 +645,8 @@ def _verify_and_compare(loaded: model_io.LoadedModel, out: onnx.ModelProto, inpu
     * at level ``all``, the noise-floor session, when verification makes one, is the session of the original at
       ``ORT_ENABLE_ALL`` that ``runtime_graphs`` would make again: it writes onnxruntime's graph
       (:data:`onnxfuse.ort.optimized_graph.SAVE_CONFIG`) and ``runtime_graphs`` reads it, so one session of the
-      original at that level is made, not two.
+      original at that level is made, not two; at level ``disable``, verification's sessions of the original and
+      of ``out`` (both at ``ORT_DISABLE_ALL``) write the graphs the comparison reads.
 
     Raises:
         InputError: as :func:`optimize`.
@@ -665,19 +666,25 @@ def _verify_and_compare(loaded: model_io.LoadedModel, out: onnx.ModelProto, inpu
         original = _original_source(loaded, stack)
         written = stack.enter_context(ort_sessions.loadable(out, as_file=True)) if level is not None else None
         candidate_file = written if isinstance(written, str) else None  # bytes: no temporary file could be written
-        floor_graph = None
-        if level == "all":
+        floor_graph = disable_graphs = None
+        if level in ("all", "disable"):
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxfuse-ort-"))
-            floor_graph = os.path.join(folder, "optimized.onnx")
+            floor_graph = os.path.join(folder, "optimized.onnx") if level == "all" else None
+            if level == "disable":  # a folder each: both write their weights to the same side file name
+                disable_graphs = (os.path.join(folder, "original", "graph.onnx"),
+                                  os.path.join(folder, "candidate", "graph.onnx"))
+                for graph_path in disable_graphs:
+                    os.mkdir(os.path.dirname(graph_path))
         stack.enter_context(verify_run.budget(verify_options.timeout, verify_options.work))
         log.debug("verifying the optimized model against the original in onnxruntime")
-        verification = verify.verify_models(original, out, verify_options, floor_graph, candidate_file)
+        verification = verify.verify_models(original, out, verify_options, floor_graph, candidate_file, disable_graphs)
         if level is None:
             return verification, None
         log.debug("asking onnxruntime which of these fusions it makes itself at level %s", level)
-        return verification, ort_graph.runtime_graphs(original, candidate_file or out, level,
-                                                      ort_graph.read_graph(floor_graph) if floor_graph else None,
-                                                      check=verify_run.check_budget)
+        original_graph = ort_graph.read_graph(floor_graph or (disable_graphs[0] if disable_graphs else ""))
+        return verification, ort_graph.runtime_graphs(
+            original, candidate_file or out, level, original_graph, check=verify_run.check_budget,
+            optimized_graph=ort_graph.read_graph(disable_graphs[1]) if disable_graphs else None)
 
 
 def _original_source(loaded: model_io.LoadedModel, stack) -> str | bytes:
@@ -713,10 +720,13 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     if verify_options is not None and verify_options.input_data and not options.input_data:
         options = replace(options, input_data=verify_options.input_data)  # real inputs fix the report's shapes
     # verifies a rewritten model; without verify_options the report says skipped, with nothing rewritten unchanged
-    result = analyse(path, options, loaded, verify_options, verifying=True)
-    if verify_options is not None and result.changed:
-        from onnxfuse.verification import verify  # not imported by a run that verifies nothing
+    if verify_options is None:
+        return analyse(path, options, loaded, verify_options, verifying=True)
+    from onnxfuse.verification import verify  # not imported by a run that verifies nothing
 
+    with verify.reusing():  # the culprit search and the remainder reuse the verification's runs of the original
+        result = analyse(path, options, loaded, verify_options, verifying=True)
+    if result.changed:
         reason = result.report.verification.reason or ""
         if result.report.verification.status == "skipped" and reason.startswith(verify.ORIGINAL_UNLOADABLE):
             raise InputError(f"{result.loaded.label}: {reason}; onnxfuse does not rewrite a model onnxruntime "

@@ -240,3 +240,39 @@ def test_the_comparison_after_the_culprit_search_reuses_the_original_side(monkey
     assert built == ["all"]  # the optimized model's only
     assert again.original_ops == first.original_ops and again.original_tensors == first.original_tensors
     assert again.optimized_ops == first.optimized_ops
+
+
+def test_the_culprit_search_and_the_remainder_reuse_the_original_sessions(sessions, monkeypatch, tmp_path):
+    """A failed verification, its culprit search and the remainder's verification: the original's session at
+    ORT_DISABLE_ALL (the reference, which also writes the graph of the comparison at level ``disable``) and its
+    noise-floor session are made once for all of them, not once each."""
+    from tests.test_culprits import Mutant, chain_model, inject, pick_site
+
+    path = tmp_path / "chain.onnx"
+    onnx.save(chain_model(), path)
+    options = pipeline.Options(target="cpu", ort_level="disable", drop_culprits=True)
+    correct = pipeline.optimize(path, options, VerifyOptions())
+    pass_name, site = pick_site(correct.fusions, "drop_bias", correct.model)
+    inject(monkeypatch, Mutant("drop_bias", pass_name, site=site))
+    sessions.clear()
+    result = pipeline.optimize(path, options, VerifyOptions())
+    v = result.verification
+    assert v.status == "passed" and len(v.culprits) == 1 and v.remainder["status"] == "passed"
+    original = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    of_original = {level: n for (digest, level), n in _per_model_and_level(sessions).items() if digest == original}
+    assert of_original == {"disable": 1, "all": 1}, of_original  # the reference and the noise floor, once each
+    assert v.culprit_search["sessions"] == v.culprit_search["verifications"]  # the original's were kept
+
+
+@pytest.mark.parametrize("level", ["disable", "extended"])
+def test_one_session_per_model_and_level_at_other_comparison_levels(sessions, tmp_path, level):
+    """At level ``disable`` verification's own sessions write the comparison's graphs; at ``extended`` the
+    comparison makes its two sessions and verification its own (other levels)."""
+    path = tmp_path / "net.onnx"
+    onnx.save(deep_net(blocks=20), path)
+    result = pipeline.optimize(path, pipeline.Options(ort_level=level), VerifyOptions())
+    assert result.report.verification.status == "passed"
+    doc = result.report.to_dict()["onnxruntime"]
+    assert doc["status"] == "compared"
+    assert set(_per_model_and_level(sessions).values()) == {1}, _per_model_and_level(sessions)
+    assert doc == pipeline.analyse(path, pipeline.Options(ort_level=level)).report.to_dict()["onnxruntime"]

@@ -83,13 +83,15 @@ def installed_version() -> str:
 
 def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto | str, level: str,
                    original_graph: onnx.ModelProto | None = None, check: Callable[[], None] | None = None,
-                   original_of: RuntimeGraphs | None = None) -> RuntimeGraphs:
+                   original_of: RuntimeGraphs | None = None, optimized_graph: onnx.ModelProto | None = None
+                   ) -> RuntimeGraphs:
     """Have onnxruntime optimize ``original`` (a path, or serialized bytes) and ``optimized`` (a ModelProto, or the
     path of its file) at ``level`` on the CPU execution provider and describe both graphs (:class:`RuntimeGraphs`).
 
     ``original_graph``: onnxruntime's graph of ``original`` at ``level``, when a session made with the same options
     (:func:`onnxfuse.ort.sessions.session` with ``spinning=False`` and :data:`SAVE_CONFIG`) already wrote it
-    (:func:`read_graph`); no session of the original is made then.
+    (:func:`read_graph`); no session of the original is made then. ``optimized_graph``: the same for
+    ``optimized`` (verification's session of it at level ``disable`` wrote it).
 
     ``original_of``: an earlier result for the same ``original`` at the same ``level`` (available), whose
     original side is taken as it is: no session of the original is made (the model after the culprit search
@@ -110,10 +112,11 @@ def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto | str, leve
             if check is not None:
                 check()
             original_graph = _optimized_graph(original, level)
-        if check is not None:
-            check()
-        with runtime.loadable(optimized, as_file=True) as source:
-            optimized_graph = _optimized_graph(source, level)
+        if optimized_graph is None:
+            if check is not None:
+                check()
+            with runtime.loadable(optimized, as_file=True) as source:
+                optimized_graph = _optimized_graph(source, level)
     except runtime.RunTimeout as exc:
         kind = "work (--verify-budget)" if isinstance(exc, runtime.WorkSpent) else "time (--verify-timeout)"
         result.reason = f"not compared: the budget that verification and this comparison share ran out of {kind}"

@@ -17,7 +17,7 @@ DEFAULT_INPUT_SETS = 1
 #: onnxruntime session built and run of it together, with the comparison with onnxruntime's own graphs that
 #: ``optimize`` makes in the same budget. CPU time, not wall time: the same model uses about the same CPU time
 #: however loaded the machine is, so the verdict does not depend on the load. Verifying the shared models takes
-#: 0.3-6 CPU s and a 1,600-block synthetic ResNet about 40 (BENCHMARKS.md); a model that needs more is very
+#: 0.3-6 CPU s and a 1,600-block synthetic ResNet (239 MB) about 15 (BENCHMARKS.md); a model that needs more is very
 #: large (raise it) or never ends (a Loop of 10^12 iterations), and either way verification stops with status
 #: ``skipped``, cause ``work``, instead of running on.
 DEFAULT_WORK_S = 600.0

@@ -195,17 +195,17 @@ def second_set(sess: Any, spec: runtime.InputSpec, invented: list[str], seed: in
                       f"cannot run the original on it ({runtime.short(exc)}); compared on the first only")
 
 
-def run_candidate(candidate: Model, feeds_list: list[Feeds], ref_inputs: Signature, ref_outputs: Signature
-                  ) -> Outputs | str:
+def run_candidate(candidate: Model, feeds_list: list[Feeds], ref_inputs: Signature, ref_outputs: Signature,
+                  save_to: str | None = None) -> Outputs | str:
     """The candidate's outputs on every input set, or why it fails: onnxruntime cannot load or run it, or its
-    outputs (names, order, dtypes) or inputs are not the original's.
+    outputs (names, order, dtypes) or inputs are not the original's. ``save_to``: as in :func:`session`.
 
     Raises:
         runtime.RunTimeout: the budget ran out.
     """
     with runtime.loadable(candidate, as_file=True) as src:
         try:
-            cand_sess = session(src)
+            cand_sess = session(src, "disable", save_to)
         except runtime.RunTimeout:
             raise
         except Exception as exc:

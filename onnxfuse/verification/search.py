@@ -100,9 +100,14 @@ class _Judge:
 
     def __init__(self, original: Model, options: VerifyOptions):
         self.original, self.options = original, options
-        self.cache: dict = {}
+        kept = verify_mod.kept_runs(original, options)  # the failed verification's runs of the original, if kept
+        self.cache: dict = {} if kept is None else kept["cache"]
+        self.ref: Any = None if kept is None else kept.get("ref")
         self.verifications = 0
-        self.ref: Any = None
+        self.inherited = self._original_sessions()  # made before the search: not counted in its sessions
+
+    def _original_sessions(self) -> int:
+        return sum(1 for v in self.cache.values() if not isinstance(v, str)) + (self.ref is not None)
 
     def __call__(self, candidate: Model) -> Verification:
         if self.ref is None:
@@ -115,8 +120,8 @@ class _Judge:
 
     @property
     def sessions(self) -> int:
-        floors = sum(1 for v in self.cache.values() if not isinstance(v, str))
-        return self.verifications + floors + (self.ref is not None)
+        """Sessions the search made: one per candidate, and those of the original not kept from before it."""
+        return self.verifications + self._original_sessions() - self.inherited
 
 
 class _Unjudged(Exception):
