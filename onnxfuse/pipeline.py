@@ -669,12 +669,12 @@ def _verify_and_compare(loaded: model_io.LoadedModel, out: onnx.ModelProto, inpu
         floor_graph = disable_graphs = None
         if level in ("all", "disable"):
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxfuse-ort-"))
-            floor_graph = os.path.join(folder, "optimized.onnx") if level == "all" else None
+            floor_graph = ort_graph.graph_path(folder) if level == "all" else None
             if level == "disable":  # a folder each: both write their weights to the same side file name
-                disable_graphs = (os.path.join(folder, "original", "graph.onnx"),
-                                  os.path.join(folder, "candidate", "graph.onnx"))
-                for graph_path in disable_graphs:
-                    os.mkdir(os.path.dirname(graph_path))
+                for side in ("original", "candidate"):
+                    os.mkdir(os.path.join(folder, side))
+                disable_graphs = (ort_graph.graph_path(os.path.join(folder, "original")),
+                                  ort_graph.graph_path(os.path.join(folder, "candidate")))
         stack.enter_context(verify_run.budget(verify_options.timeout, verify_options.work))
         log.debug("verifying the optimized model against the original in onnxruntime")
         verification = verify.verify_models(original, out, verify_options, floor_graph, candidate_file, disable_graphs)
