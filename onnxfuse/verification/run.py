@@ -86,13 +86,6 @@ class Budget:
         if exc is not None:
             raise exc
 
-    def left(self) -> float | None:
-        """Wall-clock seconds left (None: no wall-clock limit), after :meth:`check`."""
-        self.check()
-        if self.timeout is None:
-            return None
-        return self.timeout - (self.wall_clock() - self.wall_start)
-
     def unlimited(self) -> bool:
         """True when neither limit is set."""
         return self.timeout is None and self.work is None
