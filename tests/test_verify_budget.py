@@ -276,3 +276,32 @@ def test_one_session_per_model_and_level_at_other_comparison_levels(sessions, tm
     assert doc["status"] == "compared"
     assert set(_per_model_and_level(sessions).values()) == {1}, _per_model_and_level(sessions)
     assert doc == pipeline.analyse(path, pipeline.Options(ort_level=level)).report.to_dict()["onnxruntime"]
+
+
+def test_a_run_is_stopped_by_the_watcher_with_the_exception_it_names():
+    """run_watched: a Loop of 10^12 iterations stops once ``spent`` says so, raising what it returned."""
+    sess = runtime.session(loop_forever_model().SerializeToString(), spinning=False)
+    feeds = runtime.make_inputs(sess, {}, 0)
+    calls = []
+
+    def spent():
+        calls.append(1)
+        return runtime.WorkSpent("spent") if len(calls) > 3 else None
+
+    with pytest.raises(runtime.WorkSpent):
+        runtime.run_watched(sess, feeds, spent, 0.01)
+    assert len(calls) == 4  # before the run, then from the watcher until it fired
+
+
+def test_the_work_limit_is_named_first_when_both_are_spent(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(verify_run, "WORK_CLOCK", lambda: now[0])
+    monkeypatch.setattr(verify_run, "WALL_CLOCK", lambda: now[0])
+    budget = verify_run.Budget(timeout=1, work=1)
+    assert budget.spent() is None
+    now[0] = 10.0  # both limits passed
+    assert isinstance(budget.spent(), runtime.WorkSpent)
+    wall_only = verify_run.Budget(timeout=1, work=None)
+    now[0] = 20.0
+    assert type(wall_only.spent()) is runtime.RunTimeout  # the safety stop, not the work budget
+    assert verify_run.Budget(timeout=None, work=None).unlimited()
