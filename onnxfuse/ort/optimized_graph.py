@@ -119,7 +119,7 @@ def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto | str, leve
                 optimized_graph = _optimized_graph(source, level)
     except runtime.RunTimeout as exc:
         kind = "work (--verify-budget)" if isinstance(exc, runtime.WorkSpent) else "time (--verify-timeout)"
-        result.reason = f"not compared: the budget that verification and this comparison share ran out of {kind}"
+        result.reason = f"the budget that verification and this comparison share ran out of {kind}"
         return result
     except Exception as exc:  # onnxruntime raises its own exception types for a model it cannot load
         result.reason = f"onnxruntime {result.onnxruntime} could not load the model at level {level} " \
