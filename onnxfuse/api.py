@@ -75,7 +75,8 @@ def _options(target: str, input_shapes, only, skip, constant_initializer_inputs:
                         **more)
 
 
-def _verify_options(input_shapes, input_data, input_values, input_ranges, input_sets, rtol, atol, verify_timeout):
+def _verify_options(input_shapes, input_data, input_values, input_ranges, input_sets, rtol, atol, verify_timeout,
+                    verify_budget=None):
     """The API's verification arguments as ``VerifyOptions``, built by
     ``verification.options.make_verify_options`` as the command line and batch build them.
 
@@ -86,7 +87,7 @@ def _verify_options(input_shapes, input_data, input_values, input_ranges, input_
 
     return make_verify_options(input_shapes=input_shapes, input_data=None if input_data is None else str(input_data),
                                input_values=input_values, input_ranges=input_ranges, input_sets=input_sets,
-                               rtol=rtol, atol=atol, verify_timeout=verify_timeout)
+                               rtol=rtol, atol=atol, verify_timeout=verify_timeout, verify_budget=verify_budget)
 
 
 #: The command's option names -> this API's keyword arguments, for messages raised by code the two share.
@@ -94,7 +95,8 @@ _KEYWORDS = {"--input-shape": "input_shapes", "--input-value": "input_values", "
              "--input-data": "input_data", "--input-sets": "input_sets", "--target": "target",
              "--ort-level": "ort_level", "--ort-version": "ort_version", "--only": "only", "--skip": "skip",
              "--rtol": "rtol", "--atol": "atol", "--require-verify": "require_verify",
-             "--verify-timeout": "verify_timeout", "--constant-initializer-inputs": "constant_initializer_inputs",
+             "--verify-timeout": "verify_timeout", "--verify-budget": "verify_budget",
+             "--constant-initializer-inputs": "constant_initializer_inputs",
              "--no-verify": "verify=False", "--plugin": "plugins",
              "--fix-input-shape": "fix_input_shapes", "--drop-culprits": "drop_culprits",
              "--materialize-weights": "materialize_weights", "--bandwidth": "bandwidth",
@@ -184,7 +186,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              fix_input_shapes: Mapping[str, Iterable[int]] | None = None, drop_culprits: bool = False,
              materialize_weights: float = 0.0, bandwidth: float | None = None,
              compare_layers: bool = False, tune: bool = False, tune_budget: float | None = None,
-             threads: int = 1) -> Result:
+             threads: int = 1, verify_budget: float | None = None) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
     What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
@@ -206,9 +208,13 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
         input_values / input_ranges / input_sets: a fill value or a ``(low, high)`` range per input name (say
             ``{"sr": 16000}``), and how many seeded input sets to compare on (see docs/reference.md, "Verification").
         rtol / atol: elementwise tolerances that replace the noise-floor rule (see docs/reference.md, "Verification").
-        verify_timeout: seconds for every onnxruntime run of the verification together (None:
-            ``onnxfuse.verification.options.DEFAULT_TIMEOUT_S``, 300; 0: no limit); when they run out verification is
-            ``skipped`` with ``cause`` ``"time"`` (a :class:`VerificationError` with ``require_verify``).
+        verify_budget: CPU seconds of this process for the verification and the comparison with onnxruntime's
+            graphs together (None: ``onnxfuse.verification.options.DEFAULT_WORK_S``, 600; 0: no limit); counted
+            in CPU time, so the verdict is the same on a loaded machine; when spent verification is ``skipped``
+            with ``cause`` ``"work"`` (a :class:`VerificationError` with ``require_verify``).
+        verify_timeout: wall-clock seconds, a safety stop beside ``verify_budget`` (None:
+            ``onnxfuse.verification.options.DEFAULT_TIMEOUT_S``, 1800; 0: no limit); when reached verification is
+            ``skipped`` with ``cause`` ``"time"``.
         drop_culprits: when verification fails, onnxfuse searches its rewrite sites for those that broke it
             (within ``verify_timeout``; ``verification.culprits`` names them either way) and verifies the model
             with them left unfused; True returns that model with its ``passed`` verification (culprits named)
@@ -243,7 +249,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
                        verify=bool(verify), tune=tune,
                        tune_budget=DEFAULT_TUNE_BUDGET_S if tune_budget is None else tune_budget, threads=threads)
     checked = _verify_options(options.input_shapes, input_data, input_values, input_ranges, input_sets, rtol, atol,
-                              verify_timeout)
+                              verify_timeout, verify_budget)
     loaded = _load(model, name)
     verify_options = checked if verify else None
     result = tuning.optimize(loaded.path, options, verify_options, loaded=loaded)
@@ -262,13 +268,14 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
            *, input_shapes: Mapping[str, Iterable[int]] | None = None,
            input_data: str | os.PathLike[str] | None = None, input_values: Mapping[str, float] | None = None,
            input_ranges: Mapping[str, tuple[float, float]] | None = None, input_sets: int = 1,
-           rtol: float | None = None, atol: float | None = None, verify_timeout: float | None = None) -> Verification:
+           rtol: float | None = None, atol: float | None = None, verify_timeout: float | None = None,
+           verify_budget: float | None = None) -> Verification:
     """Compare ``candidate`` with ``original`` in onnxruntime (graph optimizations disabled on both), on the
     same generated (or ``input_data``) inputs; any pair of models, e.g. another optimizer's output.
 
-    Arguments after ``candidate`` are as :func:`optimize`'s (``verify_timeout`` too: when it runs out the result
-    is ``skipped`` with ``cause`` ``"time"``); the rule is docs/reference.md's "Verification"
-    (:func:`onnxfuse.verification.verify.verify_models`).
+    Arguments after ``candidate`` are as :func:`optimize`'s (``verify_budget`` and ``verify_timeout`` too: when
+    they run out the result is ``skipped`` with ``cause`` ``"work"`` or ``"time"``); the rule is
+    docs/reference.md's "Verification" (:func:`onnxfuse.verification.verify.verify_models`).
 
     Returns:
         An ``onnxfuse.verification.result.Verification``: ``status`` is ``passed``, ``failed``, ``partial`` (every
@@ -277,12 +284,13 @@ def verify(original: onnx.ModelProto | str | os.PathLike[str], candidate: onnx.M
         applied. It does not raise on ``failed``: check ``status``.
 
     Raises:
-        InputError: an unreadable or invalid model, unreadable ``input_data``, a negative ``verify_timeout``.
+        InputError: an unreadable or invalid model, unreadable ``input_data``, a negative ``verify_timeout``
+            or ``verify_budget``.
     """
     from onnxfuse.verification.verify import verify_models
 
     opts = _verify_options(_shapes(input_shapes), input_data, input_values, input_ranges, input_sets, rtol, atol,
-                           verify_timeout)
+                           verify_timeout, verify_budget)
     ref = _load(original)
     cand = _load(candidate).model
     assert cand is not None  # a model just loaded; only pipeline.analyse sets it to None

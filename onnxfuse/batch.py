@@ -130,8 +130,8 @@ class ModelOptions:
         target / ort_level / only / skip / ort_version / constant_initializer_inputs / materialize_weights (MiB) /
             bandwidth (GB/s): as ``onnxfuse optimize``.
         verify: run the onnxruntime comparison (``--no-verify``: False).
-        compare_layers / input_sets / rtol / atol / verify_timeout: as ``optimize``'s ``--layers``,
-            ``--input-sets``, ``--rtol``, ``--atol``, ``--verify-timeout``.
+        compare_layers / input_sets / rtol / atol / verify_timeout / verify_budget: as ``optimize``'s
+            ``--layers``, ``--input-sets``, ``--rtol``, ``--atol``, ``--verify-timeout``, ``--verify-budget``.
         plugins: ``--plugin`` specs (``module:Name``) every model runs with; in the cache key as specs only (a
             changed plugin's code under the same spec reuses cached results: clear OUTDIR's cache after changing it).
         drop_culprits: ``--drop-culprits``: when verification fails and the culprit search finds the rewrites
@@ -158,6 +158,7 @@ class ModelOptions:
     rtol: float | None = None
     atol: float | None = None
     verify_timeout: float | None = None
+    verify_budget: float | None = None
 
     #: The fields :meth:`to_dict` always writes; every other one only when it differs from its default, so that
     #: the cache keys (and rows) of runs that do not use an option stay as they were before it existed.
@@ -200,7 +201,7 @@ def run_options(o: dict) -> tuple[Any, Any]:
     verify = make_verify_options(
         input_shapes=options.input_shapes, input_values=dict(d["input_values"]),
         input_ranges={k: tuple(v) for k, v in d["input_ranges"].items()}, input_sets=d["input_sets"],
-        rtol=d["rtol"], atol=d["atol"], verify_timeout=d["verify_timeout"])
+        rtol=d["rtol"], atol=d["atol"], verify_timeout=d["verify_timeout"], verify_budget=d["verify_budget"])
     return options, verify if d["verify"] else None
 
 

@@ -384,7 +384,8 @@ def analyse(path: str | os.PathLike | None, options: Options, loaded: model_io.L
             if runtime is not None and options.ort_level is not None:
                 from onnxfuse.ort import optimized_graph as ort_graph
 
-                runtime = ort_graph.runtime_graphs(loaded.ort_source(), out, options.ort_level)
+                runtime = ort_graph.runtime_graphs(b"" if runtime.available else loaded.ort_source(), out,
+                                                   options.ort_level, original_of=runtime)  # no 2nd original session
     after_sizes = _after_sizes(before_sizes, out, fusions, written_before, _dim_values(info, sym.shapes))
     after_rows = traffic.node_traffic(out, after_sizes)
     release = deployment_release(options)
@@ -814,12 +815,19 @@ def _verify_and_compare(loaded: model_io.LoadedModel, out: onnx.ModelProto, inpu
     :func:`onnxfuse.ort.optimized_graph.runtime_graphs`: ``(verification, runtime graphs or None)``. The two share
     what they can, for the same verdict and the same report:
 
-    * one temporary file of ``out`` (:func:`onnxfuse.ort.sessions.loadable` with ``as_file``) for verification's
-      session of it and the comparison's, instead of one written for each;
+    * one budget (:class:`onnxfuse.verification.run.Budget`: ``verify_options.work`` CPU seconds with the
+      wall-clock safety stop ``verify_options.timeout``): verification first, the comparison's sessions with
+      what is left (when it is spent, the comparison's ``reason`` says so and the verdict stands);
+    * one onnxruntime session per model and level: the original is given to both by its path (a caller's
+      ModelProto written once to a temporary file, external data beside it when over 2 GB, instead of a
+      serialized copy in memory for each), and one temporary file of ``out``
+      (:func:`onnxfuse.ort.sessions.loadable` with ``as_file``) serves verification's session of it and the
+      comparison's;
     * at level ``all``, the noise-floor session, when verification makes one, is the session of the original at
       ``ORT_ENABLE_ALL`` that ``runtime_graphs`` would make again: it writes onnxruntime's graph
       (:data:`onnxfuse.ort.optimized_graph.SAVE_CONFIG`) and ``runtime_graphs`` reads it, so one session of the
-      original at that level is made, not two.
+      original at that level is made, not two; at level ``disable``, verification's sessions of the original and
+      of ``out`` (both at ``ORT_DISABLE_ALL``) write the graphs the comparison reads.
 
     Raises:
         InputError: as :func:`optimize`.
@@ -829,25 +837,47 @@ def _verify_and_compare(loaded: model_io.LoadedModel, out: onnx.ModelProto, inpu
 
     from onnxfuse.ort import optimized_graph as ort_graph
     from onnxfuse.ort import sessions as ort_sessions
+    from onnxfuse.verification import run as verify_run
     from onnxfuse.verification import verify
 
     # the shapes analyse() used: the given ones plus those their named dims complete
     verify_options.input_shapes = {k: tuple(v) for k, v in input_shapes.items()}
     _check_input_sizes(verify_options.input_shapes)
     with contextlib.ExitStack() as stack:
+        original = _original_source(loaded, stack)
         written = stack.enter_context(ort_sessions.loadable(out, as_file=True)) if level is not None else None
         candidate_file = written if isinstance(written, str) else None  # bytes: no temporary file could be written
-        floor_graph = None
-        if level == "all":
+        floor_graph = disable_graphs = None
+        if level in ("all", "disable"):
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxfuse-ort-"))
-            floor_graph = os.path.join(folder, "optimized.onnx")
+            floor_graph = ort_graph.graph_path(folder) if level == "all" else None
+            if level == "disable":  # a folder each: both write their weights to the same side file name
+                for side in ("original", "candidate"):
+                    os.mkdir(os.path.join(folder, side))
+                disable_graphs = (ort_graph.graph_path(os.path.join(folder, "original")),
+                                  ort_graph.graph_path(os.path.join(folder, "candidate")))
+        stack.enter_context(verify_run.budget(verify_options.timeout, verify_options.work))
         log.debug("verifying the optimized model against the original in onnxruntime")
-        verification = verify.verify_models(loaded.ort_source(), out, verify_options, floor_graph, candidate_file)
+        verification = verify.verify_models(original, out, verify_options, floor_graph, candidate_file, disable_graphs)
         if level is None:
             return verification, None
         log.debug("asking onnxruntime which of these fusions it makes itself at level %s", level)
-        return verification, ort_graph.runtime_graphs(loaded.ort_source(), candidate_file or out, level,
-                                                      ort_graph.read_graph(floor_graph) if floor_graph else None)
+        original_graph = ort_graph.read_graph(floor_graph or (disable_graphs[0] if disable_graphs else ""))
+        return verification, ort_graph.runtime_graphs(
+            original, candidate_file or out, level, original_graph, check=verify_run.check_budget,
+            optimized_graph=ort_graph.read_graph(disable_graphs[1]) if disable_graphs else None)
+
+
+def _original_source(loaded: model_io.LoadedModel, stack) -> str | bytes:
+    """What verification's and the comparison's sessions load the original from: its file's path; for a caller's
+    ModelProto (the API), one temporary file of it for every session (:func:`onnxfuse.ort.sessions.loadable`
+    with ``as_file``; external data beside it over 2 GB), entered into ``stack``; its serialized bytes only where
+    no temporary file can be written."""
+    if loaded.path is not None or loaded.proto is None:
+        return loaded.ort_source()
+    from onnxfuse.ort import sessions as ort_sessions
+
+    return stack.enter_context(ort_sessions.loadable(loaded.proto, as_file=True))
 
 
 def optimize(path: str | os.PathLike | None, options: Options, verify_options=None,
@@ -872,10 +902,13 @@ def optimize(path: str | os.PathLike | None, options: Options, verify_options=No
     if verify_options is not None and verify_options.input_data and not options.input_data:
         options = replace(options, input_data=verify_options.input_data)  # real inputs fix the report's shapes
     # verifies a rewritten model; without verify_options the report says skipped, with nothing rewritten unchanged
-    result = analyse(path, options, loaded, verify_options, verifying=True, tuner=tuner)
-    if verify_options is not None and result.changed:
-        from onnxfuse.verification import verify  # not imported by a run that verifies nothing
+    if verify_options is None:
+        return analyse(path, options, loaded, verify_options, verifying=True, tuner=tuner)
+    from onnxfuse.verification import verify  # not imported by a run that verifies nothing
 
+    with verify.reusing():  # the culprit search and the remainder reuse the verification's runs of the original
+        result = analyse(path, options, loaded, verify_options, verifying=True, tuner=tuner)
+    if result.changed:
         reason = result.report.verification.reason or ""
         if result.report.verification.status == "skipped" and reason.startswith(verify.ORIGINAL_UNLOADABLE):
             raise InputError(f"{result.loaded.label}: {reason}; onnxfuse does not rewrite a model onnxruntime "

@@ -1062,6 +1062,7 @@ def test_attributes_graphsurgeon_drops_keep_the_model_unchanged(tmp_path, kind):
 _GIVEN = {"no_verify": ["--no-verify"], "require_verify": ["--require-verify"], "drop_culprits": ["--drop-culprits"],
           "layers": ["--layers"], "input_sets": ["--input-sets", "2"], "rtol": ["--rtol", "0.1"],
           "atol": ["--atol", "0.1"], "verify_timeout": ["--verify-timeout", "10"],
+          "verify_budget": ["--verify-budget", "9"],
           "input_value": ["--input-value", "x=1"], "input_range": ["--input-range", "x=0,1"],
           "profile_timeout": ["--profile-timeout", "5"], "profile": ["--profile"], "merge": ["--merge"],
           "shard": ["--shard", "1/2"], "ray_address": ["--ray=localhost:1"], "jobs": ["-j", "1"],

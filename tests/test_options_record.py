@@ -70,6 +70,7 @@ VERIFY = {
     "rtol": (["--rtol", "0.01"], {"rtol": 0.01}, ("cli", ["--rtol", "0.01"]), 0.01),
     "atol": (["--atol", "0.02"], {"atol": 0.02}, ("cli", ["--atol", "0.02"]), 0.02),
     "timeout": (["--verify-timeout", "7"], {"verify_timeout": 7}, ("cli", ["--verify-timeout", "7"]), 7.0),
+    "work": (["--verify-budget", "9"], {"verify_budget": 9}, ("cli", ["--verify-budget", "9"]), 9.0),
 }
 
 

@@ -4,6 +4,9 @@ makes itself when it loads the original at the user's level, and the kernels and
 
 from __future__ import annotations
 
+import os
+import stat
+
 import numpy as np
 import onnx
 import pytest
@@ -199,3 +202,24 @@ def test_a_tensor_onnxruntime_writes_in_its_nchwc_layout_still_counts_as_written
     # Conv -> Relu fused by onnxfuse: onnxruntime wrote conv_out (blocked), so the fusion goes beyond it
     assert not graphs.made_by_onnxruntime(["conv_out"]) and not graphs.made_by_onnxruntime(["conv2_out"])
     assert graphs.made_by_onnxruntime(["conv3_out"])  # a tensor no node writes under any name
+
+
+def test_a_graph_written_beside_a_link_to_devnull_is_the_same_and_leaves_no_weights_on_disk(tmp_path):
+    """``graph_path``: the weights side file of a session that writes its graph goes to os.devnull (they are never
+    read back); the graph written is the one written beside a real side file."""
+    from onnxfuse.ort import sessions as runtime
+    from tests.test_verify import deep_net
+
+    model = deep_net(blocks=3).SerializeToString()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    runtime.session(model, "all", save_to=str(plain / "g.onnx"), spinning=False, config=ort_graph.SAVE_CONFIG)
+    assert (plain / "weights.bin").stat().st_size > 0  # without the link: the weights are written
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    path = ort_graph.graph_path(str(linked), "g.onnx")
+    runtime.session(model, "all", save_to=path, spinning=False, config=ort_graph.SAVE_CONFIG)
+    side = linked / "weights.bin"
+    assert not side.exists() or side.is_symlink() or side.stat().st_size == 0  # nothing of the weights on disk
+    assert (linked / "g.onnx").read_bytes() == (plain / "g.onnx").read_bytes()
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)  # the link went, os.devnull is still the device

@@ -187,3 +187,45 @@ def test_the_command_freezes_its_objects_before_exit_and_clean_ups_still_run(tmp
     folder = proc.stdout.splitlines()[0]
     assert folder.startswith(str(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+#: Runs ``python -m onnxfuse ARGS`` (``sys.argv[2:]``) and, at exit, writes the names in ``sys.modules`` to the file
+#: ``sys.argv[1]``: what the run had imported by its end, lazy imports included.
+_MODULES_AT_EXIT = ("import atexit, runpy, sys\n"
+                    "out = sys.argv[1]\n"
+                    "atexit.register(lambda: open(out, 'w').write('\\n'.join(sorted(sys.modules))))\n"
+                    "sys.argv = ['onnxfuse', *sys.argv[2:]]\n"
+                    "runpy.run_module('onnxfuse', run_name='__main__', alter_sys=True)\n")
+
+#: What only verification (or an unsized dim) needs: a ``--no-verify`` run of a static model imports none of it.
+#: ``onnxfuse.verification.result`` (and the ``rule`` constants it reads) stay: the report holds a ``Verification``
+#: (``skipped``, cause ``user``), its data type.
+_VERIFICATION_ONLY = ("sympy", "onnxruntime", "onnxruntime.tools.symbolic_shape_infer",
+                      "onnxfuse.verification.verify", "onnxfuse.verification.run", "onnxfuse.verification.compare",
+                      "onnxfuse.verification.floors", "onnxfuse.verification.models",
+                      "onnxfuse.verification.options", "onnxfuse.verification.search",
+                      "onnxfuse.verification.layers", "onnxfuse.culprits")
+
+
+def modules_at_exit(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run the command in a fresh process from the repository root; the process and every module in its
+    ``sys.modules`` when it exits."""
+    listing = tmp_path / "modules.txt"
+    proc = subprocess.run([sys.executable, "-c", _MODULES_AT_EXIT, str(listing), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=180)
+    return proc, set(listing.read_text().split()) if listing.is_file() else set()
+
+
+def test_no_verify_of_a_static_model_imports_no_sympy_symbolic_inference_or_verification(tmp_path):
+    """``sys.modules`` at the end of the run (not only the import lines): a static sample model, ``--no-verify``.
+    The same command verified imports them (the check can fail)."""
+    out = tmp_path / "out.onnx"
+    proc, modules = modules_at_exit(tmp_path, "optimize", "sample_models/resnet_block.onnx", str(out),
+                                    "--no-verify", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert out.is_file() and "onnxfuse.pipeline" in modules
+    assert sorted(m for m in _VERIFICATION_ONLY if m in modules) == []
+    assert not any(m.split(".")[0] == "sympy" for m in modules)
+    proc, modules = modules_at_exit(tmp_path, "optimize", "sample_models/resnet_block.onnx", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert {"onnxruntime", "onnxfuse.verification.verify", "onnxfuse.verification.run"} <= modules

@@ -86,7 +86,8 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
           target: str, only: tuple[str, ...], skip: tuple[str, ...], ort_level: str | None, ort_version: str | None,
           constant_initializer_inputs: bool, materialize_weights: float, no_verify: bool, layers: bool,
           drop_culprits: bool, input_sets: int, rtol: float | None, atol: float | None,
-          verify_timeout: float | None, bandwidth: float | None, plugins: tuple[str, ...] = ()) -> None:
+          verify_timeout: float | None, verify_budget: float | None, bandwidth: float | None,
+          plugins: tuple[str, ...] = ()) -> None:
     """Optimize, verify and report every model of INPUTS into OUTDIR, each in a worker process of its own.
 
     INPUTS are .onnx files, folders (searched recursively) and manifests (.json or .csv: per-model input
@@ -134,7 +135,8 @@ def batch(ctx: click.Context, inputs: tuple[str, ...], outdir: Path, jobs: int |
                                   skip=tuple(skip), ort_version=ort_version,
                                   constant_initializer_inputs=constant_initializer_inputs,
                                   materialize_weights=materialize_weights, bandwidth=bandwidth, compare_layers=layers,
-                                  input_sets=input_sets, rtol=rtol, atol=atol, verify_timeout=verify_timeout)
+                                  input_sets=input_sets, rtol=rtol, atol=atol, verify_timeout=verify_timeout,
+                                  verify_budget=verify_budget)
         b.run_options(defaults.to_dict())  # each value checked as optimize checks it: one error before any model
         summary = _run(ctx, inputs, outdir, defaults, jobs, timeout, limit, shard, ray_address, versions, start)
     gate = b.compare_summaries(old, summary) if old is not None else None

@@ -10,11 +10,16 @@ import click
 
 from onnxfuse.cli import files
 from onnxfuse.cli.args.conflicts import OPTIMIZE_CONFLICTS, check_conflicts, check_passes
-from onnxfuse.cli.args.model_inputs import fix_input_shape_option, parse_fix_input_shapes, parse_input_shapes
+from onnxfuse.cli.args.model_inputs import (
+    fix_input_shape_option,
+    parse_fix_input_shapes,
+    parse_input_feeds,
+    parse_input_shapes,
+)
 from onnxfuse.cli.args.optimization import optimization_options, to_options, tune_options
 from onnxfuse.cli.args.plugins import plugin_option
 from onnxfuse.cli.args.report_output import bandwidth_option, check_bandwidth, report_file_options, report_files
-from onnxfuse.cli.args.verification import to_verify_options, verify_options
+from onnxfuse.cli.args.verification import check_verify_values, to_verify_options, verify_options
 from onnxfuse.cli.console import diagnostics, log, progress, verbosity, verbosity_options, warn_unverified
 from onnxfuse.cli.exits import EXIT_CODES_HELP, EXIT_CULPRITS_LEFT_UNFUSED, fail_cleanly
 from onnxfuse.errors import InputError, VerificationError
@@ -55,7 +60,8 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
              constant_initializer_inputs: bool, materialize_weights: float, no_verify: bool, require_verify: bool,
              layers: bool, drop_culprits: bool, input_data: str | None,
              input_value: tuple[str, ...], input_range: tuple[str, ...], input_sets: int, rtol: float | None,
-             atol: float | None, verify_timeout: float | None, report_paths: tuple[Path, ...],
+             atol: float | None, verify_timeout: float | None, verify_budget: float | None,
+             report_paths: tuple[Path, ...],
              report_format: str | None, bandwidth: float | None, overwrite: bool,
              plugins: tuple[str, ...] = (), fix_input_shape: tuple[str, ...] = (), tune: bool = False,
              tune_budget: float = 60.0, threads: int = 1) -> None:
@@ -85,11 +91,16 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
                          input_data=input_data, bandwidth=bandwidth, drop_culprits=drop_culprits,
                          compare_layers=layers, verify=not no_verify,
                          tune=tune, tune_budget=tune_budget, threads=threads)
-    checked = to_verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol, atol,
-                                verify_timeout)
+    if no_verify:  # the verification options are still checked, without importing verification
+        check_verify_values(rtol, atol, verify_timeout, verify_budget)
+        parse_input_feeds(input_data, input_value, input_range)
+        checked = None
+    else:
+        checked = to_verify_options(options.input_shapes, input_data, input_value, input_range, input_sets, rtol,
+                                    atol, verify_timeout, verify_budget)
     log.debug("optimizing %s for target %s", input_path, target)
     with progress(ctx, f"optimizing {input_path}"):
-        result = tuning.optimize(input_path, options, None if no_verify else checked)
+        result = tuning.optimize(input_path, options, checked)
     diagnostics(result.report)
     report_texts = _render_reports(result, input_path, output_path, reports, require_verify)
     _write_results(ctx, result, output_path, reports, report_texts, overwrite)

@@ -24,7 +24,7 @@ Exit codes:
      order or dtypes differ, or onnxruntime cannot run CANDIDATE
   2  usage error, a model that cannot be read or is invalid, or
      verification skipped (onnxruntime cannot run ORIGINAL on the
-     inputs, or --verify-timeout ran out)
+     inputs, or --verify-budget or --verify-timeout ran out)
   3  internal error, a bug in onnxfuse (ONNXFUSE_DEBUG=1: traceback)"""
 
 
@@ -44,7 +44,7 @@ Exit codes:
 def verify_command(ctx: click.Context, original: Path, candidate: Path, input_shape: tuple[str, ...],
                    input_data: str | None, input_value: tuple[str, ...], input_range: tuple[str, ...],
                    input_sets: int, rtol: float | None, atol: float | None, verify_timeout: float | None,
-                   fmt: str, layers: bool) -> None:
+                   fmt: str, layers: bool, verify_budget: float | None = None) -> None:
     """Check that CANDIDATE computes what ORIGINAL does, in onnxruntime (any pair of models: onnxfuse's output,
     another optimizer's, a hand-edited graph). Both run with graph optimizations disabled on the same inputs; an
     output passes when it differs by no more than onnxruntime's own noise (how much its optimization levels change
@@ -61,7 +61,8 @@ def verify_command(ctx: click.Context, original: Path, candidate: Path, input_sh
     from onnxfuse.model import io as model_io
     from onnxfuse.verification import verify as verify_mod
 
-    opts = to_verify_options(shapes, input_data, input_value, input_range, input_sets, rtol, atol, verify_timeout)
+    opts = to_verify_options(shapes, input_data, input_value, input_range, input_sets, rtol, atol, verify_timeout,
+                             verify_budget)
     for path in (original, candidate):
         model_io.load_model(path)  # unreadable or invalid: an input error (exit 2)
     with progress(ctx, "running both models in onnxruntime"):

@@ -26,6 +26,7 @@ import os
 import re
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 
@@ -91,31 +92,57 @@ def installed_version() -> str:
 
 
 def runtime_graphs(original: str | bytes, optimized: onnx.ModelProto | str, level: str,
-                   original_graph: onnx.ModelProto | None = None) -> RuntimeGraphs:
+                   original_graph: onnx.ModelProto | None = None, check: Callable[[], None] | None = None,
+                   original_of: RuntimeGraphs | None = None, optimized_graph: onnx.ModelProto | None = None
+                   ) -> RuntimeGraphs:
     """Have onnxruntime optimize ``original`` (a path, or serialized bytes) and ``optimized`` (a ModelProto, or the
     path of its file) at ``level`` on the CPU execution provider and describe both graphs (:class:`RuntimeGraphs`).
 
     ``original_graph``: onnxruntime's graph of ``original`` at ``level``, when a session made with the same options
     (:func:`onnxfuse.ort.sessions.session` with ``spinning=False`` and :data:`SAVE_CONFIG`) already wrote it
-    (:func:`read_graph`); no session of the original is made then.
+    (:func:`read_graph`); no session of the original is made then. ``optimized_graph``: the same for
+    ``optimized`` (verification's session of it at level ``disable`` wrote it).
+
+    ``original_of``: an earlier result for the same ``original`` at the same ``level`` (available), whose
+    original side is taken as it is: no session of the original is made (the model after the culprit search
+    is compared again with the same original).
+
+    ``check``: called before each session is made (the budget of ``pipeline.optimize``, shared with
+    verification: ``onnxfuse.verification.run.check_budget``); when it raises :class:`RunTimeout` (or
+    :class:`WorkSpent`) no more sessions are made and the result's ``reason`` says the budget ran out.
 
     Never raises for a model onnxruntime cannot load: the result's ``reason`` says why (one line).
     """
     from onnxfuse.ort import sessions as runtime
 
     result = RuntimeGraphs(level=level, onnxruntime=installed_version())
+    reuse = original_of is not None and original_of.available and original_of.level == level
     try:
-        if original_graph is None:
+        if original_graph is None and not reuse:
+            if check is not None:
+                check()
             original_graph = _optimized_graph(original, level)
-        with runtime.loadable(optimized, as_file=True) as source:
-            optimized_graph = _optimized_graph(source, level)
+        if optimized_graph is None:
+            if check is not None:
+                check()
+            with runtime.loadable(optimized, as_file=True) as source:
+                optimized_graph = _optimized_graph(source, level)
+    except runtime.RunTimeout as exc:
+        kind = "work (--verify-budget)" if isinstance(exc, runtime.WorkSpent) else "time (--verify-timeout)"
+        result.reason = f"the budget that verification and this comparison share ran out of {kind}"
+        return result
     except Exception as exc:  # onnxruntime raises its own exception types for a model it cannot load
         result.reason = f"onnxruntime {result.onnxruntime} could not load the model at level {level} " \
                         f"({one_line(exc, 200)})"
         return result
-    result.original_ops = op_counts(original_graph)
+    if reuse:
+        assert original_of is not None
+        result.original_ops, result.original_tensors = original_of.original_ops, original_of.original_tensors
+    else:
+        assert original_graph is not None
+        result.original_ops = op_counts(original_graph)
+        result.original_tensors = written_tensors(original_graph)
     result.optimized_ops = op_counts(optimized_graph)
-    result.original_tensors = written_tensors(original_graph)
     return result
 
 
@@ -184,16 +211,35 @@ def _optimized_graph(source: str | bytes, level: str) -> onnx.ModelProto:
     from onnxfuse.ort import sessions as runtime
 
     with tempfile.TemporaryDirectory(prefix="onnxfuse-ort-") as folder:
-        path = os.path.join(folder, "optimized.onnx")
+        path = graph_path(folder)
         runtime.session(source, level=level, save_to=path, spinning=False, config=SAVE_CONFIG, trim=True)
         return onnx.load_model(path, load_external_data=False)
 
 
+def graph_path(folder: str, name: str = "optimized.onnx") -> str:
+    """Where a session made with :data:`SAVE_CONFIG` writes its graph in ``folder`` (an empty folder of the
+    caller's, one graph each): ``folder/name``, with the side file of its weights made a symbolic link to
+    ``os.devnull`` first, so that the weights, never read back, are not written to disk (2.3 GB for a 2.3 GB
+    model, twice in optimize's comparison). onnxruntime opens the side file by its name (``std::ofstream`` in
+    ``Graph::ToGraphProtoWithExternalInitializers``, graph.cc) and so writes through the link; the graph file is
+    the same. Where no such link can be made (no symbolic links, no ``os.devnull``), the weights are written to
+    the side file as before."""
+    try:
+        os.symlink(os.devnull, os.path.join(folder, SAVE_CONFIG[_WEIGHTS_FILE_KEY]))
+    except (OSError, NotImplementedError):
+        pass
+    return os.path.join(folder, name)
+
+
+#: The session configuration key of the side file's name (onnxruntime_session_options_config_keys.h).
+_WEIGHTS_FILE_KEY = "session.optimized_model_external_initializers_file_name"
+
 #: Session configuration of the sessions whose optimized graph is read (onnxruntime_session_options_config_keys.h):
 #: write every initializer to a side file, so that a model of any size can be saved (a graph over 2 GiB cannot) and
-#: only its structure is read back. With ``spinning=False`` (:func:`onnxfuse.ort.sessions.session`), the options
-#: of every session that writes a graph for :func:`runtime_graphs`.
-SAVE_CONFIG = {"session.optimized_model_external_initializers_file_name": "weights.bin",
+#: only its structure is read back (:func:`graph_path` sends the side file to ``os.devnull``). With
+#: ``spinning=False`` (:func:`onnxfuse.ort.sessions.session`), the options of every session that writes a graph for
+#: :func:`runtime_graphs`.
+SAVE_CONFIG = {_WEIGHTS_FILE_KEY: "weights.bin",
                "session.optimized_model_external_initializers_min_size_in_bytes": "0"}
 
 

@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -443,7 +443,59 @@ def invented_inputs(sess, spec: InputSpec) -> list[str]:
 
 
 class RunTimeout(TimeoutError):
-    """An onnxruntime run stopped because its time budget ran out (:func:`run`)."""
+    """An onnxruntime run stopped because its time budget ran out (:func:`run`, :func:`run_watched`)."""
+
+
+class WorkSpent(RunTimeout):
+    """An onnxruntime run stopped, or a session not made, because a budget counted in work (CPU seconds, not wall
+    time: ``onnxfuse.verification.run.Budget``) was spent (:func:`run_watched`)."""
+
+
+def run_watched(sess, feeds: dict[str, np.ndarray], spent: Callable[[], RunTimeout | None] | None,
+                interval: float) -> list[np.ndarray]:
+    """``sess.run(None, feeds)``, stopped when ``spent()`` returns an exception (None: go on), which is raised.
+
+    ``spent`` is called before the run and then every ``interval`` seconds from a watcher thread while it runs;
+    the stop is onnxruntime's ``RunOptions.terminate``, checked before each node (see :func:`run`). ``spent``
+    None: the run is not watched.
+
+    Raises:
+        RunTimeout (or the subclass ``spent`` returned, :class:`WorkSpent`): as said.
+        whatever onnxruntime raises when it cannot run the model.
+    """
+    if spent is None:
+        return sess.run(None, feeds)
+    before = spent()
+    if before is not None:
+        raise before
+    import threading
+
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = ORT_LOG_FATAL
+    done = threading.Event()
+    fired: list[RunTimeout] = []
+
+    def watch() -> None:
+        while not done.wait(interval):
+            exc = spent()
+            if exc is not None:
+                fired.append(exc)
+                options.terminate = True
+                return
+
+    watcher = threading.Thread(target=watch, name="onnxfuse-run-watch", daemon=True)
+    watcher.start()
+    try:
+        return sess.run(None, feeds, options)
+    except Exception:
+        if fired:
+            raise fired[0] from None
+        raise
+    finally:
+        done.set()
+        watcher.join()
 
 
 def run(sess, feeds: dict[str, np.ndarray], timeout: float | None = None) -> list[np.ndarray]:

@@ -1,4 +1,5 @@
-"""What a verification is asked to do: its inputs, its tolerance rule and its time budget (``VerifyOptions``)."""
+"""What a verification is asked to do: its inputs, its tolerance rule and its budget (``VerifyOptions``): work in
+CPU seconds, with a wall-clock safety stop."""
 
 from __future__ import annotations
 
@@ -12,11 +13,20 @@ from onnxfuse.verification.rule import FLOOR_MULTIPLE
 #: kills on one input, other branches), at one more onnxruntime run per model per set.
 DEFAULT_INPUT_SETS = 1
 
-#: Default time budget of one verification, in seconds (``--verify-timeout``): every onnxruntime run of it
-#: together. Verifying the shared models takes 0.3-6 s (BENCHMARKS.md, "What verification costs"); a model that
-#: needs more is either very large (raise it) or never ends (a Loop of 10^12 iterations), and either way
-#: verification stops with status ``skipped``, reason ``time``, instead of hanging.
-DEFAULT_TIMEOUT_S = 300.0
+#: Default work budget of one verification, in CPU seconds of this process (``--verify-budget``): every
+#: onnxruntime session built and run of it together, with the comparison with onnxruntime's own graphs that
+#: ``optimize`` makes in the same budget. CPU time, not wall time: the same model uses about the same CPU time
+#: however loaded the machine is, so the verdict does not depend on the load. Verifying the shared models takes
+#: 0.3-6 CPU s and a 1,600-block synthetic ResNet (239 MB) about 15 (BENCHMARKS.md); a model that needs more is very
+#: large (raise it) or never ends (a Loop of 10^12 iterations), and either way verification stops with status
+#: ``skipped``, cause ``work``, instead of running on.
+DEFAULT_WORK_S = 600.0
+
+#: Default wall-clock safety stop of one verification, in seconds (``--verify-timeout``): for what the work
+#: budget cannot see (a run that waits without using CPU) or a machine so loaded that the work budget would take
+#: hours of wall time. Far above what the default work budget takes on a loaded machine, so that it is reached
+#: only then; when it is, verification stops with status ``skipped``, cause ``time``.
+DEFAULT_TIMEOUT_S = 1800.0
 
 
 @dataclass
@@ -32,8 +42,11 @@ class VerifyOptions:
         rtol / atol: when either is set, the elementwise rule replaces the noise-floor rule (for integer and
             bool outputs too).
         floor_multiple: FLOOR_MULTIPLE unless overridden.
-        timeout: seconds for every onnxruntime run of the verification together (DEFAULT_TIMEOUT_S); None: no
-            limit. When it runs out the result is ``skipped`` with ``cause`` ``time``.
+        work: CPU seconds of this process for every onnxruntime session and run of the verification together
+            (DEFAULT_WORK_S; ``onnxfuse.verification.run.Budget``); None: no limit. When spent the result is
+            ``skipped`` with ``cause`` ``work``, the same way on a loaded machine as on an idle one.
+        timeout: wall-clock seconds, a safety stop beside ``work`` (DEFAULT_TIMEOUT_S); None: no limit. When it
+            runs out the result is ``skipped`` with ``cause`` ``time``.
         index_inputs: floating-point inputs used as indices, with their bound
             (:class:`onnxfuse.ort.sessions.InputSpec` ``index_highs``; ``pipeline.optimize`` finds them with
             :func:`onnxfuse.model.indices.float_index_inputs`).
@@ -49,6 +62,7 @@ class VerifyOptions:
     floor_multiple: float = FLOOR_MULTIPLE
     timeout: float | None = DEFAULT_TIMEOUT_S
     index_inputs: dict[str, int] = field(default_factory=dict)
+    work: float | None = DEFAULT_WORK_S
 
     @property
     def explicit_tolerance(self) -> bool:
@@ -70,6 +84,20 @@ def timeout_seconds(value: float | None) -> float | None:
     return float(value) or None
 
 
+def work_seconds(value: float | None) -> float | None:
+    """``VerifyOptions.work`` from ``--verify-budget`` / the API's ``verify_budget``: None gives DEFAULT_WORK_S,
+    0 no limit (None).
+
+    Raises:
+        InputError: a negative or non-finite value.
+    """
+    if value is None:
+        return DEFAULT_WORK_S
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InputError(f"verify budget: expected a number of CPU seconds >= 0 (0: no limit), got {value!r}")
+    return float(value) or None
+
+
 #: ``VerifyOptions`` fields that no command or API argument sets: ``floor_multiple`` (the noise-floor rule's
 #: multiple, for tests of the rule) and ``index_inputs`` (found in the model by ``pipeline.optimize``).
 #: ``tests/test_options_record.py`` checks that every other field is reachable from ``optimize`` on the command
@@ -81,16 +109,18 @@ def make_verify_options(*, input_shapes: dict[str, tuple[int, ...]] | None = Non
                         input_values: dict[str, float] | None = None,
                         input_ranges: dict[str, tuple[float, float]] | None = None,
                         input_sets: int = DEFAULT_INPUT_SETS, rtol: float | None = None, atol: float | None = None,
-                        verify_timeout: float | None = None) -> VerifyOptions:
+                        verify_timeout: float | None = None, verify_budget: float | None = None) -> VerifyOptions:
     """The one way :class:`VerifyOptions` are built from what a user gave (``--input-data``, ``--input-value``,
-    ``--input-range``, ``--input-sets``, ``--rtol``, ``--atol``, ``--verify-timeout``; the CLI, the API's
-    ``optimize`` / ``verify`` and ``batch``'s workers), each checked the same way. Values are already parsed
-    (the CLI parses its text first); ``verify_timeout`` None: :data:`DEFAULT_TIMEOUT_S`, 0: no limit.
+    ``--input-range``, ``--input-sets``, ``--rtol``, ``--atol``, ``--verify-timeout``, ``--verify-budget``; the
+    CLI, the API's ``optimize`` / ``verify`` and ``batch``'s workers), each checked the same way. Values are already
+    parsed
+    (the CLI parses its text first); ``verify_timeout`` None: :data:`DEFAULT_TIMEOUT_S`, 0: no limit;
+    ``verify_budget`` (CPU seconds) None: :data:`DEFAULT_WORK_S`, 0: no limit (:func:`work_seconds`).
 
     Raises:
         InputError: ``input_sets`` not an int >= 1; a value not a finite number; a range not two finite numbers,
             low <= high, with a finite span; ``rtol`` or ``atol`` neither None nor a finite number >= 0; a
-            negative or non-finite ``verify_timeout``.
+            negative or non-finite ``verify_timeout`` or ``verify_budget``.
     """
     def number(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -111,4 +141,4 @@ def make_verify_options(*, input_shapes: dict[str, tuple[int, ...]] | None = Non
     return VerifyOptions({k: tuple(v) for k, v in (input_shapes or {}).items()},
                          None if input_data is None else str(input_data), dict(input_values or {}),
                          {k: (v[0], v[1]) for k, v in (input_ranges or {}).items()}, input_sets, rtol=rtol, atol=atol,
-                         timeout=timeout_seconds(verify_timeout))
+                         timeout=timeout_seconds(verify_timeout), work=work_seconds(verify_budget))

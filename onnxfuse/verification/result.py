@@ -38,6 +38,7 @@ class Cause(_WrittenAsValue):
     """``Verification.cause``, why a verification was skipped; a ``str``, written as its value in text and JSON."""
 
     TIME = "time"
+    WORK = "work"
     INPUTS = "inputs"
     LOAD = "load"
     USER = "user"
@@ -178,7 +179,9 @@ class Verification:
     both sides; not a pass); ``skipped`` (``reason``: why nothing could be compared); ``unchanged`` (nothing was
     rewritten, so nothing was run).
 
-    ``cause`` (skipped only): ``time`` (the ``timeout`` ran out), ``inputs`` (onnxruntime cannot run the
+    ``cause`` (skipped only): ``work`` (the work budget, ``VerifyOptions.work`` in CPU seconds, was spent: the
+    same on a loaded machine as on an idle one), ``time`` (the wall-clock safety stop, ``timeout``, ran out),
+    ``inputs`` (onnxruntime cannot run the
     original on the generated inputs, or they leave nothing to compare), ``load`` (onnxruntime cannot load the
     original), ``user`` (``--no-verify``), ``random`` (the model draws random numbers). ``invented``: the inputs
     whose symbolic dims got onnxfuse's default sizes (listed in ``input_shapes``, and ``second_input_shapes`` for
@@ -232,6 +235,8 @@ class Verification:
             return ""
         if self.cause == Cause.TIME:
             return "give it more time with --verify-timeout SECONDS"
+        if self.cause == Cause.WORK:
+            return "give it more work with --verify-budget CPU-SECONDS"
         if self.cause == Cause.USER:
             return "drop --no-verify to verify it"
         if self.cause == Cause.INPUTS and "--input-" not in (self.reason or ""):  # the reason may name them already

@@ -29,8 +29,9 @@ change some of their elements too (integers from floats through a truncating Cas
 FLOOR_MULTIPLE x as many elements may differ, each by at most what those runs change. ``rtol``/``atol``
 (``--rtol``/``--atol``) replace the rule for every output by numpy.isclose's ``|candidate - original| <= atol +
 rtol * |original|`` (a missing one is 0). An output with nothing compared (empty, NaN everywhere) is "not
-compared", never passed. Every onnxruntime run shares one time budget (``VerifyOptions.timeout``); when it runs
-out the result is ``skipped`` with ``cause`` ``time``.
+compared", never passed. Every onnxruntime session and run shares one budget (``VerifyOptions.work`` CPU seconds;
+when spent the result is ``skipped`` with ``cause`` ``work``) with a wall-clock safety stop
+(``VerifyOptions.timeout``; ``cause`` ``time``).
 
 Why max-abs against a measured floor: float32 noise of a correct fold is about 4e-7 of an output's scale on a
 50-conv ResNet, while wrong rewrites (a dropped bias, one channel scaled by 1.05) move it by 5e-5 to 5e-3 of its

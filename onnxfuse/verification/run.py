@@ -1,15 +1,17 @@
-"""How verification runs models in onnxruntime: one time budget for every run, sessions without spinning threads,
+"""How verification runs models in onnxruntime: one budget for every run, sessions without spinning threads,
 outputs kept as copies, the candidate's run and the optional second input set.
 
 Sessions, inputs and the stopping of a run come from :mod:`onnxfuse.ort.sessions`; this module adds the budget
-(``VerifyOptions.timeout``) that every session and run of one verification shares.
+(:class:`Budget`: ``VerifyOptions.work`` in CPU seconds, ``VerifyOptions.timeout`` in wall-clock seconds) that
+every session and run of one verification shares.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -27,30 +29,97 @@ Outputs = list[list[np.ndarray]]
 Signature = list[tuple[str, str]]
 
 
+#: The clocks a :class:`Budget` reads, module attributes so that a test can replace them (a fake, slowed clock):
+#: the work clock is this process's CPU time, every thread of it together (onnxruntime's pool included), in
+#: seconds; the wall clock is :func:`time.monotonic`.
+WORK_CLOCK: Callable[[], float] = time.process_time
+WALL_CLOCK: Callable[[], float] = time.monotonic
+
+#: Seconds between two looks at the clocks while an onnxruntime run is in progress (the watcher thread of
+#: :func:`onnxfuse.ort.sessions.run_watched`): a run stops at most this long, plus one node, after a limit.
+WATCH_INTERVAL_S = 0.02
+
+
 class Budget:
-    """What is left of ``VerifyOptions.timeout`` (None: no limit), from :func:`time.monotonic`."""
+    """One verification's limits (``VerifyOptions.work`` and ``VerifyOptions.timeout``; None: no limit), shared by
+    every session and run of it, and by the comparison with onnxruntime's own graphs that ``pipeline.optimize``
+    makes in the same budget.
 
-    def __init__(self, timeout: float | None):
+    * **work**: CPU seconds of this process (:data:`WORK_CLOCK`, every thread) from the budget's start: what the
+      runs and session builds cost, whatever else the machine runs, so the verdict does not depend on its load.
+      When spent: :class:`onnxfuse.ort.sessions.WorkSpent` (the result is ``skipped``, cause ``work``).
+    * **timeout**: wall-clock seconds (:data:`WALL_CLOCK`), a safety stop for what uses no CPU (a run that
+      waits) or more wall time than any load explains. When spent: :class:`onnxfuse.ort.sessions.RunTimeout`
+      (cause ``time``).
+
+    Both are checked before each session is made (onnxruntime cannot stop a session being built, only a run)
+    and, during a run, every :data:`WATCH_INTERVAL_S` seconds by a watcher thread (the run then stops before its
+    next node).
+    """
+
+    def __init__(self, timeout: float | None, work: float | None = None):
         self.timeout = timeout
-        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.work = work
+        self.work_clock, self.wall_clock = WORK_CLOCK, WALL_CLOCK
+        self.work_start, self.wall_start = self.work_clock(), self.wall_clock()
 
-    def left(self) -> float | None:
-        """Seconds left (None: no limit).
+    def work_used(self) -> float:
+        """CPU seconds used since the budget started."""
+        return self.work_clock() - self.work_start
+
+    def spent(self) -> runtime.RunTimeout | None:
+        """The exception to raise when a limit is spent (the work limit first: it is the deterministic one), else
+        None."""
+        if self.work is not None and self.work_used() >= self.work:
+            return runtime.WorkSpent(f"{self.work:g} CPU s of work used")
+        if self.timeout is not None and self.wall_clock() - self.wall_start >= self.timeout:
+            return runtime.RunTimeout(f"stopped after {self.timeout:g} s")
+        return None
+
+    def check(self) -> None:
+        """Raises what :meth:`spent` returns (nothing when neither limit is spent).
 
         Raises:
-            runtime.RunTimeout: none left (checked before each session is made: onnxruntime cannot stop a
-                session being created, only a run).
+            runtime.WorkSpent / runtime.RunTimeout: as said.
         """
-        if self.deadline is None:
-            return None
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise runtime.RunTimeout("no time left")
-        return left
+        exc = self.spent()
+        if exc is not None:
+            raise exc
+
+    def unlimited(self) -> bool:
+        """True when neither limit is set."""
+        return self.timeout is None and self.work is None
 
 
 #: The budget of the verification in progress in this thread (verify_models sets it; None: no limit).
 BUDGET: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("onnxfuse_verify_budget", default=None)
+
+
+@contextlib.contextmanager
+def budget(timeout: float | None, work: float | None) -> Iterator[Budget]:
+    """The budget in force: the one already set by a caller (``pipeline.optimize`` sets one for the verification
+    and the comparison together), else a new one of ``timeout`` / ``work`` set for the body."""
+    outer = BUDGET.get()
+    if outer is not None:
+        yield outer
+        return
+    made = Budget(timeout, work)
+    token = BUDGET.set(made)
+    try:
+        yield made
+    finally:
+        BUDGET.reset(token)
+
+
+def check_budget() -> None:
+    """:meth:`Budget.check` of the budget in force (nothing without one): for a caller about to build a session.
+
+    Raises:
+        runtime.WorkSpent / runtime.RunTimeout: a limit is spent.
+    """
+    current = BUDGET.get()
+    if current is not None:
+        current.check()
 
 
 def run_all(sess: Any, feeds_list: list[Feeds]) -> Outputs:
@@ -63,21 +132,22 @@ def run_all(sess: Any, feeds_list: list[Feeds]) -> Outputs:
     not compare those, so it counts as an output with nothing compared (the verdict is then ``partial``).
 
     Raises:
-        runtime.RunTimeout: the verification's time budget (:data:`BUDGET`) ran out during a run.
+        runtime.WorkSpent / runtime.RunTimeout: the budget in force (:data:`BUDGET`) ran out before or during a
+            run.
     """
-    budget = BUDGET.get()
+    current = BUDGET.get()
+    watch = None if current is None or current.unlimited() else current.spent
     return [[np.array(a) if isinstance(a, np.ndarray) else np.zeros((0,), np.float32)
-             for a in runtime.run(sess, feeds, budget.left() if budget else None)]
+             for a in runtime.run_watched(sess, feeds, watch, WATCH_INTERVAL_S)]
             for feeds in feeds_list]
 
 
 def session(src: str | bytes, level: str = "disable", save_to: str | None = None) -> Any:
     """runtime.session without spinning threads, its heap trimmed while it is built (``trim``), once the budget
-    allows (runtime.RunTimeout when it does not). ``save_to``: also write the graph onnxruntime optimized there,
-    as :mod:`onnxfuse.ort.optimized_graph` has it written (:data:`onnxfuse.ort.optimized_graph.SAVE_CONFIG`)."""
-    budget = BUDGET.get()
-    if budget is not None:
-        budget.left()
+    allows (runtime.WorkSpent / runtime.RunTimeout when it does not). ``save_to``: also write the graph
+    onnxruntime optimized there, as :mod:`onnxfuse.ort.optimized_graph` has it written
+    (:data:`onnxfuse.ort.optimized_graph.SAVE_CONFIG`)."""
+    check_budget()
     if save_to:
         from onnxfuse.ort.optimized_graph import SAVE_CONFIG
 
@@ -118,17 +188,17 @@ def second_set(sess: Any, spec: runtime.InputSpec, invented: list[str], seed: in
                       f"cannot run the original on it ({runtime.short(exc)}); compared on the first only")
 
 
-def run_candidate(candidate: Model, feeds_list: list[Feeds], ref_inputs: Signature, ref_outputs: Signature
-                  ) -> Outputs | str:
+def run_candidate(candidate: Model, feeds_list: list[Feeds], ref_inputs: Signature, ref_outputs: Signature,
+                  save_to: str | None = None) -> Outputs | str:
     """The candidate's outputs on every input set, or why it fails: onnxruntime cannot load or run it, or its
-    outputs (names, order, dtypes) or inputs are not the original's.
+    outputs (names, order, dtypes) or inputs are not the original's. ``save_to``: as in :func:`session`.
 
     Raises:
         runtime.RunTimeout: the budget ran out.
     """
     with runtime.loadable(candidate, as_file=True) as src:
         try:
-            cand_sess = session(src)
+            cand_sess = session(src, "disable", save_to)
         except runtime.RunTimeout:
             raise
         except Exception as exc:

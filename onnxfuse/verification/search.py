@@ -18,8 +18,9 @@ Isolating Failure-Inducing Input", IEEE TSE 28(2), 2002, applied to onnxfuse's o
    fail together keep just the one that is needed).
 
 Applying no site at all is the original, which passes by definition; it is never run. Every verification of the
-search shares one time budget (``VerifyOptions.timeout``, ``--verify-timeout``): when it runs out the search
-stops, ``complete`` False, with the culprits found so far.
+search shares one budget (``VerifyOptions.work`` CPU seconds, ``--verify-budget``, with the wall-clock safety stop
+``VerifyOptions.timeout``, ``--verify-timeout``; :class:`onnxfuse.verification.run.Budget`): when it runs out the
+search stops, ``complete`` False, with the culprits found so far.
 """
 
 from __future__ import annotations
@@ -99,9 +100,14 @@ class _Judge:
 
     def __init__(self, original: Model, options: VerifyOptions):
         self.original, self.options = original, options
-        self.cache: dict = {}
+        kept = verify_mod.kept_runs(original, options)  # the failed verification's runs of the original, if kept
+        self.cache: dict = {} if kept is None else kept["cache"]
+        self.ref: Any = None if kept is None else kept.get("ref")
         self.verifications = 0
-        self.ref: Any = None
+        self.inherited = self._original_sessions()  # made before the search: not counted in its sessions
+
+    def _original_sessions(self) -> int:
+        return sum(1 for v in self.cache.values() if not isinstance(v, str)) + (self.ref is not None)
 
     def __call__(self, candidate: Model) -> Verification:
         if self.ref is None:
@@ -114,8 +120,8 @@ class _Judge:
 
     @property
     def sessions(self) -> int:
-        floors = sum(1 for v in self.cache.values() if not isinstance(v, str))
-        return self.verifications + floors + (self.ref is not None)
+        """Sessions the search made: one per candidate, and those of the original not kept from before it."""
+        return self.verifications + self._original_sessions() - self.inherited
 
 
 class _Unjudged(Exception):
@@ -148,7 +154,8 @@ def find_culprits(original: Model, sites: Sequence[Site], build: Callable[[froze
     start = time.monotonic()
     judge = _Judge(original, options)
     search = Search([], len(sites))
-    token = BUDGET.set(Budget(options.timeout))
+    limits = Budget(options.timeout, options.work)
+    token = BUDGET.set(limits)
     results: dict[frozenset[Site], Verification] = {}
     if failed is not None:
         results[frozenset()] = failed
@@ -186,11 +193,16 @@ def find_culprits(original: Model, sites: Sequence[Site], build: Callable[[froze
             others = frozenset(c for c in culprits if c != site)
             if len(culprits) > 1 and check(others).status != Status.FAILED:
                 culprits.remove(site)
+    except runtime.WorkSpent:
+        runtime.trim_heap()
+        search.complete = False
+        search.note = (f"work: the search did not finish within {limits.work:g} CPU s (--verify-budget); "
+                       f"{len(culprits)} culprit(s) found by then")
     except runtime.RunTimeout:
         runtime.trim_heap()
         search.complete = False
-        search.note = (f"time: the search did not finish within {options.timeout:g} s (--verify-timeout); "
-                       f"{len(culprits)} culprit(s) found by then")
+        search.note = (f"time: the search did not finish within {limits.timeout:g} s of wall time "
+                       f"(--verify-timeout); {len(culprits)} culprit(s) found by then")
     except _Unjudged as exc:
         search.complete, search.note = False, str(exc)
     finally:

@@ -10,6 +10,10 @@ onnxruntime runs and their time budget), :mod:`~onnxfuse.verification.compare` (
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,11 +25,11 @@ from onnxfuse.verification.models import Model, graph_only, random_ops
 from onnxfuse.verification.options import VerifyOptions
 from onnxfuse.verification.result import Cause, Status, Verification, partial_reason
 from onnxfuse.verification.run import (
-    BUDGET,
     Budget,
     Feeds,
     Outputs,
     Signature,
+    budget,
     run_all,
     run_candidate,
     second_set,
@@ -39,10 +43,14 @@ ORIGINAL_UNLOADABLE = "onnxruntime cannot load the original"
 
 
 def verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None,
-                  floor_graph_to: str | None = None, candidate_file: str | None = None) -> Verification:
-    """:func:`_verify_models` within ``options.timeout`` seconds (DEFAULT_TIMEOUT_S): when they run out (an
-    onnxruntime run is stopped, or no time is left to make the next session) the result is ``skipped`` with
-    ``cause`` ``time``, whatever was compared so far. See :func:`onnxfuse.ort.sessions.run` for how a run is stopped
+                  floor_graph_to: str | None = None, candidate_file: str | None = None,
+                  disable_graphs_to: tuple[str, str] | None = None) -> Verification:
+    """:func:`_verify_models` within the budget of ``options`` (:class:`onnxfuse.verification.run.Budget`:
+    ``options.work`` CPU seconds, DEFAULT_WORK_S, and the wall-clock safety stop ``options.timeout``,
+    DEFAULT_TIMEOUT_S), or within the budget a caller already set (``pipeline.optimize``: one for the
+    verification and the comparison with onnxruntime's graphs). When the work is spent the result is ``skipped``
+    with ``cause`` ``work``; when the safety stop is reached, ``cause`` ``time``; either way whatever was compared
+    so far concludes nothing. See :func:`onnxfuse.ort.sessions.run_watched` for how a run is stopped
     (onnxruntime's ``RunOptions.terminate``, in this process). Raises as :func:`_verify_models`.
 
     ``floor_graph_to``: a file path; when the noise floor is measured, its session (the original at
@@ -53,22 +61,35 @@ def verify_models(original: Model, candidate: Model, options: VerifyOptions | No
 
     ``candidate_file``: a file that holds ``candidate`` serialized (:func:`onnxfuse.ort.sessions.loadable` with
     ``as_file``), which its session loads instead of a temporary copy of its own; ``candidate`` itself is still
-    what is inspected."""
+    what is inspected.
+
+    ``disable_graphs_to``: two file paths; the sessions of the original and of the candidate (both at
+    ``ORT_DISABLE_ALL``) also write there the graphs onnxruntime made of them, as ``floor_graph_to``: the graphs
+    ``runtime_graphs`` needs at level ``disable`` (a session not made writes nothing)."""
     opts = options or VerifyOptions()
     random = random_ops(graph_only(candidate))
     if random:
         return Verification(Status.SKIPPED, f"the model draws random numbers ({', '.join(random)}): its outputs "
                             "differ from run to run, so no comparison is evidence of a correct rewrite",
                             cause=Cause.RANDOM)
-    token = BUDGET.set(Budget(opts.timeout))
-    try:
-        return _verify_models(original, candidate, opts, floor_graph_to, candidate_file)
-    except runtime.RunTimeout:
-        runtime.trim_heap()
-        return Verification(Status.SKIPPED, f"time: verification did not finish within {opts.timeout:g} s "
-                            "(--verify-timeout); nothing was concluded", cause=Cause.TIME)
-    finally:
-        BUDGET.reset(token)
+    with budget(opts.timeout, opts.work) as limits:
+        try:
+            return _verify_models(original, candidate, opts, floor_graph_to, candidate_file, disable_graphs_to)
+        except runtime.RunTimeout as exc:
+            runtime.trim_heap()
+            return spent_result(exc, limits)
+
+
+def spent_result(exc: runtime.RunTimeout, limits: Budget) -> Verification:
+    """The ``skipped`` result of a verification stopped by ``exc`` (raised by ``limits``): cause ``work`` for
+    :class:`onnxfuse.ort.sessions.WorkSpent`, ``time`` for the wall-clock safety stop."""
+    if isinstance(exc, runtime.WorkSpent):
+        return Verification(Status.SKIPPED, f"work: verification did not finish within {limits.work:g} CPU "
+                            "seconds (--verify-budget; counted in this process's CPU time, not wall time, so the "
+                            "same on a loaded machine); nothing was concluded", cause=Cause.WORK)
+    return Verification(Status.SKIPPED, f"time: verification did not finish within {limits.timeout:g} s of wall "
+                        "time (--verify-timeout, the safety stop beside the --verify-budget work budget); nothing "
+                        "was concluded", cause=Cause.TIME)
 
 
 @dataclass
@@ -104,7 +125,8 @@ class _Reference:
 
 
 def _verify_models(original: Model, candidate: Model, options: VerifyOptions | None = None,
-                   floor_graph_to: str | None = None, candidate_file: str | None = None) -> Verification:
+                   floor_graph_to: str | None = None, candidate_file: str | None = None,
+                   disable_graphs_to: tuple[str, str] | None = None) -> Verification:
     """Compare ``candidate`` with ``original`` (each a model path, serialized model bytes or a ModelProto, left
     unmodified) in onnxruntime by the rule of :mod:`onnxfuse.verification.rule`.
 
@@ -130,26 +152,69 @@ def _verify_models(original: Model, candidate: Model, options: VerifyOptions | N
             for memory.
     """
     opts = options or VerifyOptions()
-    spec = runtime.InputSpec(shapes=dict(opts.input_shapes), values=dict(opts.input_values),
-                             ranges=dict(opts.input_ranges), index_highs=dict(opts.index_inputs),
-                             data=runtime.load_npz(opts.input_data) if opts.input_data else {})
-    ref = _run_original(original, spec, opts)
-    if isinstance(ref, Verification):
-        return ref
-    return judge(original, ref, candidate, opts, floor_graph_to, candidate_file)
+    kept = kept_runs(original, opts)
+    ref = None if kept is None else kept.get("ref")
+    if ref is None:
+        spec = runtime.InputSpec(shapes=dict(opts.input_shapes), values=dict(opts.input_values),
+                                 ranges=dict(opts.input_ranges), index_highs=dict(opts.index_inputs),
+                                 data=runtime.load_npz(opts.input_data) if opts.input_data else {})
+        ref = _run_original(original, spec, opts, disable_graphs_to[0] if disable_graphs_to else None)
+        if isinstance(ref, Verification):
+            return ref
+        if kept is not None:
+            kept["ref"] = ref
+    return judge(original, ref, candidate, opts, floor_graph_to, candidate_file,
+                 None if kept is None else kept["cache"], disable_graphs_to[1] if disable_graphs_to else None)
+
+
+#: The original's runs kept by :func:`reusing` (None: outside it): key -> {"ref": _Reference, "cache": floors}.
+_KEPT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("onnxfuse_verify_kept", default=None)
+
+
+@contextlib.contextmanager
+def reusing() -> Iterator[None]:
+    """Within the body, the verifications of one original file with one ``VerifyOptions`` object share the
+    original's runs (:func:`kept_runs`): its session at ``ORT_DISABLE_ALL`` with the input sets and its outputs,
+    and its floor sessions (:func:`onnxfuse.verification.floors.measure_floors`' cache), so that ``optimize``'s
+    verification, the culprit search's candidates and the remainder's verification make one session of the
+    original per level, not one each. Same inputs, same outputs, same verdicts."""
+    token = _KEPT.set({})
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
+
+def kept_runs(original: Model, opts: VerifyOptions) -> dict | None:
+    """The original's runs kept for ``original`` (a file: its real path, modification time and size) verified
+    with ``opts`` (the same object) within :func:`reusing`: a dict with ``"cache"`` (the floors' runs) and,
+    once made, ``"ref"`` (the :class:`_Reference`); None outside :func:`reusing` or for an original given as
+    bytes or a ModelProto (nothing identifies it cheaply)."""
+    store = _KEPT.get()
+    if store is None or not isinstance(original, (str, os.PathLike)):
+        return None
+    try:
+        st = os.stat(original)
+    except OSError:
+        return None
+    key = (os.path.realpath(original), st.st_mtime_ns, st.st_size, id(opts))
+    return store.setdefault(key, {"cache": {}})
 
 
 def judge(original: Model, ref: _Reference, candidate: Model, opts: VerifyOptions, floor_graph_to: str | None = None,
-          candidate_file: str | None = None, cache: dict | None = None) -> Verification:
+          candidate_file: str | None = None, cache: dict | None = None, candidate_graph_to: str | None = None
+          ) -> Verification:
     """The candidate's side of :func:`_verify_models`: run ``candidate`` on ``ref``'s input sets and judge each
     output against the original's. ``cache``: the original's floor runs kept between calls on the same ``ref``
-    (:func:`onnxfuse.verification.floors.measure_floors`). Within the budget that is set (:data:`BUDGET`).
+    (:func:`onnxfuse.verification.floors.measure_floors`). ``candidate_graph_to``: the candidate's session also
+    writes onnxruntime's graph of it there (``disable_graphs_to`` of :func:`verify_models`). Within the budget in
+    force (:data:`onnxfuse.verification.run.BUDGET`).
 
     Raises:
         runtime.RunTimeout: the budget ran out.
     """
     runtime.trim_heap()
-    gots = run_candidate(candidate_file or candidate, ref.feeds_list, ref.inputs, ref.outputs)
+    gots = run_candidate(candidate_file or candidate, ref.feeds_list, ref.inputs, ref.outputs, candidate_graph_to)
     runtime.trim_heap()
     if isinstance(gots, str):
         return ref.verification(Status.FAILED, gots)
@@ -188,9 +253,11 @@ def reference(original: Model, opts: VerifyOptions) -> _Reference | Verification
     return _run_original(original, spec, opts)
 
 
-def _run_original(original: Model, spec: runtime.InputSpec, opts: VerifyOptions) -> _Reference | Verification:
+def _run_original(original: Model, spec: runtime.InputSpec, opts: VerifyOptions, save_to: str | None = None
+                  ) -> _Reference | Verification:
     """The input sets and the original's outputs on them (its session freed on return), or the ``skipped``
-    result when onnxruntime cannot load the original or run it on the generated inputs.
+    result when onnxruntime cannot load the original or run it on the generated inputs. ``save_to``: the
+    session also writes onnxruntime's graph of the original there (:func:`onnxfuse.verification.run.session`).
 
     Raises:
         InputError: as :func:`_verify_models`.
@@ -198,7 +265,7 @@ def _run_original(original: Model, spec: runtime.InputSpec, opts: VerifyOptions)
     """
     with runtime.loadable(original) as src:
         try:
-            ref_sess = session(src)
+            ref_sess = session(src, "disable", save_to)
         except runtime.RunTimeout:
             raise
         except Exception as exc:

@@ -28,9 +28,10 @@ OPTIMIZE_CONFLICTS: tuple[Rule, ...] = (
     ("no_verify", "drop_culprits", f"--drop-culprits ships what verified after a failed verification, and "
                                    f"{_NO_VERIFY_WHY}"),
     ("no_verify", "layers", f"--layers compares tensors when verification fails, and {_NO_VERIFY_WHY}"),
-    *((("no_verify", name, f"{flag} says how verification compares, and {_NO_VERIFY_WHY}"))
+    *((("no_verify", name, f"{flag} says how verification runs, and {_NO_VERIFY_WHY}"))
       for name, flag in (("input_sets", "--input-sets"), ("rtol", "--rtol"), ("atol", "--atol"),
-                         ("verify_timeout", "--verify-timeout"), ("input_value", "--input-value"),
+                         ("verify_timeout", "--verify-timeout"), ("verify_budget", "--verify-budget"),
+                         ("input_value", "--input-value"),
                          ("input_range", "--input-range"))),
 )
 
@@ -43,7 +44,7 @@ REPORT_NEEDS: tuple[Rule, ...] = (
 #: summaries already made, so no option of a run applies to it.
 BATCH_CONFLICTS: tuple[Rule, ...] = (
     *(rule for rule in OPTIMIZE_CONFLICTS if rule[1] in ("drop_culprits", "layers", "input_sets", "rtol", "atol",
-                                                          "verify_timeout")),
+                                                          "verify_timeout", "verify_budget")),
     *(("merge", name, f"--merge joins summaries already made: {flag} applies to a run of models")
       for name, flag in (("shard", "--shard"), ("ray_address", "--ray"), ("jobs", "--jobs"),
                          ("timeout", "--timeout"), ("max_memory", "--max-memory"), ("target", "--target"),

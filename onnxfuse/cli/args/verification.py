@@ -1,5 +1,6 @@
 """The options that say how to compare the optimized model with the original: real or generated inputs, how
-many input sets, fixed tolerances and a time limit, read into ``verification.options.VerifyOptions``."""
+many input sets, fixed tolerances, a work budget and a wall-clock safety stop, read into
+``verification.options.VerifyOptions``."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: verification.options.DEFAULT_TIMEOUT_S.
-DEFAULT_TIMEOUT_S = 300.0
+#: verification.options.DEFAULT_TIMEOUT_S and DEFAULT_WORK_S (spelled out here: ``--help`` imports no library).
+DEFAULT_TIMEOUT_S = 1800.0
+DEFAULT_WORK_S = 600.0
 
 
 def _verify_decorators() -> list[Callable[[F], F]]:
@@ -33,10 +35,15 @@ def _verify_decorators() -> list[Callable[[F], F]]:
                           "(a missing one is 0)."),
         click.option("--atol", type=click.FloatRange(min=0),
                      help="Absolute tolerance of that elementwise rule (see --rtol)."),
+        click.option("--verify-budget", type=click.FloatRange(min=0), metavar="CPU-SECONDS",
+                     help="Work for the verification and the comparison with onnxruntime's graphs together, in "
+                          "CPU seconds of this process (not wall time: the verdict is the same however loaded the "
+                          "machine is); when spent verification is skipped (reason: work). 0: no limit. "
+                          f"[default: {DEFAULT_WORK_S:g}]"),
         click.option("--verify-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
-                     help="Time for every onnxruntime run of the verification together; when it runs out "
-                          f"verification is skipped (reason: time), never hangs. 0: no limit. [default: "
-                          f"{DEFAULT_TIMEOUT_S:g}]"),
+                     help="Wall-clock safety stop beside --verify-budget, for runs that wait rather than work; "
+                          "when it is reached verification is skipped (reason: time), never hangs. 0: no limit. "
+                          f"[default: {DEFAULT_TIMEOUT_S:g}]"),
     ]
 
 
@@ -63,19 +70,33 @@ def verify_options_except(*names: str) -> Callable[[F], F]:
 
 def to_verify_options(input_shapes: dict[str, tuple[int, ...]], input_data: str | None,
                       input_value: Iterable[str], input_range: Iterable[str], input_sets: int, rtol: float | None,
-                      atol: float | None, verify_timeout: float | None) -> VerifyOptions:
+                      atol: float | None, verify_timeout: float | None, verify_budget: float | None = None
+                      ) -> VerifyOptions:
     """The values of :func:`verify_options` (and the parsed ``--input-shape``) as ``VerifyOptions``, built by
     ``verification.options.make_verify_options`` as the API and batch build them.
 
     Raises:
-        InputError: a tolerance or time that is not finite, or a bad input feed (:func:`parse_input_feeds`).
+        InputError: a tolerance, time or budget that is not finite, or a bad input feed
+            (:func:`parse_input_feeds`).
     """
+    check_verify_values(rtol, atol, verify_timeout, verify_budget)
+    feeds = parse_input_feeds(input_data, input_value, input_range)
     from onnxfuse.verification.options import make_verify_options
 
-    for name, value in (("--rtol", rtol), ("--atol", atol), ("--verify-timeout", verify_timeout)):
-        if value is not None and not math.isfinite(value):
-            raise InputError(f"{name} must be a finite number")
-    feeds = parse_input_feeds(input_data, input_value, input_range)
     return make_verify_options(input_shapes=input_shapes, input_data=feeds.data, input_values=feeds.values,
                                input_ranges=feeds.ranges, input_sets=input_sets, rtol=rtol, atol=atol,
-                               verify_timeout=verify_timeout)
+                               verify_timeout=verify_timeout, verify_budget=verify_budget)
+
+
+def check_verify_values(rtol: float | None, atol: float | None, verify_timeout: float | None,
+                        verify_budget: float | None) -> None:
+    """Refuse a tolerance, time or budget that is not finite (click's ranges let ``inf`` and ``nan`` through), as
+    :func:`to_verify_options` does, without importing verification (a ``--no-verify`` run checks them too).
+
+    Raises:
+        InputError: naming the option.
+    """
+    for name, value in (("--rtol", rtol), ("--atol", atol), ("--verify-timeout", verify_timeout),
+                        ("--verify-budget", verify_budget)):
+        if value is not None and not math.isfinite(value):
+            raise InputError(f"{name} must be a finite number")
