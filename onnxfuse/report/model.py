@@ -250,11 +250,12 @@ def _node_row(r: NodeTraffic, num: _Numbers) -> dict:
             **num.pair("written_bytes", r.written_bytes), "subgraph": r.subgraph}
 
 
-def removed_outputs(f: Fusion) -> list[str]:
+def removed_outputs(f: Fusion, kept: frozenset[tuple[str, str]] = frozenset()) -> list[str]:
     """First-output names (in the input model) of the nodes a canonicalization rewrite ``f`` deleted: every
     replaced node except the one that still computes the result (``f.node``; empty when none does), whose op may
-    have changed (prelu_leaky_relu's PRelu is now a LeakyRelu)."""
-    return [key for name, _op, key in f.replaced if not (f.node and name == f.node)]
+    have changed (prelu_leaky_relu's PRelu is now a LeakyRelu), and those still in the output by name and op
+    (``kept``: a node layout_wrapper moved, not removed)."""
+    return [key for name, op, key in f.replaced if not (f.node and name == f.node) and (name, op) not in kept]
 
 
 def _batch_one(symbols: SymbolicShapes, values: dict[sympy.Symbol, int], before: Bytes | None,
@@ -313,7 +314,8 @@ def build(*, loaded, target: str, passes: list[str], input_shapes: dict, missing
         totals=_totals(before_rows, after_rows, symbols, values, num),
         op_counts={"before": before_ops, "after": after_ops},
         fusions=fusion_rows, unfused=_unfused_rows(skips, after, after_index, after_sizes, num),
-        pass_stats=_pass_stats(passes, fusions, skips, before, num),
+        pass_stats=_pass_stats(passes, fusions, skips, before, num,
+                               frozenset((r.name, r.op) for r in after_rows if r.name)),
         unknown_nodes=[{"node": r.name, "op": r.op, "output": r.key, "tensors": list(r.unknown),
                         "reason": r.reason} for r in after_rows if r.total_bytes is None],
         subgraph_nodes=sum(1 for r in before_rows if r.subgraph),
@@ -455,9 +457,9 @@ def _totals(before_rows: list[NodeTraffic], after_rows: list[NodeTraffic], symbo
 
 
 def _pass_stats(passes: list[str], fusions: list[Fusion], skips: list[Skip], before: dict[str, NodeTraffic],
-                num: _Numbers) -> list[dict[str, Any]]:
+                num: _Numbers, kept: frozenset[tuple[str, str]]) -> list[dict[str, Any]]:
     """The ``pass_stats`` rows: per pass, its rewrites and refusals by reason; for a canonicalization pass also the
-    nodes it removed and their bytes."""
+    nodes it removed (not those still in the output, ``kept``: (name, op) of its named nodes) and their bytes."""
     stats = []
     for name in passes:
         applied = sum(1 for f in fusions if f.pass_name == name)
@@ -467,7 +469,7 @@ def _pass_stats(passes: list[str], fusions: list[Fusion], skips: list[Skip], bef
                 reasons[str(s.reason)] = reasons.get(str(s.reason), 0) + 1
         row: dict[str, Any] = {"name": name, "applied": applied, "skipped": dict(sorted(reasons.items()))}
         if name in CANONICALIZE_NAMES:
-            keys = [k for f in fusions if f.pass_name == name for k in removed_outputs(f)]
+            keys = [k for f in fusions if f.pass_name == name for k in removed_outputs(f, kept)]
             row["removed_nodes"] = len(keys)
             row.update(num.pair("removed_bytes", chain_bytes(before, keys) if keys else 0))
         stats.append(row)

@@ -401,3 +401,15 @@ def test_moved_ops_and_the_tensors_they_write_have_sizes(fuse, batch, input_shap
     totals = doc["totals"]
     assert sympy.sympify(totals["after"]["total_bytes_expr"]) == sum(moved(r) for r in after.values())
     assert_same_outputs(model, result.model)
+
+
+def test_the_passes_table_counts_moved_nodes_as_moved_not_removed(fuse):
+    """layout_wrapper moves each op across its wrapper and deletes nothing: its passes-table row says 0 nodes
+    removed, 0 B (the wrapper and the op are both in the output, by name and op)."""
+    model = nhwc_model()
+    result = fuse(model)
+    assert result.fusions and all(f.pass_name == PASS for f in result.fusions)
+    names = {(n.name, n.op_type) for n in result.model.graph.node}
+    assert all((name, op) in names for f in result.fusions for name, op, _ in f.replaced)
+    (row,) = [r for r in result.report.to_dict()["pass_stats"] if r["name"] == PASS]
+    assert row["applied"] == len(result.fusions) and row["removed_nodes"] == 0 and row["removed_bytes"] == 0
