@@ -189,8 +189,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
              threads: int = 1, verify_budget: float | None = None) -> Result:
     """Fold and fuse ``model`` for ``target`` and verify the result against the original in onnxruntime.
 
-    What ``onnxfuse optimize`` does, without writing a file: ``result.save(path)`` writes it as the command does
-    (atomically, external data kept).
+    What ``onnxfuse optimize`` does, without writing a file (``result.save(path)`` writes it as the command does).
 
     Args:
         model: an ``onnx.ModelProto`` (external data loaded; it is not modified) or the path of a ``.onnx`` file.
@@ -253,14 +252,20 @@ def optimize(model: onnx.ModelProto | str | os.PathLike[str], *, target: str = D
     loaded = _load(model, name)
     verify_options = checked if verify else None
     result = tuning.optimize(loaded.path, options, verify_options, loaded=loaded)
+    _check_verified(result, loaded.label, require_verify)
+    return result
+
+
+def _check_verified(result: Result, label: str, require_verify: bool) -> None:
+    """Raise :class:`VerificationError` (``.result`` holding ``result``) when the verification of :func:`optimize`
+    failed, or was skipped or partial (an output not compared) and ``require_verify`` was set."""
     verification = result.report.verification
     if verification.status == "failed":
-        raise VerificationError(f"{loaded.label}: the optimized model does not match the original "
+        raise VerificationError(f"{label}: the optimized model does not match the original "
                                 f"({verification.reason})", result)
-    if verification.status in ("skipped", "partial") and require_verify:  # partial: an output not compared
-        raise VerificationError(f"{loaded.label}: verification was {verification.status} ({verification.reason}) "
+    if verification.status in ("skipped", "partial") and require_verify:
+        raise VerificationError(f"{label}: verification was {verification.status} ({verification.reason}) "
                                 "and require_verify was set", result)
-    return result
 
 
 @_in_api_terms

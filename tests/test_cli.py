@@ -1062,7 +1062,8 @@ def test_attributes_graphsurgeon_drops_keep_the_model_unchanged(tmp_path, kind):
 _GIVEN = {"no_verify": ["--no-verify"], "require_verify": ["--require-verify"], "drop_culprits": ["--drop-culprits"],
           "layers": ["--layers"], "input_sets": ["--input-sets", "2"], "rtol": ["--rtol", "0.1"],
           "atol": ["--atol", "0.1"], "verify_timeout": ["--verify-timeout", "10"],
-          "verify_budget": ["--verify-budget", "9"],
+          "verify_budget": ["--verify-budget", "9"], "tune": ["--tune"], "tune_budget": ["--tune-budget", "5"],
+          "threads": ["--threads", "2"],
           "input_value": ["--input-value", "x=1"], "input_range": ["--input-range", "x=0,1"],
           "profile_timeout": ["--profile-timeout", "5"], "profile": ["--profile"], "merge": ["--merge"],
           "shard": ["--shard", "1/2"], "ray_address": ["--ray=localhost:1"], "jobs": ["-j", "1"],
@@ -1071,10 +1072,10 @@ _GIVEN = {"no_verify": ["--no-verify"], "require_verify": ["--require-verify"], 
 
 
 def _conflict_cases():
-    from onnxfuse.cli.args.conflicts import BATCH_CONFLICTS, OPTIMIZE_CONFLICTS, REPORT_NEEDS
+    from onnxfuse.cli.args.conflicts import BATCH_CONFLICTS, OPTIMIZE_CONFLICTS, OPTIMIZE_NEEDS, REPORT_NEEDS
 
-    for command, rules, needs in (("optimize", OPTIMIZE_CONFLICTS, False), ("report", REPORT_NEEDS, True),
-                                  ("batch", BATCH_CONFLICTS, False)):
+    for command, rules, needs in (("optimize", OPTIMIZE_CONFLICTS, False), ("optimize", OPTIMIZE_NEEDS, True),
+                                  ("report", REPORT_NEEDS, True), ("batch", BATCH_CONFLICTS, False)):
         for a, b, _ in rules:
             yield pytest.param(command, a, b, needs, id=f"{command}-{a}-{b}")
 

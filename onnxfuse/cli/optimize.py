@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from onnxfuse.cli import files
-from onnxfuse.cli.args.conflicts import OPTIMIZE_CONFLICTS, check_conflicts, check_passes
+from onnxfuse.cli.args.conflicts import OPTIMIZE_CONFLICTS, OPTIMIZE_NEEDS, check_conflicts, check_needs, check_passes
 from onnxfuse.cli.args.model_inputs import (
     fix_input_shape_option,
     parse_fix_input_shapes,
@@ -77,6 +77,7 @@ def optimize(ctx: click.Context, input_path: Path, output_arg: str, target: str,
       onnxfuse optimize m.onnx m.fused.onnx --target cpu --tune
     """
     check_conflicts(ctx, OPTIMIZE_CONFLICTS)
+    check_needs(ctx, OPTIMIZE_NEEDS)
     check_passes(only, skip)
     parse_fix_input_shapes(fix_input_shape)
     parse_input_shapes(input_shape)  # a malformed --input-shape is a usage error: answered before the libraries load

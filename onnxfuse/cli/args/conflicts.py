@@ -28,6 +28,8 @@ OPTIMIZE_CONFLICTS: tuple[Rule, ...] = (
     ("no_verify", "drop_culprits", f"--drop-culprits ships what verified after a failed verification, and "
                                    f"{_NO_VERIFY_WHY}"),
     ("no_verify", "layers", f"--layers compares tensors when verification fails, and {_NO_VERIFY_WHY}"),
+    ("no_verify", "tune", "--tune times the rewrites in onnxruntime sessions, and --no-verify makes no onnxruntime "
+                          "session at all"),
     *((("no_verify", name, f"{flag} says how verification runs, and {_NO_VERIFY_WHY}"))
       for name, flag in (("input_sets", "--input-sets"), ("rtol", "--rtol"), ("atol", "--atol"),
                          ("verify_timeout", "--verify-timeout"), ("verify_budget", "--verify-budget"),
@@ -38,6 +40,12 @@ OPTIMIZE_CONFLICTS: tuple[Rule, ...] = (
 #: ``onnxfuse report``: options that do nothing without another (``(option, what it needs, why)``).
 REPORT_NEEDS: tuple[Rule, ...] = (
     ("profile_timeout", "profile", "it limits the profiler's runs, which only --profile makes"),
+)
+
+#: ``onnxfuse optimize``: options that do nothing without another (``(option, what it needs, why)``).
+OPTIMIZE_NEEDS: tuple[Rule, ...] = (
+    ("tune_budget", "tune", "it bounds the timings, which only --tune makes"),
+    ("threads", "tune", "it sets the threads of the sessions --tune times"),
 )
 
 #: ``onnxfuse batch``: what needs verification (as for ``optimize``: the options batch has), and ``--merge`` joins
