@@ -10,6 +10,8 @@ How it measures
     spawns the tool with ``os.posix_spawnp`` and reaps it with ``os.wait4``.
     wall time  ``time.perf_counter()`` in the wrapper from just before the spawn to just after the reap: the
                whole process, interpreter start-up, imports, load, optimize and save included.
+    CPU time   ``ru_utime + ru_stime`` of that rusage: user and system seconds of the child, which hardly depend
+               on what else the machine runs (wall time does: read the CPU column on a shared machine)
     max RSS    ``ru_maxrss`` of the rusage that ``os.wait4`` returns for that one child: Linux's exact peak
                resident set size of the child, or of the largest descendant it waited for, whichever is larger
                (what GNU ``time -f %M`` prints). Not sampled, so short peaks are caught. It is a peak of one
@@ -40,13 +42,17 @@ the peers get their defaults, since their shape flags rewrite the model's input 
 
 Inputs: every ``*.onnx`` in ``$ONNXFUSE_MODELS_DIR`` (default ``../shared/models`` from the repository root),
 synthetic ResNets of 50 and 400 Conv-BN-Relu blocks and a resnet50-class stand-in (53 blocks, 224 channels,
-14x14, about 100 MB of float32 weights) made by make_resnet.py, and with ``--big`` a 60-block, 1024-channel, 7x7
+14x14, about 100 MB of float32 weights) made by make_resnet.py, issue 35's node-heavy kind made by
+make_transformer.py (22 blocks, 1,277 nodes of written-out LayerNorm and GELU, attention and Transpose-wrapped
+separable Conv1d: ``tfm22s`` with every dim fixed, ``tfm22`` with a symbolic batch), and with ``--big`` a 60-block, 1024-channel, 7x7
 ResNet of about 2.3 GB with external data.
 
 Targets checked (issue 13; constants below): --no-verify at most 1.0x onnxruntime's offline time on resnet400 and
 resnet53, and at most 3x on every model; the default command no slower than onnxslim; peak RSS at most 2.5x the
 model file + 150 MiB (--no-verify) and 3.5x + 150 MiB (with verification); resnet400 at most 8.5x the time of
-resnet50; the same output bytes on every run.
+resnet50; the same output bytes on every run. The section "Issue 35: same-run ratios" gives --no-verify against
+onnxruntime's offline optimizer (at most 1.0x on resnet400 and resnet53, 2x on tfm22s, tfm22 and silero with its
+input shapes; constants ISSUE35_ORT) and the default command against onnxslim, by wall and by CPU time.
 
 Output: a Markdown report (``--markdown``, default benchmarks/results/bench.md) with a table per model and the
 targets' verdicts, and the raw numbers as JSON (``--json``, default benchmarks/results/bench.json).
@@ -93,7 +99,13 @@ SYNTHETIC = {
     "resnet400": ["--blocks", "400"],
     # the resnet50-class stand-in of issue 13: 53 Conv-BN blocks, about 100 MB of float32 weights
     "resnet53": ["--blocks", "53", "--channels", "224", "--hw", "14"],
+    # issue 35's node-heavy kind (make_transformer.py): 22 blocks of written-out LayerNorm and GELU, attention and a
+    # Transpose-wrapped separable Conv1d, 1,277 nodes; batch fixed (every dim known) and symbolic
+    "tfm22s": ["--blocks", "22", "--static"],
+    "tfm22": ["--blocks", "22"],
 }
+# the script that makes each synthetic model (default make_resnet.py)
+MAKER = {"tfm22s": "make_transformer.py", "tfm22": "make_transformer.py"}
 BIG = {"resnet_big": ["--blocks", "60", "--channels", "1024", "--hw", "7", "--external"]}
 
 FUSE = "onnxfuse-noverify"
@@ -123,6 +135,9 @@ ORT_FACTOR_BIG = 1.0
 ORT_FACTOR_ALL = 3.0  # --no-verify on every model at most this x onnxruntime's offline time
 MEM_FACTOR, MEM_FACTOR_VERIFY, MEM_EXTRA_MIB = 2.5, 3.5, 150.0  # peak RSS <= factor x model file size + extra
 LINEARITY_LIMIT = 8.5  # resnet400 at most this x the time of resnet50 (--no-verify)
+# Issue 35's same-run ratios: --no-verify at most this x onnxruntime's offline time on these models (wall-time
+# medians; the CPU-time ratio is shown beside), and the default command at most onnxslim's time on all of them.
+ISSUE35_ORT = {"resnet400": 1.0, "resnet53": 1.0, "tfm22s": 2.0, "tfm22": 2.0, "silero_vad_16k_op15": 2.0}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -135,6 +150,7 @@ class Sample:
     wall_s: float
     maxrss_kb: int
     timed_out: bool = False
+    cpu_s: float = 0.0  # user + system of the child (os.wait4's rusage): hardly depends on the machine's load
     error: str = ""
 
 
@@ -164,7 +180,7 @@ _, status, ru = os.wait4(pid, 0)
 wall = time.perf_counter() - t0
 signal.setitimer(signal.ITIMER_REAL, 0)
 print(json.dumps({"rc": os.waitstatus_to_exitcode(status), "wall_s": wall, "maxrss_kb": ru.ru_maxrss,
-                  "timed_out": bool(timed_out)}))
+                  "cpu_s": ru.ru_utime + ru.ru_stime, "timed_out": bool(timed_out)}))
 """
 
 
@@ -176,7 +192,7 @@ def measure(argv: list[str], workdir: Path, timeout: float, python: str = sys.ex
     if r.returncode != 0:
         return Sample(rc=-1, wall_s=0.0, maxrss_kb=0, error=f"benchmark wrapper failed: {r.stderr.strip()[-160:]}")
     d = json.loads(r.stdout)
-    s = Sample(rc=d["rc"], wall_s=d["wall_s"], maxrss_kb=d["maxrss_kb"], timed_out=d["timed_out"])
+    s = Sample(rc=d["rc"], wall_s=d["wall_s"], maxrss_kb=d["maxrss_kb"], timed_out=d["timed_out"], cpu_s=d["cpu_s"])
     if s.timed_out:
         s.error = f"timed out after {timeout:.0f} s"
     elif s.rc != 0:
@@ -366,6 +382,10 @@ class ToolResult:
         ok = self.ok
         return statistics.median(s.wall_s for s in ok) if ok else None
 
+    def median_cpu(self) -> float | None:
+        ok = self.ok
+        return statistics.median(s.cpu_s for s in ok) if ok else None
+
     def median_rss_mb(self) -> float | None:
         ok = self.ok
         return statistics.median(s.maxrss_kb for s in ok) / 1024 if ok else None
@@ -377,10 +397,12 @@ class ToolResult:
                                                       ("partial" if len(self.ok) < len(self.samples) else "ok")),
             "error": self.error or None,
             "wall_s": [round(s.wall_s, 4) for s in self.samples],
+            "cpu_s": [round(s.cpu_s, 4) for s in self.samples],
             "maxrss_kb": [s.maxrss_kb for s in self.samples],
             "rc": [s.rc for s in self.samples],
             "timed_out": [s.timed_out for s in self.samples],
             "median_wall_s": _r(self.median_time(), 4),
+            "median_cpu_s": _r(self.median_cpu(), 4),
             "median_maxrss_mib": _r(self.median_rss_mb(), 1),
             "out_nodes": self.out_nodes,
             "out_bytes": self.out_bytes,
@@ -406,7 +428,7 @@ def make_synthetic(python: str, name: str, args: list[str], workdir: Path) -> Pa
     path = workdir / f"{name}.onnx"
     if not path.exists():
         print(f"making {path} ({' '.join(args)})", file=sys.stderr, flush=True)
-        subprocess.run([python, str(HERE / "make_resnet.py"), *args, "-o", str(path)], check=True)
+        subprocess.run([python, str(HERE / MAKER.get(name, "make_resnet.py")), *args, "-o", str(path)], check=True)
     return path
 
 
@@ -459,6 +481,7 @@ def model_table(model: Model, results: dict[str, ToolResult]) -> list[str]:
     fuse = results.get(FUSE)
     ft = fuse.median_time() if fuse else None
     fm = fuse.median_rss_mb() if fuse else None
+    fc = fuse.median_cpu() if fuse else None
     lines = [
         f"### {model.name}",
         "",
@@ -466,24 +489,27 @@ def model_table(model: Model, results: dict[str, ToolResult]) -> list[str]:
         + (f"; onnxfuse gets `{' '.join('--input-shape ' + s for s in INPUT_SHAPES[model.name])}`"
            if model.name in INPUT_SHAPES else ""),
         "",
-        "| tool | wall s (median) | wall s (min-max) | max RSS MiB (median) | onnxfuse --no-verify / tool, time"
-        " | ... RSS | nodes out | result |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| tool | wall s (median) | wall s (min-max) | CPU s (median) | max RSS MiB (median)"
+        " | onnxfuse --no-verify / tool, time | ... CPU | ... RSS | nodes out | result |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for t, res in results.items():
         if res.skipped:
-            lines.append(f"| {t} | - | - | - | - | - | - | skipped: {md_escape(res.skipped)} |")
+            lines.append(f"| {t} | - | - | - | - | - | - | - | - | skipped: {md_escape(res.skipped)} |")
             continue
         if res.failed:
-            lines.append(f"| {t} | - | - | - | - | - | - | **failed**: {md_escape(res.error[:240])} |")
+            lines.append(f"| {t} | - | - | - | - | - | - | - | - | **failed**: {md_escape(res.error[:240])} |")
             continue
         ok = res.ok
         mt, mm = res.median_time(), res.median_rss_mb()
         rng = f"{min(s.wall_s for s in ok):.2f}-{max(s.wall_s for s in ok):.2f}"
         rt = f"{ft / mt:.2f}" if ft and mt and t != FUSE else ("1" if t == FUSE else "-")
+        mc = res.median_cpu()
+        rc = f"{fc / mc:.2f}" if fc and mc and t != FUSE else ("1" if t == FUSE else "-")
         rm = f"{fm / mm:.2f}" if fm and mm and t != FUSE else ("1" if t == FUSE else "-")
         note = "ok" if len(ok) == len(res.samples) else f"{len(res.samples) - len(ok)} of {len(res.samples)} runs failed: {md_escape(res.error)}"
-        lines.append(f"| {t} | {fmt_t(mt)} | {rng} | {fmt_mb(mm)} | {rt} | {rm} | {res.out_nodes} | {note} |")
+        lines.append(f"| {t} | {fmt_t(mt)} | {rng} | {fmt_t(mc)} | {fmt_mb(mm)} | {rt} | {rc} | {rm} | {res.out_nodes}"
+                     f" | {note} |")
     lines.append("")
     return lines
 
@@ -609,6 +635,40 @@ def targets_md(v: dict) -> list[str]:
     out.append(f"**6. the same output bytes on every run of a model (within this benchmark): {_overall(det)}** "
                "(each run's output SHA-256 is in the JSON; byte identity with an earlier commit is checked with "
                "`benchmarks/check_determinism.py`)")
+    out.append("")
+    return out
+
+
+def issue35_md(models: list[Model], all_results: dict[str, dict[str, ToolResult]]) -> list[str]:
+    """Issue 35's same-run ratios: onnxfuse --no-verify against onnxruntime's offline optimizer (limit per model in
+    ISSUE35_ORT) and the default command against onnxslim, by wall time and by CPU time, from this run's medians."""
+    out = ["## Issue 35: same-run ratios", "",
+           "| model | nodes | MiB | --no-verify / ort-offline, wall (CPU) | limit | verdict (wall) | verdict (CPU)"
+           " | --no-verify / onnxslim, wall (CPU) | default / onnxslim, wall (CPU) | verdict (wall) |",
+           "|---|---:|---:|---:|---:|---|---|---:|---:|---|"]
+
+    def ratio(a: ToolResult | None, b: ToolResult | None) -> tuple[float | None, float | None]:
+        if not a or not b or a.skipped or b.skipped:
+            return None, None
+        at, bt, ac, bc = a.median_time(), b.median_time(), a.median_cpu(), b.median_cpu()
+        return (at / bt if at and bt else None), (ac / bc if ac and bc else None)
+
+    def both(r: tuple[float | None, float | None]) -> str:
+        return "-" if r[0] is None else f"{r[0]:.2f} ({_fr(r[1])})"
+
+    for m in models:
+        if m.name not in ISSUE35_ORT:
+            continue
+        res = all_results[m.name]
+        limit = ISSUE35_ORT[m.name]
+        ro = ratio(res.get(FUSE), res.get(ORT))
+        rs = ratio(res.get(FUSE), res.get("onnxslim"))
+        rd = ratio(res.get("onnxfuse"), res.get("onnxslim"))
+        vo = "-" if ro[0] is None else _yn(ro[0] <= limit)
+        vc = "-" if ro[1] is None else _yn(ro[1] <= limit)
+        vd = "-" if rd[0] is None else _yn(rd[0] <= 1.0)
+        out.append(f"| {m.name} | {m.nodes} | {m.size_bytes / 2 ** 20:.1f} | {both(ro)} | {limit:g}x | {vo} | {vc}"
+                   f" | {both(rs)} | {both(rd)} | {vd} |")
     out.append("")
     return out
 
@@ -746,6 +806,7 @@ def _run(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] 
     for m in models:
         md += model_table(m, all_results[m.name])
     md += targets_md(verdicts)
+    md += issue35_md(models, all_results)
 
     for p, text in ((args.json, json.dumps(report, indent=1) + "\n"), (args.markdown, "\n".join(md) + "\n")):
         Path(p).parent.mkdir(parents=True, exist_ok=True)

@@ -44,16 +44,20 @@ def is_graph_output(tensor: gs.Tensor, graph: gs.Graph) -> bool:
 
 class NodeOrder:
     """The node list of one graph as slots, so a rewrite moves and deletes nodes in O(1) instead of rebuilding
-    the list (which made the pass loop quadratic). :meth:`compact` writes the list back to the graph."""
+    the list (which made the pass loop quadratic). :meth:`compact` writes the list back to the graph, and does
+    nothing when no slot changed since the last one (the driver compacts after every pass of every round, and most
+    passes rewrite nothing: rebuilding the list and the positions there was a whole-graph walk per pass)."""
 
     def __init__(self, graph: gs.Graph):
         self.graph = graph
         self.slots: list[gs.Node | None] = list(graph.nodes)
         self.position = {id(n): i for i, n in enumerate(self.slots)}
         self.before: dict[int, list[gs.Node]] = {}
+        self.changed = False  # a slot was emptied, filled or given a node before it since the last compact
 
     def move_and_delete(self, keep: gs.Node, last: gs.Node, removed: list[gs.Node]) -> None:
         """Put ``keep`` in ``last``'s slot and empty the slots of ``keep`` and ``removed``."""
+        self.changed = True
         target = self.position[id(last)]
         for node in [keep, *removed]:
             if id(node) in self.position:
@@ -63,6 +67,7 @@ class NodeOrder:
 
     def delete(self, nodes: list[gs.Node]) -> None:
         """Empty the slots of ``nodes`` (those already deleted are ignored)."""
+        self.changed = True
         for node in nodes:
             if id(node) in self.position:
                 self.slots[self.position.pop(id(node))] = None
@@ -73,6 +78,7 @@ class NodeOrder:
         held = self.slots[slot]
         if held is not None:
             raise ValueError(f"slot {slot} holds {held.name}")
+        self.changed = True
         self.slots[slot] = node
         self.position[id(node)] = slot
 
@@ -80,6 +86,7 @@ class NodeOrder:
         """Put a new ``node`` just before whatever ``slot`` holds, when the list is next written back
         (:meth:`compact`): a rewrite that makes more nodes than it removes (a Reshape before a Gemm). Until then
         ``node`` has no slot of its own, so no rewrite may move or delete it before :meth:`compact`."""
+        self.changed = True
         self.before.setdefault(slot, []).append(node)
 
     def slot(self, node: gs.Node) -> int:
@@ -87,7 +94,9 @@ class NodeOrder:
         return self.position[id(node)]
 
     def compact(self) -> None:
-        """Give the graph its node list back, in slot order."""
+        """Give the graph its node list back, in slot order (nothing to do when no slot changed)."""
+        if not self.changed:
+            return
         nodes: list[gs.Node] = []
         for i, n in enumerate(self.slots):
             nodes.extend(self.before.get(i, ()))
@@ -95,6 +104,7 @@ class NodeOrder:
                 nodes.append(n)
         self.graph.nodes = nodes
         self.before = {}
+        self.changed = False
         self.slots = list(self.graph.nodes)
         self.position = {id(n): i for i, n in enumerate(self.slots)}
 

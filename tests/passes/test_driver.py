@@ -178,6 +178,41 @@ def test_a_rewrite_outside_the_driver_is_a_clear_error():
     assert ctx.opset == 17 and ctx.edit_order is ctx.order
 
 
+def test_node_order_compacts_only_after_an_edit():
+    # the driver compacts after every pass; a pass that rewrote nothing leaves the list as it is (no rebuild),
+    # and every kind of edit (move, delete, place, insert before) is still written back by the next compact
+    import onnx_graphsurgeon as gs
+
+    from onnxfuse.ir import edit
+
+    x = gs.Variable("x", np.float32, (1, 4))
+    a = gs.Node("Relu", "a", inputs=[x], outputs=[gs.Variable("ya", np.float32, (1, 4))])
+    b = gs.Node("Relu", "b", inputs=a.outputs, outputs=[gs.Variable("yb", np.float32, (1, 4))])
+    c = gs.Node("Relu", "c", inputs=b.outputs, outputs=[gs.Variable("yc", np.float32, (1, 4))])
+    graph = gs.Graph(nodes=[a, b, c], inputs=[x], outputs=c.outputs, opset=17)
+    order = edit.NodeOrder(graph)
+    before = graph.nodes
+    order.compact()
+    assert graph.nodes is before and [n.name for n in graph.nodes] == ["a", "b", "c"]
+    order.delete([b])
+    order.compact()
+    assert [n.name for n in graph.nodes] == ["a", "c"]
+    new = gs.Node("Identity", "new", inputs=[x], outputs=[gs.Variable("yn", np.float32, (1, 4))])
+    order.insert_before(new, order.slot(c))
+    order.compact()
+    assert [n.name for n in graph.nodes] == ["a", "new", "c"]
+    slot = order.slot(a)
+    order.delete([a])
+    order.place(gs.Node("Identity", "placed", inputs=[x], outputs=[gs.Variable("yp", np.float32, (1, 4))]), slot)
+    order.compact()
+    assert [n.name for n in graph.nodes] == ["placed", "new", "c"]
+    order.move_and_delete(new, c, [])
+    order.compact()
+    assert [n.name for n in graph.nodes] == ["placed", "new"]
+    kept = graph.nodes
+    order.compact()
+    assert graph.nodes is kept
+
 # --------------------------------------------------------------------------------------------------------------
 # Which skip a Conv chain keeps when several passes refuse it
 
