@@ -54,7 +54,8 @@ OPTIONS = {
     "compare_layers": (["--layers"], {"compare_layers": True}, ("cli", ["--layers"]), True),
     "bandwidth_gb_per_s": (["--bandwidth", "12.5"], {"bandwidth": 12.5}, ("cli", ["--bandwidth", "12.5"]), 12.5),
     "tune": (["--tune"], {"tune": True}, ("refused", {"tune": True}, "tune"), True),
-    "tune_budget_s": (["--tune", "--tune-budget", "7"], {"tune_budget": 7}, ("refused", {"tune_budget": 7}, "tune_budget"), 7.0),
+    "tune_budget_s": (["--tune", "--tune-budget", "7"], {"tune_budget": 7},
+                      ("refused", {"tune_budget": 7}, "tune_budget"), 7.0),
     "threads": (["--tune", "--threads", "2"], {"threads": 2}, ("refused", {"threads": 2}, "threads"), 2),
 }
 
