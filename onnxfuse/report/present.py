@@ -721,17 +721,10 @@ def verification_not_run(doc: Doc) -> bool:
 
 
 def verification_line(doc: Doc) -> str:
-    """``verification: passed (...)``: the verdict and its summary, or why it was skipped or not run."""
-    v = doc["verification"]
-    if verification_not_run(doc):
-        return f"verification: {NOT_RUN_STATUS} ({NOT_RUN_DETAIL})"
-    detail = v.get("summary") or v.get("reason")
-    if not detail and v.get("max_abs_error") is not None:
-        detail = f"max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g}"
-    if v["status"] in ("passed", "failed", "partial") and v.get("input_shapes"):  # what was run: sizes may be generated
-        shapes = shapes_text({"input_shapes": v["input_shapes"]})
-        detail = f"{detail}; inputs {shapes}" if detail else f"inputs {shapes}"
-    return f"verification: {v['status']}" + (f" ({detail})" if detail else "")
+    """``verification: passed (...)``: the verdict and its summary, or why it was skipped or not run
+    (:func:`verification_parts`)."""
+    status, detail = verification_parts(doc)
+    return f"verification: {status}" + (f" ({detail})" if detail else "")
 
 
 def bandwidth_line(b: Doc) -> str:

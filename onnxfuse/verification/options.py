@@ -77,11 +77,7 @@ def timeout_seconds(value: float | None) -> float | None:
     Raises:
         InputError: a negative or non-finite value.
     """
-    if value is None:
-        return DEFAULT_TIMEOUT_S
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise InputError(f"verify timeout: expected a number of seconds >= 0 (0: no limit), got {value!r}")
-    return float(value) or None
+    return _limit(value, DEFAULT_TIMEOUT_S, "verify timeout", "seconds")
 
 
 def work_seconds(value: float | None) -> float | None:
@@ -91,10 +87,19 @@ def work_seconds(value: float | None) -> float | None:
     Raises:
         InputError: a negative or non-finite value.
     """
+    return _limit(value, DEFAULT_WORK_S, "verify budget", "CPU seconds")
+
+
+def _limit(value: float | None, default: float, what: str, unit: str) -> float | None:
+    """A limit in ``unit`` as given: None -> ``default``, 0 -> None (no limit), else the number as a float.
+
+    Raises:
+        InputError: a negative or non-finite value, or one that is not a number (naming ``what``).
+    """
     if value is None:
-        return DEFAULT_WORK_S
+        return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise InputError(f"verify budget: expected a number of CPU seconds >= 0 (0: no limit), got {value!r}")
+        raise InputError(f"{what}: expected a number of {unit} >= 0 (0: no limit), got {value!r}")
     return float(value) or None
 
 
